@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class Role(models.TextChoices):
+    LEADER = "leader"
+    WORKER = "worker"
+
+
+class Membership(models.TextChoices):
+    ACTIVE = "active"
+    FROZEN = "frozen"
+
+
+class RunStatus(models.TextChoices):
+    IDLE = "idle"
+    BUSY = "busy"
+    SUSPENDED = "suspended"
+
+
+class PermissionMode(models.TextChoices):
+    BYPASS = "bypass"
+    DEFAULT = "default"
+
+
+class Origin(models.TextChoices):
+    MANIFEST = "manifest"
+    RUNTIME = "runtime"
+
+
+class RetirePolicy(models.TextChoices):
+    NONE = ""
+    ON_COMPLETE = "on_complete"
+    MANUAL = "manual"
+
+
+class Phase(models.TextChoices):
+    READY = "ready"
+    RUNNING = "running"
+    THINKING = "thinking"
+    TEXTING = "texting"
+    EXECUTING = "executing"
+    WAITING_APPROVAL = "waiting-approval"
+    WAITING_INPUT = "waiting-input"
+    DRAINING = "draining"
+    COMPACTING = "compacting"
+    PAUSED = "paused"
+    ERROR = "error"
+
+
+def _choices_check(field: str, choices: type[models.TextChoices], name: str) -> models.CheckConstraint:
+    return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
+
+
+class Member(models.Model):
+    """One long-lived agent of a space. Removal is soft (removed_at) so history stays intact."""
+
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="members")
+    name = models.CharField(max_length=60)
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.WORKER)
+    persona = models.TextField(blank=True, help_text="System prompt.")
+    when_to_use = models.TextField(blank=True)
+    model = models.CharField(max_length=120, default="offline", help_text="offline | openai:MODEL | anthropic:MODEL")
+    permission_mode = models.CharField(max_length=10, choices=PermissionMode.choices, default=PermissionMode.BYPASS)
+    permission_origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.MANIFEST)
+    membership = models.CharField(max_length=10, choices=Membership.choices, default=Membership.ACTIVE)
+    run_status = models.CharField(max_length=10, choices=RunStatus.choices, default=RunStatus.IDLE)
+    phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.READY)
+    phase_tool = models.CharField(max_length=60, blank=True)
+    phase_since = models.DateTimeField(null=True, blank=True)
+    current_task = models.ForeignKey("veronica.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # schedule: the live cron, where it came from, and the manifest's own value for a fresh register
+    schedule = models.CharField(max_length=120, blank=True)
+    schedule_origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.MANIFEST)
+    schedule_set_at = models.DateTimeField(null=True, blank=True)
+    schedule_tombstone = models.BooleanField(default=False, help_text="Cleared at runtime; beats the manifest until a fresh register.")
+    schedule_next_at = models.DateTimeField(null=True, blank=True)
+    budget_override = models.IntegerField(null=True, blank=True, help_text=">0 caps, <0 unlimited, empty = space default")
+    spawned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
+    retire_policy = models.CharField(max_length=12, choices=RetirePolicy.choices, blank=True, default="")
+    clone_seq = models.IntegerField(default=0, help_text="Next clone number of this base; never reused.")
+    lease_token = models.CharField(max_length=40, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    reload_pending = models.BooleanField(default=False, help_text="Skills changed; applied at the next run boundary.")
+    rule_domains = models.JSONField(default=list, blank=True)
+    max_iterations = models.IntegerField(default=24)
+    removed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["space_id", "role", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["space", "name"], condition=Q(removed_at__isnull=True), name="member_name_unique_per_space"),
+            models.UniqueConstraint(fields=["space"], condition=Q(role="leader", removed_at__isnull=True), name="one_leader_per_space"),
+            _choices_check("role", Role, "member_role_valid"),
+            _choices_check("membership", Membership, "member_membership_valid"),
+            _choices_check("run_status", RunStatus, "member_run_status_valid"),
+            _choices_check("permission_mode", PermissionMode, "member_permission_mode_valid"),
+            _choices_check("retire_policy", RetirePolicy, "member_retire_policy_valid"),
+            models.CheckConstraint(condition=Q(max_iterations__gte=1), name="member_max_iterations_min"),
+        ]
+        indexes = [models.Index(fields=["run_status", "membership"])]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.space_id}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.membership == Membership.ACTIVE and self.removed_at is None
+
+    @property
+    def display_phase(self) -> str:
+        """Suspended wins over the fine phase; executing / waiting-approval carry the tool name."""
+        if self.removed_at is not None:
+            return "removed"
+        if self.membership == Membership.FROZEN:
+            return "frozen"
+        if self.run_status == RunStatus.SUSPENDED:
+            return "suspended"
+        phase = self.phase or self.run_status
+        if phase in (Phase.EXECUTING, Phase.WAITING_APPROVAL) and self.phase_tool:
+            return f"{phase}:{self.phase_tool}"
+        return phase

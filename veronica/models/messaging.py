@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class Message(models.Model):
+    """One delivered mail. A broadcast is one row per recipient. Never deleted by the engine."""
+
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="messages")
+    sender = models.ForeignKey("veronica.Member", null=True, blank=True, on_delete=models.PROTECT, related_name="sent_messages")
+    sender_name = models.CharField(max_length=60, help_text="Member name, 'operator' or 'system'.")
+    recipient = models.ForeignKey("veronica.Member", null=True, blank=True, on_delete=models.PROTECT, related_name="inbox")
+    recipient_name = models.CharField(max_length=60, help_text="Member name or 'operator'.")
+    subject = models.CharField(max_length=200, blank=True)
+    body = models.TextField()
+    task = models.ForeignKey("veronica.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
+    broadcast = models.BooleanField(default=False)
+    read_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["recipient", "read_at"], name="msg_unread_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.sender_name} → {self.recipient_name}: {self.subject or self.body[:40]}"

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending"
+    READY = "ready"
+    RUNNING = "running"
+    VERIFYING = "verifying"
+    DONE = "done"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+
+
+class VerifyPolicy(models.TextChoices):
+    AUTO = "auto"
+    CHECKS = "checks"
+    LEADER = "leader"
+    OFF = "off"
+
+
+class Task(models.Model):
+    """A ledger row. Its status changes only through veronica.ledger."""
+
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="tasks")
+    title = models.CharField(max_length=200)
+    spec = models.TextField(blank=True)
+    assignee = models.ForeignKey("veronica.Member", null=True, blank=True, on_delete=models.PROTECT, related_name="tasks")
+    creator_name = models.CharField(max_length=60)
+    status = models.CharField(max_length=12, choices=TaskStatus.choices, default=TaskStatus.PENDING)
+    depends_on = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="dependents")
+    not_before = models.DateTimeField(null=True, blank=True)
+    engine_managed = models.BooleanField(default=False, help_text="The engine tick dispatches it when ready.")
+    verify_policy = models.CharField(max_length=8, choices=VerifyPolicy.choices, default=VerifyPolicy.AUTO)
+    check_evidence = models.TextField(blank=True)
+    result = models.TextField(blank=True)
+    status_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    stale_notified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=TaskStatus.values), name="task_status_valid"),
+            models.CheckConstraint(condition=Q(verify_policy__in=VerifyPolicy.values), name="task_verify_policy_valid"),
+        ]
+        indexes = [models.Index(fields=["space", "status"]), models.Index(fields=["assignee", "status"])]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.title}"
