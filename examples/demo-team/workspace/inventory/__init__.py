@@ -1,0 +1,1 @@
+"""Inventory: items, stock levels and reorder rules."""

@@ -1,0 +1,38 @@
+"""Providers behind one interface. A model spec is 'offline', 'openai:MODEL' or 'anthropic:MODEL'."""
+from __future__ import annotations
+
+from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall, Usage
+from veronica.errors import VeronicaError
+
+KINDS = ("offline", "openai", "anthropic")
+
+__all__ = ["KINDS", "Provider", "ProviderError", "Reply", "ToolCall", "Usage", "get_provider", "validate_model_spec"]
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    kind, _, model = (spec or "").partition(":")
+    return kind.strip(), model.strip()
+
+
+def validate_model_spec(spec: str) -> str:
+    kind, model = split_spec(spec)
+    if kind not in KINDS:
+        raise VeronicaError(f"model '{spec}' must be 'offline', 'openai:MODEL' or 'anthropic:MODEL'", field="model")
+    if kind != "offline" and not model:
+        raise VeronicaError(f"model '{spec}' names no model after '{kind}:'", field="model")
+    return spec
+
+
+def get_provider(spec: str) -> Provider:
+    kind, model = split_spec(validate_model_spec(spec))
+    if kind == "offline":
+        from veronica.agent.providers.offline import OfflineProvider
+
+        return OfflineProvider()
+    if kind == "openai":
+        from veronica.agent.providers.openai_compat import OpenAIProvider
+
+        return OpenAIProvider.from_env(model)
+    from veronica.agent.providers.anthropic import AnthropicProvider
+
+    return AnthropicProvider.from_env(model)

@@ -1,0 +1,49 @@
+"""The blackboard: one bounded document per space, replaced whole (a retried write converges)."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from veronica import events
+from veronica.errors import VeronicaError
+from veronica.models import Blackboard, Space
+
+
+def read(space: Space) -> Blackboard:
+    board, _ = Blackboard.objects.get_or_create(space=space)
+    return board
+
+
+def write(space: Space, writer: str, content: str) -> Blackboard:
+    """Replace the board. Oversize content fails naming the cap and the overage; empty clears it."""
+    if not isinstance(content, str):
+        raise VeronicaError("content must be a string", field="content")
+    cap = space.blackboard_cap
+    if len(content) > cap:
+        raise VeronicaError(f"blackboard content is {len(content)} characters; the cap is {cap} "
+                            f"({len(content) - cap} over). Shorten it and write the whole document again.", field="content")
+    cleared = not content.strip()
+    with transaction.atomic():
+        board, _ = Blackboard.objects.select_for_update().get_or_create(space=space)
+        board.content = "" if cleared else content
+        board.updated_by = writer
+        board.updated_at = timezone.now()
+        board.save()
+        events.emit(space.pk, "blackboard.updated", writer=writer, chars=len(board.content), cleared=cleared)
+    return board
+
+
+def age_string(then: datetime | None, now: datetime | None = None) -> str:
+    """Coarse on purpose: the reader needs 'current vs stale', not a stopwatch."""
+    if then is None:
+        return "never"
+    delta = (now or timezone.now()) - then
+    if delta < timedelta(minutes=1):
+        return "just now"
+    if delta < timedelta(hours=1):
+        return f"{int(delta.total_seconds() // 60)}m ago"
+    if delta < timedelta(days=1):
+        return f"{int(delta.total_seconds() // 3600)}h ago"
+    return f"{delta.days}d ago"

@@ -1,0 +1,81 @@
+"""The message bus: the one place mail is sent and marked read. History is never deleted here."""
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from veronica import events
+from veronica.engine.wakes import wake_on_commit
+from veronica.errors import RecipientError, require_text
+from veronica.models import Member, Membership, Message, Space, Task
+
+BROADCAST = "all"
+OPERATOR = "operator"
+SYSTEM = "system"
+MAX_BODY = 20000
+MAX_SUBJECT = 200
+
+
+def live_members(space: Space):
+    return Member.objects.filter(space=space, removed_at__isnull=True)
+
+
+def resolve_recipients(space: Space, to: str, sender_name: str) -> list[Member] | None:
+    """Members a target reaches; None means the operator.
+
+    A member name wins; 'all' is every active member but the sender (frozen ones never); any other
+    target is a role, resolved to its unique active member. Unknown or ambiguous names the candidates.
+    """
+    target = (to or "").strip()
+    if not target:
+        raise RecipientError("to must name a member, a role, 'all' or 'operator'", field="to")
+    if target == OPERATOR:
+        return None
+    members = list(live_members(space))
+    if target == BROADCAST:
+        return [m for m in members if m.membership == Membership.ACTIVE and m.name != sender_name]
+    by_name = [m for m in members if m.name == target]
+    if by_name:
+        return by_name
+    by_role = [m for m in members if m.role == target and m.membership == Membership.ACTIVE]
+    if len(by_role) == 1:
+        return by_role
+    listing = ", ".join(f"{m.name} ({m.role}{', frozen' if m.membership == Membership.FROZEN else ''})" for m in members)
+    if by_role:
+        names = ", ".join(m.name for m in by_role)
+        raise RecipientError(f"'{target}' is ambiguous: {len(by_role)} active members have that role ({names}); send to one of them by name", field="to")
+    raise RecipientError(f"no member or role named '{target}'; candidates: {listing or 'none'}, 'all', 'operator'", field="to")
+
+
+def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "", task: Task | None = None) -> list[Message]:
+    """Persist the mail, emit one event per message, and wake the recipients after the commit."""
+    body = require_text(body, "body", max_len=MAX_BODY)
+    subject = require_text(subject, "subject", max_len=MAX_SUBJECT, allow_empty=True).strip()
+    sender = live_members(space).filter(name=sender_name).first()
+    with transaction.atomic():
+        recipients = resolve_recipients(space, to, sender_name)
+        if recipients is None:
+            rows = [Message(space=space, sender=sender, sender_name=sender_name, recipient=None,
+                            recipient_name=OPERATOR, subject=subject, body=body, task=task)]
+        else:
+            rows = [Message(space=space, sender=sender, sender_name=sender_name, recipient=m, recipient_name=m.name,
+                            subject=subject, body=body, task=task, broadcast=to == BROADCAST) for m in recipients]
+        for row in rows:
+            row.save()
+            events.emit(space.pk, "message.sent", member=sender, id=row.pk, sender=sender_name, to=row.recipient_name,
+                        subject=subject, body=body[:500], task=task.pk if task else None, broadcast=row.broadcast)
+        wake_on_commit([m.pk for m in recipients or [] if m.membership == Membership.ACTIVE], "message")
+    return rows
+
+
+def unread_for(member: Member):
+    return Message.objects.filter(recipient=member, read_at__isnull=True).order_by("id")
+
+
+def mark_read(member: Member, message_ids: list[int]) -> int:
+    """Explicit, per member: only the recipient's own unread rows change."""
+    with transaction.atomic():
+        count = Message.objects.filter(recipient=member, pk__in=message_ids, read_at__isnull=True).update(read_at=timezone.now())
+        if count:
+            events.emit(member.space_id, "message.read", member=member, ids=sorted(message_ids), count=count)
+    return count

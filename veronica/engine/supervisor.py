@@ -1,0 +1,279 @@
+"""Supervisor verbs: one function per operator / leader control. Admin, console, API, tools and
+tests all call these; each validates, writes with a conditional update and emits its event."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from croniter import croniter
+from django.db import IntegrityError, transaction
+from django.db.models import BooleanField, Case, F, Value, When
+from django.utils import timezone
+
+from veronica import bus, events
+from veronica.engine.wakes import wake_on_commit
+from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.models import (
+    Member, Membership, Message, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus, Session, Skill, Space, Task,
+)
+from veronica.models.tasks import TaskStatus
+
+# True while a run holds the slot: that run must see the cancel at its next step.
+_HAS_LEASE = Case(When(lease_token="", then=Value(False)), default=Value(True), output_field=BooleanField())
+NAME_RE = r"^[A-Za-z][A-Za-z0-9_-]{0,59}$"
+RESERVED_NAMES = {bus.BROADCAST, bus.OPERATOR, bus.SYSTEM, Role.LEADER, Role.WORKER}
+
+
+def get_member(space: Space, name: str) -> Member:
+    member = Member.objects.filter(space=space, name=name, removed_at__isnull=True).first()
+    if member is None:
+        raise NotFound(f"no member named '{name}' in space {space.slug}", field="member")
+    return member
+
+
+def _refresh(member: Member) -> Member:
+    member.refresh_from_db()
+    return member
+
+
+def has_unread(member: Member) -> bool:
+    return Message.objects.filter(recipient=member, read_at__isnull=True).exists()
+
+
+def is_busy(member: Member) -> bool:
+    return member.run_status == RunStatus.BUSY or bool(member.lease_token)
+
+
+# --- run control ----------------------------------------------------------------------------------
+
+def suspend(member: Member, *, actor: str) -> Member:
+    """Park the member; a run in flight sees cancel_requested at its next step and stops."""
+    with transaction.atomic():
+        changed = Member.objects.filter(pk=member.pk, removed_at__isnull=True).exclude(run_status=RunStatus.SUSPENDED).update(
+            run_status=RunStatus.SUSPENDED, cancel_requested=_HAS_LEASE)
+        if changed:
+            events.emit(member.space_id, "member.suspended", member=member, actor=actor)
+    return _refresh(member)
+
+
+def resume(member: Member, *, actor: str) -> Member:
+    with transaction.atomic():
+        changed = Member.objects.filter(pk=member.pk, run_status=RunStatus.SUSPENDED).update(run_status=RunStatus.IDLE)
+        if changed:
+            events.emit(member.space_id, "member.resumed", member=member, actor=actor)
+            if member.membership == Membership.ACTIVE:
+                wake_on_commit([member.pk], "resume")
+    return _refresh(member)
+
+
+def halt_all(space: Space, *, actor: str) -> int:
+    members = list(Member.objects.filter(space=space, removed_at__isnull=True).exclude(run_status=RunStatus.SUSPENDED))
+    for member in members:
+        suspend(member, actor=actor)
+    return len(members)
+
+
+def freeze(member: Member, *, actor: str) -> Member:
+    """Cold-store: never scheduled again until unfreeze. A run in flight is left to finish."""
+    with transaction.atomic():
+        if Member.objects.filter(pk=member.pk, membership=Membership.ACTIVE, removed_at__isnull=True).update(membership=Membership.FROZEN):
+            events.emit(member.space_id, "member.frozen", member=member, actor=actor)
+    return _refresh(member)
+
+
+def unfreeze(member: Member, *, actor: str) -> Member:
+    with transaction.atomic():
+        if Member.objects.filter(pk=member.pk, membership=Membership.FROZEN, removed_at__isnull=True).update(membership=Membership.ACTIVE):
+            events.emit(member.space_id, "member.unfrozen", member=member, actor=actor)
+            wake_on_commit([member.pk], "resume")
+    return _refresh(member)
+
+
+# --- membership ------------------------------------------------------------------------------------
+
+def _validate_name(space: Space, name: str) -> str:
+    import re
+
+    name = require_text(name, "name", max_len=60)
+    if not re.match(NAME_RE, name) or name.lower() in RESERVED_NAMES:
+        raise VeronicaError(f"name '{name}' must start with a letter, use letters, digits, '-' or '_' and not be "
+                            f"one of {', '.join(sorted(RESERVED_NAMES))}", field="name")
+    if Member.objects.filter(space=space, name=name, removed_at__isnull=True).exists():
+        raise Conflict(f"a member named '{name}' already exists in this space", field="name")
+    return name
+
+
+def validate_cron(expr: str) -> str:
+    expr = (expr or "").strip()
+    if not expr:
+        raise VeronicaError("schedule must be a cron expression, e.g. '*/15 * * * *'", field="schedule")
+    if not croniter.is_valid(expr):
+        raise VeronicaError(f"'{expr}' is not a valid cron expression (five fields: minute hour day month weekday)", field="schedule")
+    return expr
+
+
+def next_fire(expr: str, after: datetime | None = None) -> datetime:
+    return croniter(expr, after or timezone.now()).get_next(datetime)
+
+
+def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str = "", when_to_use: str = "",
+               model: str = "offline", permission_mode: str = "", schedule: str = "", rule_domains: list[str] | None = None,
+               budget_override: int | None = None, actor: str = "operator", skills: dict[str, str] | None = None,
+               origin: str = Origin.RUNTIME) -> Member:
+    """Create a member (and its skills) in one transaction: a failure leaves nothing behind."""
+    from veronica.agent.providers import validate_model_spec
+
+    if role not in Role.values:
+        raise VeronicaError(f"role must be one of {', '.join(Role.values)}", field="role")
+    mode = permission_mode or space.default_permission_mode
+    if mode not in PermissionMode.values:
+        raise VeronicaError(f"permission_mode must be one of {', '.join(PermissionMode.values)}", field="permission_mode")
+    validate_model_spec(model)
+    persona = require_text(persona, "persona", max_len=50000, allow_empty=True)
+    domains = [d.strip() for d in (rule_domains or []) if isinstance(d, str) and d.strip()]
+    with transaction.atomic():
+        name = _validate_name(space, name)
+        if role == Role.LEADER and Member.objects.filter(space=space, role=Role.LEADER, removed_at__isnull=True).exists():
+            raise Conflict("this space already has a leader; a space has at most one", field="role")
+        cron = validate_cron(schedule) if schedule else ""
+        try:
+            member = Member.objects.create(
+                space=space, name=name, role=role, persona=persona, when_to_use=when_to_use, model=model,
+                permission_mode=mode, schedule=cron, schedule_origin=origin, rule_domains=domains,
+                budget_override=budget_override, schedule_next_at=next_fire(cron) if cron else None, phase_since=timezone.now())
+        except IntegrityError as exc:
+            raise Conflict(f"could not add member '{name}': {exc}", field="name") from None
+        for skill_name, body in (skills or {}).items():
+            from veronica.skills import add_skill
+
+            add_skill(space, skill_name, body, member=member, actor=actor)
+        events.emit(space.pk, "member.added", member=member, actor=actor, role=role, model=model)
+    return member
+
+
+def remove_member(member: Member, *, actor: str) -> Member:
+    """Retire a worker: no more runs or mail; its messages, tasks, transcript and events stay."""
+    if member.role == Role.LEADER:
+        raise Conflict("the leader cannot be removed", field="member")
+    with transaction.atomic():
+        if not Member.objects.filter(pk=member.pk, removed_at__isnull=True).update(
+                removed_at=timezone.now(), membership=Membership.FROZEN, cancel_requested=_HAS_LEASE):
+            raise NotFound(f"member '{member.name}' is already removed", field="member")
+        events.emit(member.space_id, "member.removed", member=member, actor=actor)
+    return _refresh(member)
+
+
+def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor: str) -> Member:
+    """Clone a worker into a live ephemeral member. Capped per space; schedules never clone."""
+    if retire_policy not in (RetirePolicy.ON_COMPLETE, RetirePolicy.MANUAL):
+        raise VeronicaError("retire must be 'on_complete' or 'manual'", field="retire")
+    if base.role != Role.WORKER or base.spawned_from_id:
+        raise VeronicaError(f"only manifest workers can be cloned; '{base.name}' is not one", field="base")
+    space = base.space
+    with transaction.atomic():
+        Space.objects.select_for_update().filter(pk=space.pk).first()  # serialize spawns per space (PG)
+        live = Member.objects.filter(space=space, spawned_from__isnull=False, removed_at__isnull=True).count()
+        if live >= space.spawn_cap:
+            raise Conflict(f"spawn cap reached: {live} live clones, the space allows {space.spawn_cap}", field="base")
+        Member.objects.filter(pk=base.pk).update(clone_seq=F("clone_seq") + 1)
+        seq = Member.objects.filter(pk=base.pk).values_list("clone_seq", flat=True).get()
+        clone = Member.objects.create(
+            space=space, name=f"{base.name}-{seq}", role=Role.WORKER, persona=base.persona, when_to_use=base.when_to_use,
+            model=base.model, permission_mode=base.permission_mode, rule_domains=base.rule_domains,
+            budget_override=base.budget_override, spawned_from=base, retire_policy=retire_policy, phase_since=timezone.now())
+        for skill in Skill.objects.filter(member=base):
+            Skill.objects.create(space=space, member=clone, name=skill.name, description=skill.description, body=skill.body)
+        events.emit(space.pk, "member.spawned", member=clone, base=base.name, retire=retire_policy, actor=actor)
+    return clone
+
+
+def retire(member: Member, *, actor: str) -> Member:
+    if not member.spawned_from_id:
+        raise VeronicaError(f"'{member.name}' is a manifest member; only spawned clones can be retired", field="member")
+    if is_busy(_refresh(member)):
+        raise Conflict(f"'{member.name}' is mid-run; retire it once it is idle", field="member")
+    removed = remove_member(member, actor=actor)
+    events.emit(member.space_id, "member.retired", member=member, actor=actor)
+    return removed
+
+
+def retire_idle_clones(space: Space | None = None) -> list[str]:
+    """on_complete clones go once they finished a task, hold no open one, are idle with no mail."""
+    qs = Member.objects.filter(retire_policy=RetirePolicy.ON_COMPLETE, removed_at__isnull=True, run_status=RunStatus.IDLE, lease_token="")
+    if space is not None:
+        qs = qs.filter(space=space)
+    retired = []
+    for clone in qs:
+        tasks = Task.objects.filter(assignee=clone)
+        if not tasks.filter(status=TaskStatus.DONE).exists() or tasks.exclude(status__in=[TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED]).exists():
+            continue
+        if has_unread(clone):
+            continue
+        try:
+            retire(clone, actor=bus.SYSTEM)
+            retired.append(clone.name)
+        except (Conflict, NotFound):
+            continue
+    return retired
+
+
+# --- session / schedule / mode / skills --------------------------------------------------------------
+
+def _refuse_busy(member: Member, verb: str) -> None:
+    if is_busy(_refresh(member)):
+        raise Conflict(f"cannot {verb} '{member.name}' while it is running; suspend it or wait", field="member")
+
+
+def clear_session(member: Member, *, actor: str) -> None:
+    """Wipe the conversation, keep the seat: membership, schedule, skills, memory and budget stay."""
+    with transaction.atomic():
+        locked = Member.objects.filter(pk=member.pk, lease_token="").exclude(run_status=RunStatus.BUSY).update(phase=Phase.READY)
+        if not locked:
+            raise Conflict(f"cannot clear '{member.name}' while it is running; suspend it or wait", field="member")
+        Session.objects.filter(member=member, ended_at__isnull=True).update(ended_at=timezone.now(), end_reason="cleared")
+        events.emit(member.space_id, "member.session_cleared", member=member, actor=actor)
+
+
+def compact(member: Member, kind: str, *, actor: str) -> dict:
+    if kind not in ("micro", "full"):
+        raise VeronicaError("kind must be 'micro' or 'full'", field="kind")
+    _refuse_busy(member, "compact")
+    from veronica.agent.compaction import compact_session
+
+    return compact_session(member, kind, actor=actor)
+
+
+def set_schedule(member: Member, cron: str, *, actor: str) -> Member:
+    cron = validate_cron(cron)
+    with transaction.atomic():
+        Member.objects.filter(pk=member.pk).update(schedule=cron, schedule_origin=Origin.RUNTIME, schedule_set_at=timezone.now(),
+                                                   schedule_tombstone=False, schedule_next_at=next_fire(cron))
+        events.emit(member.space_id, "member.schedule_set", member=member, schedule=cron, actor=actor)
+    return _refresh(member)
+
+
+def clear_schedule(member: Member, *, actor: str) -> Member:
+    """Writes a tombstone: the clear survives restarts and beats the manifest until a fresh register."""
+    with transaction.atomic():
+        Member.objects.filter(pk=member.pk).update(schedule="", schedule_origin=Origin.RUNTIME, schedule_set_at=timezone.now(),
+                                                   schedule_tombstone=True, schedule_next_at=None)
+        events.emit(member.space_id, "member.schedule_cleared", member=member, actor=actor)
+    return _refresh(member)
+
+
+def set_permission_mode(member: Member, mode: str, *, actor: str) -> Member:
+    if mode not in PermissionMode.values:
+        raise VeronicaError(f"mode must be one of {', '.join(PermissionMode.values)}", field="mode")
+    with transaction.atomic():
+        Member.objects.filter(pk=member.pk).update(permission_mode=mode, permission_origin=Origin.RUNTIME)
+        events.emit(member.space_id, "member.permission_mode", member=member, mode=mode, actor=actor)
+    return _refresh(member)
+
+
+def reload_skills(member: Member | None = None, *, space: Space | None = None, actor: str) -> int:
+    """Flag a re-read of the skills catalog; the prompt is rebuilt at each member's next run."""
+    qs = Member.objects.filter(removed_at__isnull=True)
+    qs = qs.filter(pk=member.pk) if member is not None else qs.filter(space=space)
+    with transaction.atomic():
+        count = qs.update(reload_pending=True)
+        events.emit((member or space).space_id if member else space.pk, "member.skills_reload", member=member, actor=actor, count=count)
+    return count

@@ -1,0 +1,49 @@
+"""Errors every verb raises. Views map them to HTTP 400/404/409, tools to readable tool errors."""
+from __future__ import annotations
+
+
+class VeronicaError(Exception):
+    """Bad input or an illegal move. `field` names what was wrong, when one field was."""
+
+    status = 400
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def as_dict(self) -> dict:
+        out = {"error": self.message}
+        if self.field:
+            out["field"] = self.field
+        return out
+
+
+class NotFound(VeronicaError):
+    status = 404
+
+
+class Conflict(VeronicaError):
+    """The move is legal in general but not in the current state (busy member, lost race, ...)."""
+
+    status = 409
+
+
+class RecipientError(VeronicaError):
+    """Unknown or ambiguous send target; the message names the candidates."""
+
+
+class IllegalTransition(Conflict):
+    pass
+
+
+def require_text(value: object, field: str, *, max_len: int, allow_empty: bool = False) -> str:
+    """The one validator for free text: type, emptiness and a length limit that the error names."""
+    if not isinstance(value, str):
+        raise VeronicaError(f"{field} must be a string", field=field)
+    text = value.strip()
+    if not text and not allow_empty:
+        raise VeronicaError(f"{field} must not be empty", field=field)
+    if len(value) > max_len:
+        raise VeronicaError(f"{field} is {len(value)} characters; the limit is {max_len}", field=field)
+    return value if allow_empty else text

@@ -1,0 +1,46 @@
+"""The event pump: every mutation writes one Event row, then rings the space's group on commit.
+
+The seq comes from an F() increment of the space's counter inside the caller's transaction. The
+UPDATE takes the space row's write lock until commit, so a later seq can never commit before an
+earlier one (auto-increment ids can, on PostgreSQL), and a rollback takes the increment with it:
+the sequence is gapless and its order is commit order.
+"""
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models import F
+
+from veronica.models import Event, Member, Space
+
+log = logging.getLogger(__name__)
+
+
+def group_name(space_id: int) -> str:
+    return f"space-{space_id}"
+
+
+def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: object) -> Event:
+    """Persist one event with the space's next seq; signal listeners after the commit."""
+    if member is not None:
+        payload.setdefault("member_name", member.name)
+    with transaction.atomic():
+        Space.objects.filter(pk=space_id).update(event_seq=F("event_seq") + 1)
+        seq = Space.objects.filter(pk=space_id).values_list("event_seq", flat=True).get()
+        event = Event.objects.create(space_id=space_id, seq=seq, kind=kind, member=member, payload=payload)
+        transaction.on_commit(lambda: ring(space_id, seq))
+    return event
+
+
+def ring(space_id: int, seq: int) -> None:
+    """Tell live sockets to look again. At-most-once by design: sockets backfill from the table."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group_name(space_id), {"type": "space.event", "seq": seq})
+    except Exception:  # a lost doorbell costs latency only; the socket's poll finds the row
+        log.warning("channel layer ring failed for space %s seq %s", space_id, seq, exc_info=True)

@@ -1,0 +1,191 @@
+"""The task ledger: the only code that changes a task's status.
+
+Every move is checked against ALLOWED, then applied with a conditional UPDATE on the status it was
+read in, so an illegal or raced move raises and leaves the row exactly as it was.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from veronica import bus, events
+from veronica.errors import IllegalTransition, NotFound, VeronicaError, require_text
+from veronica.models import Member, Space, Task, TaskStatus, VerifyPolicy
+
+S = TaskStatus
+ALLOWED: dict[str, set[str]] = {
+    S.PENDING: {S.READY, S.BLOCKED, S.CANCELLED},
+    S.READY: {S.RUNNING, S.PENDING, S.BLOCKED, S.CANCELLED},
+    S.RUNNING: {S.VERIFYING, S.DONE, S.FAILED, S.BLOCKED, S.CANCELLED},
+    S.VERIFYING: {S.DONE, S.FAILED, S.RUNNING},
+    S.BLOCKED: {S.READY, S.PENDING, S.RUNNING, S.CANCELLED},
+    S.FAILED: {S.READY, S.CANCELLED},
+    S.DONE: set(),
+    S.CANCELLED: set(),
+}
+TERMINAL = {S.DONE, S.CANCELLED}
+OPEN = {S.PENDING, S.READY, S.RUNNING, S.VERIFYING, S.BLOCKED}
+
+
+def get_task(space: Space, task_id: int) -> Task:
+    task = Task.objects.filter(space=space, pk=task_id).select_related("assignee").first()
+    if task is None:
+        raise NotFound(f"no task #{task_id} in this space", field="task_id")
+    return task
+
+
+def deps_met(task: Task) -> bool:
+    return not task.depends_on.exclude(status=S.DONE).exists()
+
+
+def is_due(task: Task, now: datetime | None = None) -> bool:
+    return task.not_before is None or task.not_before <= (now or timezone.now())
+
+
+def transition(task: Task, to: str, *, actor: str, reason: str = "", **fields: object) -> Task:
+    """Move one task. Raises IllegalTransition (naming what is allowed) and changes nothing."""
+    if to not in S.values:
+        raise VeronicaError(f"unknown status {to!r}; one of {', '.join(S.values)}", field="status")
+    current = task.status
+    if to not in ALLOWED[current]:
+        allowed = ", ".join(sorted(ALLOWED[current])) or "none (terminal)"
+        raise IllegalTransition(f"task #{task.pk} cannot go from {current} to {to}; allowed from {current}: {allowed}", field="status")
+    now = timezone.now()
+    updates: dict[str, object] = {"status": to, "updated_at": now, **fields}
+    if to == S.RUNNING and task.started_at is None:
+        updates["started_at"] = now
+    if to in (S.DONE, S.FAILED, S.CANCELLED):
+        updates["finished_at"] = now
+    if reason:
+        updates["status_reason"] = reason
+    with transaction.atomic():
+        if Task.objects.filter(pk=task.pk, status=current).update(**updates) != 1:
+            raise IllegalTransition(f"task #{task.pk} changed while moving it from {current}; reload and retry")
+        for key, value in updates.items():
+            setattr(task, key, value)
+        events.emit(task.space_id, "task.status", task=task.pk, title=task.title, frm=current, to=to, actor=actor,
+                    reason=reason[:300], assignee=task.assignee.name if task.assignee_id else None)
+        if to == S.DONE:
+            _release_dependents(task, actor)
+    return task
+
+
+def _release_dependents(task: Task, actor: str) -> None:
+    for dependent in task.dependents.filter(status=S.PENDING).select_related("assignee"):
+        if deps_met(dependent) and is_due(dependent):
+            transition(dependent, S.READY, actor=actor, reason=f"dependency #{task.pk} done")
+
+
+def create_task(space: Space, creator: str, title: str, *, spec: str = "", assignee: Member | None = None,
+                depends_on: list[int] | None = None, not_before: datetime | None = None,
+                engine_managed: bool = False, verify_policy: str = VerifyPolicy.AUTO) -> Task:
+    title = require_text(title, "title", max_len=200)
+    spec = require_text(spec, "spec", max_len=20000, allow_empty=True)
+    if verify_policy not in VerifyPolicy.values:
+        raise VeronicaError(f"verify must be one of {', '.join(VerifyPolicy.values)}", field="verify")
+    dep_ids = sorted(set(depends_on or []))
+    with transaction.atomic():
+        deps = list(Task.objects.filter(space=space, pk__in=dep_ids))
+        missing = set(dep_ids) - {d.pk for d in deps}
+        if missing:
+            raise VeronicaError(f"depends_on names unknown tasks: {', '.join(f'#{i}' for i in sorted(missing))}", field="depends_on")
+        if any(d.status == S.CANCELLED for d in deps):
+            raise VeronicaError("depends_on includes a cancelled task", field="depends_on")
+        task = Task.objects.create(space=space, title=title, spec=spec, creator_name=creator, not_before=not_before,
+                                   engine_managed=engine_managed, verify_policy=verify_policy)
+        task.depends_on.set(deps)
+        events.emit(space.pk, "task.created", task=task.pk, title=title, creator=creator, depends_on=dep_ids)
+        if all(d.status == S.DONE for d in deps) and is_due(task):
+            transition(task, S.READY, actor=creator)
+        if assignee is not None:
+            assign(task, assignee, actor=creator)
+    return task
+
+
+def assignment_mail(task: Task, auto: bool) -> tuple[str, str]:
+    """One body for manual and automatic dispatch; the automatic one says so."""
+    marker = " (auto-dispatched)" if auto else ""
+    lines = [f"You are assigned task #{task.pk}: {task.title}{marker}", ""]
+    if task.spec:
+        lines += [task.spec, ""]
+    if auto:
+        lines.append("No leader run preceded this dispatch: if the spec is ambiguous, ask the leader rather than guess.")
+    lines.append(f"When finished call task_done with task_id={task.pk} and a short result.")
+    return f"Task #{task.pk}: {task.title}{marker}", "\n".join(lines)
+
+
+def assign(task: Task, member: Member, *, actor: str, auto: bool = False) -> Task:
+    """Give a task to a member. A ready task starts now (mail wakes the assignee); a pending one
+    is engine-managed and dispatched by the tick once its dependencies and not-before allow."""
+    if member.space_id != task.space_id or member.removed_at is not None:
+        raise VeronicaError(f"{member.name} is not a member of this space", field="assignee")
+    if task.status in TERMINAL or task.status in (S.RUNNING, S.VERIFYING) and task.assignee_id not in (None, member.pk):
+        raise IllegalTransition(f"task #{task.pk} is {task.status}; it cannot be (re)assigned now", field="task_id")
+    with transaction.atomic():
+        Task.objects.filter(pk=task.pk).update(assignee=member)
+        task.assignee = member
+        events.emit(task.space_id, "task.assigned", task=task.pk, title=task.title, assignee=member.name, actor=actor, auto=auto)
+        if task.status == S.READY:
+            dispatch(task, actor=actor, auto=auto)
+        elif task.status in (S.PENDING, S.BLOCKED):
+            Task.objects.filter(pk=task.pk).update(engine_managed=True)
+            task.engine_managed = True
+    return task
+
+
+def dispatch(task: Task, *, actor: str, auto: bool) -> Task:
+    transition(task, S.RUNNING, actor=actor)
+    subject, body = assignment_mail(task, auto)
+    bus.send(task.space, bus.SYSTEM if auto else actor, task.assignee.name, body, subject=subject, task=task)
+    return task
+
+
+def complete(task: Task, *, actor: str, result: str, failed: bool = False) -> Task:
+    """A worker reports a task finished. Verify policy `leader` / `checks` holds it in verifying."""
+    result = require_text(result, "result", max_len=20000, allow_empty=True)
+    with transaction.atomic():
+        Task.objects.filter(pk=task.pk).update(result=result)
+        task.result = result
+        if failed:
+            to = S.FAILED
+        elif task.verify_policy in (VerifyPolicy.LEADER, VerifyPolicy.CHECKS) and task.status == S.RUNNING:
+            to = S.VERIFYING
+        else:
+            to = S.DONE
+        transition(task, to, actor=actor)
+        creator = bus.live_members(task.space).filter(name=task.creator_name).exclude(name=actor).first()
+        if creator is not None:
+            bus.send(task.space, actor, creator.name, f"Task #{task.pk} ({task.title}) is {to}.\n\n{result}".strip(),
+                     subject=f"Task #{task.pk} {to}", task=task)
+    return task
+
+
+def dispatch_ready(space: Space | None = None) -> list[Task]:
+    """Engine turn: ready engine-managed tasks with an assignee start, due pending ones become ready."""
+    now = timezone.now()
+    started: list[Task] = []
+    due = Task.objects.filter(status=S.PENDING, not_before__lte=now)
+    if space is not None:
+        due = due.filter(space=space)
+    for task in due.select_related("assignee"):
+        if deps_met(task):
+            try:
+                transition(task, S.READY, actor=bus.SYSTEM, reason="not-before reached")
+            except IllegalTransition:
+                pass
+    qs = Task.objects.filter(engine_managed=True, assignee__isnull=False, status__in=[S.PENDING, S.READY])
+    if space is not None:
+        qs = qs.filter(space=space)
+    for task in qs.select_related("assignee", "space"):
+        try:
+            if task.status == S.PENDING:
+                if not (deps_met(task) and is_due(task, now)):
+                    continue
+                transition(task, S.READY, actor=bus.SYSTEM)
+            if task.assignee.removed_at is None:
+                started.append(dispatch(task, actor=bus.SYSTEM, auto=True))
+        except IllegalTransition:
+            continue  # someone else moved it first
+    return started

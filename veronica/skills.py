@@ -1,0 +1,54 @@
+"""Skills: add / remove, member-level or space-shared. Changes apply at each member's next run."""
+from __future__ import annotations
+
+import re
+
+from django.db import transaction
+
+from veronica import events
+from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.models import Member, Skill, Space
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,79}$")
+
+
+def _mark_reload(space: Space, member: Member | None) -> None:
+    targets = Member.objects.filter(space=space, removed_at__isnull=True)
+    if member is not None:
+        targets = targets.filter(pk=member.pk)
+    targets.update(reload_pending=True)
+
+
+def add_skill(space: Space, name: str, body: str, *, member: Member | None = None, description: str = "",
+              overwrite: bool = False, actor: str = "operator") -> Skill:
+    name = require_text(name, "name", max_len=80).lower()
+    if not NAME_RE.match(name):
+        raise VeronicaError("name must be lowercase letters, digits, '-' or '_' (at most 80)", field="name")
+    body = require_text(body, "body", max_len=50000)
+    description = require_text(description, "description", max_len=300, allow_empty=True).strip()
+    with transaction.atomic():
+        existing = Skill.objects.filter(space=space, member=member, name=name).first()
+        if existing and not overwrite:
+            raise Conflict(f"a skill named '{name}' already exists here; pass overwrite to replace it", field="name")
+        skill = existing or Skill(space=space, member=member, name=name)
+        skill.body, skill.description = body, description
+        skill.save()
+        _mark_reload(space, member)
+        events.emit(space.pk, "skill.added", member=member, name=name, scope=skill.scope, actor=actor, replaced=bool(existing))
+    return skill
+
+
+def remove_skill(space: Space, name: str, *, member: Member | None = None, actor: str = "operator") -> None:
+    with transaction.atomic():
+        deleted, _ = Skill.objects.filter(space=space, member=member, name=name).delete()
+        if not deleted:
+            raise NotFound(f"no {'member' if member else 'shared'} skill named '{name}'", field="name")
+        _mark_reload(space, member)
+        events.emit(space.pk, "skill.removed", member=member, name=name, scope="member" if member else "shared", actor=actor)
+
+
+def skills_for(member: Member) -> list[Skill]:
+    """The member's catalog: shared skills, overridden by its own of the same name."""
+    shared = {s.name: s for s in Skill.objects.filter(space_id=member.space_id, member__isnull=True)}
+    shared.update({s.name: s for s in Skill.objects.filter(member=member)})
+    return [shared[k] for k in sorted(shared)]
