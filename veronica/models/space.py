@@ -36,3 +36,10 @@ class Space(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args, **kwargs) -> None:
+        # event_seq belongs to events.emit alone: a stale in-memory copy (an admin form, a test
+        # fixture) must never write an old counter back, or the next emit would reuse a seq.
+        if self.pk and not kwargs.get("force_insert") and kwargs.get("update_fields") is None and not self._state.adding:
+            kwargs["update_fields"] = [f.attname for f in self._meta.concrete_fields if not f.primary_key and f.name != "event_seq"]
+        super().save(*args, **kwargs)

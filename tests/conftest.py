@@ -1,0 +1,32 @@
+"""Shared personas and spaces, built through the real verbs (never hand-made rows)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from veronica.engine import supervisor
+from veronica.models import Role, Space
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_MANIFEST = REPO / "examples" / "demo-team"
+
+
+def make_space(tmp_path: Path, slug: str = "alpha", workers: tuple[str, ...] = ("w1", "w2"), **settings) -> Space:
+    workdir = tmp_path / slug
+    workdir.mkdir(parents=True, exist_ok=True)
+    space = Space.objects.create(name=slug.title(), slug=slug, workdir=str(workdir), **settings)
+    supervisor.add_member(space, "boss", role=Role.LEADER, actor="test")
+    for name in workers:
+        supervisor.add_member(space, name, role=Role.WORKER, actor="test")
+    return space
+
+
+@pytest.fixture
+def space(db, tmp_path):
+    return make_space(tmp_path)
+
+
+@pytest.fixture
+def demo_manifest() -> Path:
+    return DEMO_MANIFEST

@@ -1,0 +1,69 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from veronica import env
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2"])
+def test_env_bool_rejects_bad_values(monkeypatch, raw):
+    monkeypatch.setenv("X_FLAG", raw)
+    with pytest.raises(ImproperlyConfigured, match="X_FLAG"):
+        env.env_bool("X_FLAG")
+
+
+def test_env_int_rejects_garbage_and_bounds(monkeypatch):
+    monkeypatch.setenv("X_N", "ten")
+    with pytest.raises(ImproperlyConfigured, match="not an integer"):
+        env.env_int("X_N", 1)
+    monkeypatch.setenv("X_N", "0")
+    with pytest.raises(ImproperlyConfigured, match="below the minimum 1"):
+        env.env_int("X_N", 5, minimum=1)
+
+
+def test_env_url_rejects_wrong_scheme(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "mysql://x")
+    with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
+        env.env_url("DATABASE_URL", ("postgres",))
+
+
+def _manage(args, **extra):
+    environ = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    environ.update(extra)
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=environ, capture_output=True, text=True)
+
+
+def test_check_deploy_is_clean_under_hosted_settings(tmp_path):
+    result = _manage(["check", "--deploy", "--fail-level", "WARNING"], DATABASE_URL="postgres://postgres@127.0.0.1:5432/test",
+                     REDIS_URL="redis://127.0.0.1:6379/0", SECRET_KEY="x" * 20 + "-a-long-random-secret-key-for-deploy-checks",
+                     ALLOWED_HOSTS="veronica.example.com", SECURE_SSL="1", VERONICA_DATA_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hosted_mode_without_redis_is_refused(tmp_path):
+    result = _manage(["check"], DATABASE_URL="postgres://postgres@127.0.0.1:5432/test", VERONICA_DATA_DIR=str(tmp_path))
+    assert result.returncode != 0 and "REDIS_URL" in result.stderr
+
+
+def test_database_mode_matches_the_environment(db, settings):
+    """Embedded: SQLite in WAL with IMMEDIATE transactions. Hosted: PostgreSQL + Redis everywhere."""
+    from django.db import connection
+
+    if os.environ.get("DATABASE_URL"):
+        assert connection.vendor == "postgresql"
+        assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+        assert settings.Q_CLUSTER["redis"] == os.environ["REDIS_URL"]
+        return
+    assert connection.vendor == "sqlite" and settings.Q_CLUSTER["orm"] == "default"
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"
+        cursor.execute("PRAGMA busy_timeout")
+        assert cursor.fetchone()[0] >= 100
+    assert connection.settings_dict["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
