@@ -47,7 +47,8 @@ def resolve_recipients(space: Space, to: str, sender_name: str) -> list[Member] 
     raise RecipientError(f"no member or role named '{target}'; candidates: {listing or 'none'}, 'all', 'operator'", field="to")
 
 
-def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "", task: Task | None = None) -> list[Message]:
+def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "", task: Task | None = None,
+         wake_source: str = "message") -> list[Message]:
     """Persist the mail, emit one event per message, and wake the recipients after the commit."""
     body = require_text(body, "body", max_len=MAX_BODY)
     subject = require_text(subject, "subject", max_len=MAX_SUBJECT, allow_empty=True).strip()
@@ -64,7 +65,7 @@ def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "
             row.save()
             events.emit(space.pk, "message.sent", member=sender, id=row.pk, sender=sender_name, to=row.recipient_name,
                         subject=subject, body=body[:500], task=task.pk if task else None, broadcast=row.broadcast)
-        wake_on_commit([m.pk for m in recipients or [] if m.membership == Membership.ACTIVE], "message")
+        wake_on_commit([m.pk for m in recipients or [] if m.membership == Membership.ACTIVE], wake_source)
     return rows
 
 

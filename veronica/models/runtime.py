@@ -81,6 +81,8 @@ class Turn(models.Model):
     tool_call_id = models.CharField(max_length=80, blank=True)
     tool_name = models.CharField(max_length=60, blank=True)
     elided = models.BooleanField(default=False)
+    mail_ids = models.JSONField(default=list, blank=True, help_text="Messages a brief carried; marked read once answered.")
+    tokens = models.IntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,0 +1,165 @@
+"""Who may see and steer which space, and per-user API tokens.
+
+Roles rank viewer < operator < owner (SpaceAccess.allows). Staff have owner rights everywhere.
+A space a user cannot see does not exist for them: every page, API call and socket answers 404,
+never 403. 403 is only for a user who can see the space but whose role is too low for the move.
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import Http404
+from django.utils import timezone
+
+from veronica import events
+from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.models import ROLE_RANK, AccessRole, ApiToken, Space, SpaceAccess
+
+VIEWER, OPERATOR, OWNER = AccessRole.VIEWER.value, AccessRole.OPERATOR.value, AccessRole.OWNER.value
+TOKEN_PREFIX = "vrn_"
+TOKEN_NAME_MAX = 80
+# last_used_at is a hint for the tokens page, not an audit log: write it at most once a minute so a
+# busy script does not take the SQLite write lock on every call.
+TOKEN_TOUCH_EVERY = timedelta(minutes=1)
+
+
+# --- reading access --------------------------------------------------------------------------------
+
+def role_in(user, space: Space) -> str | None:
+    """The user's effective role in the space, or None when the space is invisible to them."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return None
+    if user.is_staff:
+        return OWNER
+    return SpaceAccess.objects.filter(user=user, space=space).values_list("role", flat=True).first()
+
+
+def allows(role: str | None, need: str) -> bool:
+    return role is not None and ROLE_RANK[role] >= ROLE_RANK[need]
+
+
+def visible_spaces(user) -> QuerySet[Space]:
+    if user is None or not user.is_authenticated or not user.is_active:
+        return Space.objects.none()
+    if user.is_staff:
+        return Space.objects.all()
+    return Space.objects.filter(access__user=user)
+
+
+def roles_by_space(user) -> dict[int, str]:
+    if user.is_staff:
+        return {pk: OWNER for pk in Space.objects.values_list("pk", flat=True)}
+    return dict(SpaceAccess.objects.filter(user=user).values_list("space_id", "role"))
+
+
+def space_for(user, slug: str, need: str = VIEWER) -> tuple[Space, str]:
+    """The space and the user's role; Http404 if they cannot see it, PermissionDenied if too low."""
+    space = Space.objects.filter(slug=slug).first()
+    role = role_in(user, space) if space is not None else None
+    if role is None:
+        raise Http404("no such space")
+    if not allows(role, need):
+        raise PermissionDenied(f"this needs the {need} role in space {slug}; you are {role}")
+    return space, role
+
+
+def space_id_for(user, slug: str) -> int | None:
+    """For the socket: the space id if the user may watch it, else None (the socket answers 4404)."""
+    space = Space.objects.filter(slug=slug).first()
+    return space.pk if space is not None and role_in(user, space) is not None else None
+
+
+def still_allowed(user, space_id: int) -> bool:
+    """Re-checked by long-lived sockets: access can be revoked while one is open."""
+    space = Space.objects.filter(pk=space_id).first()
+    return space is not None and role_in(_fresh_user(user), space) is not None
+
+
+def _fresh_user(user):
+    # the user on a socket's scope was loaded at connect; is_active / is_staff may have changed
+    return get_user_model().objects.filter(pk=user.pk).first() if user is not None and user.is_authenticated else None
+
+
+# --- granting access (owners) --------------------------------------------------------------------
+
+def grant(space: Space, username: str, role: str, *, actor: str) -> SpaceAccess:
+    """Give a user a role in the space, or change the role they have."""
+    username = require_text(username, "username", max_len=150)
+    if role not in AccessRole.values:
+        raise VeronicaError(f"role must be one of {', '.join(AccessRole.values)}", field="role")
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise NotFound(f"no user named '{username}'", field="username")
+    with transaction.atomic():
+        access, created = SpaceAccess.objects.update_or_create(user=user, space=space, defaults={"role": role})
+        events.emit(space.pk, "access.granted", user=username, role=role, actor=actor, created=created)
+    return access
+
+
+def revoke(space: Space, username: str, *, actor: str) -> None:
+    """Take a user's access away. The last owner cannot be removed (staff can always re-grant)."""
+    with transaction.atomic():
+        access = SpaceAccess.objects.select_for_update().filter(space=space, user__username=username).first()
+        if access is None:
+            raise NotFound(f"'{username}' has no access to this space", field="username")
+        if access.role == OWNER and not SpaceAccess.objects.filter(space=space, role=OWNER).exclude(pk=access.pk).exists():
+            raise Conflict(f"'{username}' is the last owner of this space; make someone else owner first", field="username")
+        access.delete()
+        events.emit(space.pk, "access.revoked", user=username, actor=actor)
+
+
+def access_list(space: Space) -> list[dict]:
+    rows = SpaceAccess.objects.filter(space=space).select_related("user").order_by("user__username")
+    return [{"username": a.user.username, "role": a.role} for a in rows]
+
+
+# --- API tokens --------------------------------------------------------------------------------------
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_token(user, name: str) -> tuple[ApiToken, str]:
+    """A new token for the user. The key is returned once; only its SHA-256 is stored."""
+    name = require_text(name, "name", max_len=TOKEN_NAME_MAX)
+    key = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(user=user, name=name, key_hash=hash_key(key), prefix=key[:8])
+    return token, key
+
+
+def revoke_token(user, token_id: int) -> ApiToken:
+    token = ApiToken.objects.filter(user=user, pk=token_id).first()
+    if token is None:
+        raise NotFound(f"you have no token #{token_id}", field="token_id")
+    if token.revoked_at is None:
+        ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        token.refresh_from_db()
+    return token
+
+
+def user_for_key(key: str):
+    """The active user a bearer key belongs to, or None for an unknown, revoked or disabled one."""
+    if not key or not key.startswith(TOKEN_PREFIX) or len(key) > 200:
+        return None
+    token = ApiToken.objects.filter(key_hash=hash_key(key), revoked_at__isnull=True).select_related("user").first()
+    if token is None or not token.user.is_active:
+        return None
+    now = timezone.now()
+    if token.last_used_at is None or now - token.last_used_at > TOKEN_TOUCH_EVERY:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user
+
+
+def tokens_of(user) -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(user=user).order_by("-created_at")
+
+
+def actor_name(user) -> str:
+    """How a person shows up in events and the audit trail."""
+    return f"user:{user.get_username()}"

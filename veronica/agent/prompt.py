@@ -1,0 +1,75 @@
+"""System prompt and wake brief. Both are built at run start from the rows, so skill and prompt
+changes apply at the next run boundary and never mid-run."""
+from __future__ import annotations
+
+import logging
+
+from veronica import blackboard, bus
+from veronica.models import Member, Message, Task, TaskStatus
+from veronica.skills import skills_for
+
+log = logging.getLogger(__name__)
+
+WAKE_REASONS = {
+    "message": "you have new mail",
+    "task": "a task was dispatched to you",
+    "timer": "your schedule fired",
+    "alarm": "an alarm you (or a teammate) set went off",
+    "resume": "you were resumed or an operator answered you",
+}
+
+
+def rules_block(member: Member) -> str | None:
+    """The learning app's rules for this member's routed domains (never waits on a pass)."""
+    if not member.rule_domains:
+        return None
+    try:
+        from learning.api import prompt_block
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        return prompt_block(list(member.rule_domains))
+    except Exception:  # a broken rule store must not stop a run
+        log.exception("rules block failed for %s", member.name)
+        return None
+
+
+def system_prompt(member: Member) -> str:
+    parts = [member.persona.strip() or f"You are {member.name}, a {member.role} in team {member.space.name}."]
+    parts.append(f"You are '{member.name}' ({member.role}) in the space '{member.space.name}'. Teammates reach you by mail; "
+                 "use the tools to act. Your workspace tools only see the space's folder.")
+    if member.when_to_use:
+        parts.append(f"When the team uses you: {member.when_to_use}")
+    catalog = skills_for(member)
+    if catalog:
+        lines = ["# Skills"]
+        for skill in catalog:
+            lines.append(f"## {skill.name}" + (f" — {skill.description}" if skill.description else ""))
+            lines.append(skill.body.strip())
+        parts.append("\n".join(lines))
+    block = rules_block(member)
+    if block:
+        parts.append(block)
+    return "\n\n".join(parts)
+
+
+def wake_brief(member: Member, source: str, unread: list[Message]) -> str:
+    lines = [f"# Wake: {WAKE_REASONS.get(source, source)}"]
+    if unread:
+        lines.append(f"\n## Unread mail ({len(unread)})")
+        for msg in unread:
+            subject = f" — {msg.subject}" if msg.subject else ""
+            task = f" [task #{msg.task_id}]" if msg.task_id else ""
+            lines.append(f"\n### From {msg.sender_name}{subject}{task}\n{msg.body}")
+    tasks = Task.objects.filter(assignee=member).exclude(status__in=[TaskStatus.DONE, TaskStatus.CANCELLED]).order_by("id")[:20]
+    if tasks:
+        lines.append("\n## Your open tasks")
+        lines += [f"- #{t.pk} [{t.status}] {t.title}" for t in tasks]
+    board = blackboard.read(member.space)
+    if board.content:
+        lines.append(f"\n## Blackboard (updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n{board.content}")
+    return "\n".join(lines)
+
+
+def operator_name() -> str:
+    return bus.OPERATOR

@@ -1,0 +1,192 @@
+"""The offline provider: a deterministic local policy, no network. It is the embedded default,
+the demo's team and the test double, and it does real work on real files through the tools.
+
+leader: an operator goal becomes one task per line, assigned round-robin to workers; when every
+        task is finished it writes a summary to the blackboard and mails the operator.
+worker: explores the files its task names with the read-only tools, then reports with task_done.
+It reads replayed waggle blocks like a model would: a step whose output it already has is skipped.
+Token usage is estimated as characters / 4 and marked as an estimate.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from veronica.agent.providers.base import Reply, ToolCall, Usage
+
+MAIL_RE = re.compile(r"^### From (?P<sender>\S+)(?: — (?P<subject>.*?))?(?: \[task #(?P<task>\d+)\])?$", re.M)
+ASSIGN_RE = re.compile(r"You are assigned task #(?P<id>\d+): (?P<title>.+?)(?: \(auto-dispatched\))?$", re.M)
+PATH_RE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:py|md|csv|txt|toml|json|ya?ml|cfg|ini|js|ts|html))(?![\w/])")
+STEP_RE = re.compile(r"^▸ (?P<name>\w+) (?P<args>\{.*\})$", re.M)
+ORIENTATION = [("list_dir", {"path": "."}), ("read_file", {"path": "README.md"}), ("glob", {"pattern": "**/*.py"}),
+               ("read_file", {"path": "docs/design.md"})]
+
+
+def _key(name: str, args: dict) -> str:
+    return name + json.dumps({k: str(v) for k, v in sorted(args.items())}, sort_keys=True)
+
+
+class OfflineProvider:
+    label = "offline (deterministic local policy)"
+
+    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop) -> Reply:
+        names = {t["name"] for t in tools}
+        brief_at = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+        brief = messages[brief_at]["content"] if brief_at >= 0 else ""
+        done = Trace(messages[brief_at + 1:])
+        policy = lead if "member_spawn" in names else work
+        step = policy(brief, done, names)
+        reply = Reply(text=step, tool_calls=[]) if isinstance(step, str) else \
+            Reply(text="", tool_calls=[ToolCall(id=f"off_{uuid.uuid4().hex[:12]}", name=step[0], args=step[1])])
+        size_in = len(system) + sum(len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or [])) for m in messages)
+        size_out = len(reply.text) + len(json.dumps([c.args for c in reply.tool_calls]))
+        reply.usage = Usage(input=size_in // 4, output=max(size_out // 4, 1), estimated=True)
+        return reply
+
+
+class Trace:
+    """What happened since the brief: each call with its result, plus steps a waggle replayed."""
+
+    def __init__(self, messages: list[dict]) -> None:
+        self.results: dict[str, str] = {}
+        self.calls: list[tuple[str, dict, str]] = []
+        pending: dict[str, tuple[str, dict]] = {}
+        for m in messages:
+            if m["role"] == "assistant":
+                for c in m.get("tool_calls") or []:
+                    pending[c["id"]] = (c["name"], c["args"])
+            elif m["role"] == "tool" and m.get("tool_call_id") in pending:
+                name, args = pending[m["tool_call_id"]]
+                self.calls.append((name, args, m["content"]))
+                self.results[_key(name, args)] = m["content"]
+                self._replayed(m["content"])
+
+    def _replayed(self, content: str) -> None:
+        marks = list(STEP_RE.finditer(content))
+        for i, mark in enumerate(marks):
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(content)
+            try:
+                args = json.loads(mark.group("args"))
+            except json.JSONDecodeError:
+                continue
+            self.results.setdefault(_key(mark.group("name"), args), content[mark.end():end].strip())
+
+    def has(self, name: str, args: dict) -> bool:
+        return _key(name, args) in self.results
+
+    def result(self, name: str, args: dict) -> str:
+        return self.results.get(_key(name, args), "")
+
+    def count(self, name: str) -> int:
+        return sum(1 for c in self.calls if c[0] == name)
+
+
+def mails(brief: str) -> list[dict]:
+    marks = list(MAIL_RE.finditer(brief))
+    out = []
+    for i, mark in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(brief)
+        body = brief[mark.end():end].split("\n## ", 1)[0].strip()
+        out.append({"sender": mark.group("sender"), "subject": mark.group("subject") or "", "body": body})
+    return out
+
+
+# --- leader ------------------------------------------------------------------------------------------
+
+def goal_lines(text: str) -> list[str]:
+    lines = [re.sub(r"^\s*(?:[-*•]|\d+[.)])\s*", "", line).strip() for line in text.splitlines()]
+    return [line for line in lines if line][:20]
+
+
+def worker_names(roster: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^- (\S+) \(worker, active", roster, re.M)]
+
+
+def lead(brief: str, done: Trace, names: set[str]):
+    inbox = mails(brief)
+    goals = [line for m in inbox if m["sender"] == "operator" for line in goal_lines(m["body"])]
+    finished = [m for m in inbox if re.match(r"Task #\d+ (done|failed|verifying)", m["subject"])]
+    if goals:
+        if not done.has("list_members", {}):
+            return ("list_members", {})
+        workers = worker_names(done.result("list_members", {})) or ["leader"]
+        created = done.count("task_create")
+        if created < len(goals):
+            line = goals[created]
+            return ("task_create", {"title": line[:200], "spec": line, "assignee": workers[created % len(workers)]})
+        if done.count("blackboard_write") == 0:
+            plan = [c[2].removeprefix("created ") for c in done.calls if c[0] == "task_create"]
+            return ("blackboard_write", {"content": "# Plan\n" + "\n".join(f"- {p.splitlines()[0]}" for p in plan)})
+        return f"Planned {len(goals)} task(s) and assigned them to {', '.join(sorted(set(workers)))}."
+    if finished:
+        if not done.has("task_list", {}):
+            return ("task_list", {})
+        listing = done.result("task_list", {})
+        statuses = re.findall(r"^#\d+ \[(\w+)\]", listing, re.M)
+        open_count = sum(1 for s in statuses if s not in ("done", "failed", "cancelled"))
+        if open_count:
+            return f"{open_count} task(s) still open; waiting for them."
+        summary = "# Summary\n" + "\n".join(f"- {line.strip()}" for line in listing.splitlines() if line.strip())
+        summary = summary[:5000]
+        if done.count("blackboard_write") == 0:
+            return ("blackboard_write", {"content": summary})
+        if done.count("send_message") == 0:
+            return ("send_message", {"to": "operator", "subject": "Goal complete", "body": summary})
+        return "All tasks are finished; the summary is on the blackboard and the operator has it."
+    return "Nothing needs me right now."
+
+
+# --- worker ------------------------------------------------------------------------------------------
+
+def task_paths(text: str) -> list[str]:
+    seen: list[str] = []
+    for match in PATH_RE.finditer(text):
+        path = match.group(1).rstrip(".,;:")
+        if path and path not in seen:
+            seen.append(path)
+    return seen[:6]
+
+
+def exploration(title: str, spec: str) -> list[tuple[str, dict]]:
+    text = f"{title}\n{spec}"
+    steps = list(ORIENTATION)
+    paths = task_paths(text)
+    if re.search(r"TODO|FIXME", text):
+        steps.append(("grep", {"pattern": "TODO|FIXME", "path": next((p for p in paths if p.endswith("/")), ".")}))
+    for path in paths:
+        steps.append(("list_dir", {"path": path}) if path.endswith("/") else ("read_file", {"path": path}))
+    return steps
+
+
+def findings(steps: list[tuple[str, dict]], done: Trace) -> str:
+    lines = []
+    for name, args in steps[len(ORIENTATION):]:
+        output = done.result(name, args)
+        if name == "read_file":
+            body = [re.sub(r"^\s*\d+\s{2}", "", line) for line in output.splitlines()]
+            notes = [line.strip() for line in body if re.search(r"TODO|FIXME|def |class ", line)]
+            lines.append(f"- {args['path']}: {len(body)} lines" + (f"; {'; '.join(notes[:4])}" if notes else ""))
+        elif name == "list_dir":
+            lines.append(f"- {args['path']}: {len(output.splitlines())} entries")
+        elif name == "grep":
+            hits = [h for h in output.splitlines() if h and not h.startswith("(")]
+            lines.append(f"- {len(hits)} TODO/FIXME note(s)" + "".join(f"\n  - {h}" for h in hits[:8]))
+    return "\n".join(lines) or "- nothing specific named; oriented in the workspace"
+
+
+def work(brief: str, done: Trace, names: set[str]):
+    assignments = [(int(m.group("id")), m.group("title"), mail["body"]) for mail in mails(brief)
+                   for m in [ASSIGN_RE.search(mail["body"])] if m]
+    reported = {int(a.get("task_id", 0)) for name, a, _ in done.calls if name == "task_done"}
+    for task_id, title, spec in assignments:
+        if task_id in reported:
+            continue
+        steps = exploration(title, spec)
+        for name, args in steps:
+            if not done.has(name, args):
+                return (name, args)
+        return ("task_done", {"task_id": task_id, "result": findings(steps, done)})
+    if assignments:
+        return f"Reported {len(assignments)} task(s)."
+    return "No task for me in this mail; nothing to do."

@@ -1,0 +1,93 @@
+"""The runtime's side of waggle: hand it every call to observe, and an exec that runs a replayed
+step through the same tool code, safety checks and truncation as a model-driven call.
+waggle never imports veronica; everything crosses as strings, dicts and callables."""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from veronica.agent.tools.base import S, Tool, ToolContext, ToolError, truncate
+
+if TYPE_CHECKING:
+    from veronica.models import Member
+
+log = logging.getLogger(__name__)
+
+
+def _keys(member: "Member", tctx: ToolContext) -> tuple[str, str, str]:
+    return str(member.space_id), str(tctx.session.pk if tctx.session else 0), str(member.pk)
+
+
+def _flat(args: dict) -> dict[str, str]:
+    return {str(k): v if isinstance(v, str) else str(v) for k, v in args.items() if not str(k).startswith("_")}
+
+
+def make_exec(tctx: ToolContext, tools: dict[str, Tool]):
+    def exec_step(name: str, args: dict) -> str:
+        tool = tools.get(name)
+        if tool is None or tool.mutates:
+            raise ToolError(f"waggle may only replay read-only tools; '{name}' is not one")
+        return truncate(tool.fn(tctx, dict(args)))  # raises on a tool error: waggle records a failure
+    return exec_step
+
+
+def observe(member: "Member", tctx: ToolContext, name: str, args: dict, output: str, *, mutates: bool) -> None:
+    try:
+        from waggle import service
+
+        space_key, session_key, member_key = _keys(member, tctx)
+        service.observe(space_key, session_key, member_key, name, _flat(args), mutates, output)
+    except Exception:  # best effort: waggle never fails a turn
+        log.warning("waggle observe failed", exc_info=True)
+
+
+def after_call(member: "Member", tctx: ToolContext, tools: dict[str, Tool], name: str, args: dict, output: str) -> str:
+    """Observe a read-only call; if a stored route continues from here, return its replay block."""
+    observe(member, tctx, name, args, output, mutates=False)
+    try:
+        from waggle import service
+
+        space_key, session_key, _ = _keys(member, tctx)
+        block = service.follow(space_key, session_key, make_exec(tctx, tools))
+    except Exception:
+        log.warning("waggle follow failed", exc_info=True)
+        return ""
+    if not block:
+        return ""
+    from veronica import events
+
+    events.emit(member.space_id, "waggle.replayed", member=member, after=name, chars=len(block))
+    return "\n\n" + block
+
+
+def _waggle_list(tctx: ToolContext, args: dict) -> str:
+    from waggle import service
+
+    rows = service.list_waggles(str(tctx.space.pk))
+    if not rows:
+        return "(no waggles yet: repeated read-only routes are learned automatically)"
+    return "\n".join(str(row) for row in rows)
+
+
+def _waggle_run(tctx: ToolContext, args: dict) -> str:
+    from veronica.agent.tools import tools_for
+    from waggle import service
+
+    params = args.get("params") or {}
+    if not isinstance(params, dict):
+        raise ToolError("params must be an object of name → value")
+    try:
+        return service.run_waggle(str(tctx.space.pk), str(args.get("name", "")), {str(k): str(v) for k, v in params.items()},
+                                  make_exec(tctx, tools_for(tctx.member.role)))
+    except ToolError:
+        raise
+    except Exception as exc:
+        raise ToolError(str(exc)) from None
+
+
+def tools() -> list[Tool]:
+    return [
+        Tool("waggle_list", "List the team's learned read-only routes (waggles) with their stats.", _waggle_list),
+        Tool("waggle_run", "Run a learned route on demand with bound parameters.", _waggle_run,
+             {"name": S, "params": {"type": "object"}}, ("name",)),
+    ]

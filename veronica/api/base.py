@@ -1,0 +1,134 @@
+"""The one wrapper every JSON endpoint goes through: authentication, CSRF, errors as JSON.
+
+* A request with `Authorization: Bearer <key>` is authenticated by that token only (a bad one is
+  401, never a fall-back to the session) and is exempt from CSRF: no browser sends it by itself.
+* Otherwise the session decides; an anonymous caller gets 401. Session writes must pass Django's
+  CSRF check (the endpoints are csrf_exempt so token calls can pass; the check is re-run here).
+* VeronicaError -> its status with {"error", "field"}; Http404 -> 404; PermissionDenied -> 403.
+"""
+from __future__ import annotations
+
+import json
+from functools import wraps
+from typing import Any, Callable
+
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
+
+from veronica import access
+from veronica.errors import VeronicaError
+
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+
+class Unauthorized(Exception):
+    pass
+
+
+def error(status: int, message: str, field: str = "") -> JsonResponse:
+    body = {"error": message}
+    if field:
+        body["field"] = field
+    response = JsonResponse(body, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="veronica"'
+    return response
+
+
+def bearer_key(request: HttpRequest) -> str | None:
+    header = request.headers.get("Authorization", "")
+    if not header:
+        return None
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Unauthorized("Authorization must be 'Bearer <token>'")
+    return key.strip()
+
+
+def authenticate(request: HttpRequest) -> None:
+    key = bearer_key(request)
+    if key is not None:
+        user = access.user_for_key(key)
+        if user is None:
+            raise Unauthorized("the token is unknown or revoked")
+        request.user = user
+        request.auth_by_token = True
+        return
+    request.auth_by_token = False
+    if not request.user.is_authenticated:
+        raise Unauthorized("log in or send an API token")
+
+
+def _csrf_failure_reason(request: HttpRequest) -> str | None:
+    check = CsrfViewMiddleware(lambda req: HttpResponse())
+    check.process_request(request)
+    response = check.process_view(request, None, (), {})
+    return None if response is None else "CSRF check failed: send the csrftoken cookie's value as X-CSRFToken"
+
+
+def json_body(request: HttpRequest) -> dict:
+    """The request body as a JSON object; anything else is a 400 naming `json`."""
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise VeronicaError("the request body is too large", field="json") from None
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise VeronicaError("the request body is not valid JSON", field="json") from None
+    if not isinstance(data, dict):
+        raise VeronicaError("the request body must be a JSON object", field="json")
+    return data
+
+
+def text_field(data: dict, name: str, *, required: bool = True, default: str = "") -> str:
+    """A string field's raw value; type and presence only (the verbs check length and content)."""
+    if name not in data or data[name] is None:
+        if required:
+            raise VeronicaError(f"{name} is required", field=name)
+        return default
+    value = data[name]
+    if not isinstance(value, str):
+        raise VeronicaError(f"{name} must be a string", field=name)
+    return value
+
+
+def endpoint(*methods: str) -> Callable:
+    """Wrap a view that returns a dict (200), a (dict, status) pair or an HttpResponse."""
+    allowed = set(methods) | ({"HEAD"} if "GET" in methods else set())
+
+    def decorator(view: Callable[..., Any]) -> Callable[..., HttpResponse]:
+        @csrf_exempt
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in allowed:
+                response = error(405, f"{request.method} is not allowed here; use {', '.join(sorted(methods))}")
+                response["Allow"] = ", ".join(sorted(allowed))
+                return response
+            try:
+                authenticate(request)
+                if request.method not in SAFE_METHODS and not request.auth_by_token:
+                    reason = _csrf_failure_reason(request)
+                    if reason:
+                        return error(403, reason)
+                result = view(request, *args, **kwargs)
+            except Unauthorized as exc:
+                return error(401, str(exc))
+            except VeronicaError as exc:
+                return JsonResponse(exc.as_dict(), status=exc.status)
+            except Http404:
+                return error(404, "not found")
+            except PermissionDenied as exc:
+                return error(403, str(exc) or "your role does not allow this")
+            if isinstance(result, HttpResponse):
+                return result
+            body, status = result if isinstance(result, tuple) else (result, 200)
+            return JsonResponse(body, status=status, safe=isinstance(body, dict))
+
+        return wrapped
+
+    return decorator

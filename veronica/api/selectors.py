@@ -1,0 +1,327 @@
+"""Reads for the console and the JSON API: plain dicts, a fixed number of queries each.
+
+Markdown fields carry an `html` twin rendered by render_markdown (sanitized). Nothing here writes.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from veronica import blackboard as board_verbs
+from veronica.engine import budget
+from veronica.errors import NotFound, VeronicaError
+from veronica.markdown import render_markdown
+from veronica.models import (
+    Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,
+    Turn, UsageDay,
+)
+
+log = logging.getLogger(__name__)
+
+BOARD_ORDER = [TaskStatus.PENDING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.VERIFYING, TaskStatus.BLOCKED,
+               TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED]
+MAX_LIMIT = 500
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+# --- query parameters ------------------------------------------------------------------------------
+
+def int_param(params, name: str, default: int | None, *, minimum: int = 0, maximum: int | None = None) -> int | None:
+    """A strict integer query parameter: bad or out-of-range values are a 400 naming the limit."""
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise VeronicaError(f"{name} must be an integer", field=name) from None
+    if value < minimum or (maximum is not None and value > maximum):
+        limit = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise VeronicaError(f"{name} is {value}; it must be {limit}", field=name)
+    return value
+
+
+def choice_param(params, name: str, choices: list[str]) -> str | None:
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw not in choices:
+        raise VeronicaError(f"{name} must be one of {', '.join(choices)}", field=name)
+    return raw
+
+
+# --- spaces and roster -----------------------------------------------------------------------------
+
+def space_list(spaces: QuerySet[Space], roles: dict[int, str]) -> list[dict]:
+    open_statuses = [TaskStatus.PENDING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.VERIFYING, TaskStatus.BLOCKED]
+    rows = spaces.annotate(
+        member_count=Count("members", filter=Q(members__removed_at__isnull=True), distinct=True),
+        open_tasks=Count("tasks", filter=Q(tasks__status__in=open_statuses), distinct=True),
+        pending_approvals=Count("approvals", filter=Q(approvals__status=ApprovalStatus.PENDING), distinct=True),
+    ).order_by("name")
+    return [{"slug": s.slug, "name": s.name, "description": s.description, "role": roles.get(s.pk), "event_seq": s.event_seq,
+             "members": s.member_count, "open_tasks": s.open_tasks, "pending_approvals": s.pending_approvals} for s in rows]
+
+
+def _usage_by_member(space: Space) -> dict[int, UsageDay]:
+    return {u.member_id: u for u in UsageDay.objects.filter(space=space, day=budget.today())}
+
+
+def member_row(member: Member, usage: UsageDay | None) -> dict:
+    task = member.current_task
+    return {
+        "name": member.name,
+        "role": member.role,
+        "model": member.model,
+        "membership": member.membership,
+        "run_status": member.run_status,
+        "phase": member.phase,
+        "tool": member.phase_tool,
+        "display_phase": member.display_phase,
+        "phase_since": iso(member.phase_since),
+        "current_task": {"id": task.pk, "title": task.title, "status": task.status} if task else None,
+        "permission_mode": member.permission_mode,
+        "schedule": member.schedule,
+        "tokens_today": usage.total_tokens if usage else 0,
+        "usd_today": str(usage.usd) if usage else "0",
+        "tripped": bool(usage and usage.tripped),
+        "budget": budget.effective_budget(member),
+        "offline": member.model.startswith("offline"),
+    }
+
+
+def live_members(space: Space) -> QuerySet[Member]:
+    return Member.objects.filter(space=space, removed_at__isnull=True).select_related("current_task")
+
+
+def roster(space: Space) -> list[dict]:
+    usage = _usage_by_member(space)
+    rows = []
+    for member in live_members(space).order_by("role", "name"):
+        member.space = space  # effective_budget reads the space default; no query per row
+        rows.append(member_row(member, usage.get(member.pk)))
+    return rows
+
+
+def space_counts(space: Space) -> dict:
+    by_status = dict(Task.objects.filter(space=space).values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    return {
+        "tasks": {s.value: by_status.get(s.value, 0) for s in BOARD_ORDER},
+        "pending_approvals": Approval.objects.filter(space=space, status=ApprovalStatus.PENDING).count(),
+        "open_questions": Question.objects.filter(space=space, answered_at__isnull=True).count(),
+    }
+
+
+def space_detail(space: Space, role: str) -> dict:
+    today = budget.space_today(space)
+    return {
+        "slug": space.slug, "name": space.name, "description": space.description, "role": role,
+        "event_seq": Space.objects.filter(pk=space.pk).values_list("event_seq", flat=True).get(),
+        "members": roster(space),
+        "usage_today": {"tokens": today["tokens"], "usd": str(today["usd"])},
+        "counts": space_counts(space),
+        "settings": {"member_daily_tokens": space.member_daily_tokens, "daily_token_ceiling": space.daily_token_ceiling,
+                     "blackboard_cap": space.blackboard_cap, "spawn_cap": space.spawn_cap},
+    }
+
+
+def usage_panel(space: Space) -> dict:
+    """Per member tokens today, with each bar's width relative to its budget (or to the busiest)."""
+    rows = roster(space)
+    peak = max([r["tokens_today"] for r in rows] + [1])
+    for r in rows:
+        scale = r["budget"] or peak
+        r["pct"] = min(100, round(100 * r["tokens_today"] / scale)) if scale else 0
+    return {"members": rows, "total": sum(r["tokens_today"] for r in rows)}
+
+
+def waggle_saved(space: Space) -> list[dict] | None:
+    """Estimated tokens saved by waggle replays per day; None hides the panel (app missing or failing)."""
+    try:
+        from waggle.service import saved_tokens_per_day
+
+        days = saved_tokens_per_day(str(space.pk))
+    except Exception:  # the waggle app is optional here: its absence or failure only hides the panel
+        log.debug("waggle saved tokens unavailable", exc_info=True)
+        return None
+    peak = max([n for _, n in days] + [1])
+    return [{"day": d.isoformat(), "tokens": n, "pct": round(100 * n / peak)} for d, n in days]
+
+
+# --- members -----------------------------------------------------------------------------------------
+
+def member_detail(member: Member) -> dict:
+    usage = UsageDay.objects.filter(member=member, day=budget.today()).first()
+    out = member_row(member, usage)
+    out.update({
+        "when_to_use": member.when_to_use,
+        "persona_html": render_markdown(member.persona),
+        "schedule": schedule_of(member),
+        "rule_domains": member.rule_domains,
+        "spawned_from": member.spawned_from.name if member.spawned_from_id else None,
+        "skills": skills_of(member),
+        "memory": memory_of(member),
+    })
+    return out
+
+
+def schedule_of(member: Member) -> dict:
+    return {"cron": member.schedule, "origin": member.schedule_origin, "set_at": iso(member.schedule_set_at),
+            "tombstone": member.schedule_tombstone, "next_at": iso(member.schedule_next_at)}
+
+
+def skills_of(member: Member) -> list[dict]:
+    own = Skill.objects.filter(member=member)
+    shared = Skill.objects.filter(space_id=member.space_id, member__isnull=True).exclude(name__in=own.values("name"))
+    rows = sorted(list(own) + list(shared), key=lambda s: s.name)
+    return [{"name": s.name, "scope": s.scope, "description": s.description, "body": s.body,
+             "html": render_markdown(s.body), "updated_at": iso(s.updated_at)} for s in rows]
+
+
+def memory_of(member: Member) -> list[dict]:
+    return [{"name": f.name, "content": f.content, "html": render_markdown(f.content), "updated_at": iso(f.updated_at)}
+            for f in MemoryFile.objects.filter(member=member)]
+
+
+def transcript(member: Member, *, session_id: int | None = None, after: int | None = None, limit: int = 200) -> dict:
+    """One session's turns (the open or latest one by default), the last `limit` or those after a seq."""
+    sessions = list(Session.objects.filter(member=member).order_by("-id").values("id", "started_at", "ended_at", "end_reason")[:50])
+    if session_id is not None:
+        session = Session.objects.filter(member=member, pk=session_id).values("id", "started_at", "ended_at", "end_reason").first()
+        if session is None:
+            raise NotFound(f"{member.name} has no session #{session_id}", field="session")
+    else:
+        session = sessions[0] if sessions else None
+    turns: list[Turn] = []
+    if session is not None:
+        qs = Turn.objects.filter(session_id=session["id"])
+        if after is not None:
+            turns = list(qs.filter(seq__gt=after).order_by("seq")[:limit])
+        else:
+            turns = list(reversed(qs.order_by("-seq")[:limit]))
+    return {
+        "session": _session_dict(session),
+        "sessions": [_session_dict(s) for s in sessions],
+        "turns": [{"seq": t.seq, "role": t.role, "content": t.content, "html": render_markdown(t.content),
+                   "tool_calls": t.tool_calls, "tool_name": t.tool_name, "tool_call_id": t.tool_call_id,
+                   "elided": t.elided, "created_at": iso(t.created_at)} for t in turns],
+    }
+
+
+def _session_dict(session: dict | None) -> dict | None:
+    if session is None:
+        return None
+    return {"id": session["id"], "started_at": iso(session["started_at"]), "ended_at": iso(session["ended_at"]),
+            "end_reason": session["end_reason"]}
+
+
+# --- tasks, messages, events ---------------------------------------------------------------------------
+
+def task_row(task: Task) -> dict:
+    return {"id": task.pk, "title": task.title, "status": task.status, "assignee": task.assignee.name if task.assignee_id else None,
+            "creator": task.creator_name, "spec": task.spec, "result": task.result, "status_reason": task.status_reason,
+            "verify_policy": task.verify_policy, "engine_managed": task.engine_managed,
+            "created_at": iso(task.created_at), "updated_at": iso(task.updated_at),
+            "started_at": iso(task.started_at), "finished_at": iso(task.finished_at)}
+
+
+def tasks(space: Space, *, status: str | None = None, assignee: str | None = None, limit: int = 200) -> list[dict]:
+    qs = Task.objects.filter(space=space).select_related("assignee")
+    if status:
+        qs = qs.filter(status=status)
+    if assignee:
+        if not Member.objects.filter(space=space, name=assignee).exists():
+            raise VeronicaError(f"no member named '{assignee}' in this space", field="assignee")
+        qs = qs.filter(assignee__name=assignee)
+    return [task_row(t) for t in qs.order_by("-updated_at", "-id")[:limit]]
+
+
+def task_board(space: Space, per_column: int = 50) -> list[dict]:
+    """Columns in lifecycle order; finished columns show only their most recent tasks."""
+    columns = {s.value: [] for s in BOARD_ORDER}
+    counts = {s.value: 0 for s in BOARD_ORDER}
+    for status, n in Task.objects.filter(space=space).values_list("status").annotate(n=Count("id")).values_list("status", "n"):
+        counts[status] = n
+    recent = Task.objects.filter(space=space).select_related("assignee").order_by("-updated_at", "-id")
+    for status in columns:
+        if counts[status]:
+            columns[status] = [task_row(t) for t in recent.filter(status=status)[:per_column]]
+    return [{"status": s, "count": counts[s], "tasks": columns[s]} for s in columns]
+
+
+def message_row(m: Message) -> dict:
+    return {"id": m.pk, "sender": m.sender_name, "to": m.recipient_name, "subject": m.subject, "body": m.body,
+            "html": render_markdown(m.body), "task": m.task_id, "broadcast": m.broadcast, "read_at": iso(m.read_at),
+            "created_at": iso(m.created_at)}
+
+
+def messages(space: Space, *, member: str | None = None, before: int | None = None, limit: int = 50) -> dict:
+    """Newest first, paged by id: pass next_before back as before for the next page."""
+    qs = Message.objects.filter(space=space)
+    if member:
+        if member != "operator" and not Member.objects.filter(space=space, name=member).exists():
+            raise VeronicaError(f"no member named '{member}' in this space", field="member")
+        qs = qs.filter(Q(sender_name=member) | Q(recipient_name=member))
+    if before is not None:
+        qs = qs.filter(pk__lt=before)
+    rows = list(qs.order_by("-id")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"messages": [message_row(m) for m in rows], "next_before": rows[-1].pk if more and rows else None}
+
+
+def events_after(space: Space, after: int, limit: int = 200) -> dict:
+    rows = list(Event.objects.filter(space=space, seq__gt=after).order_by("seq")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"events": [e.as_wire() for e in rows], "last_seq": rows[-1].seq if rows else after, "more": more}
+
+
+# --- approvals and questions ---------------------------------------------------------------------------
+
+def approval_row(a: Approval) -> dict:
+    return {"id": a.pk, "member": a.member.name, "tool": a.tool_name, "args": a.tool_args, "status": a.status,
+            "reason": a.reason, "decided_by": a.decided_by.get_username() if a.decided_by_id else None,
+            "decided_at": iso(a.decided_at), "created_at": iso(a.created_at)}
+
+
+def approvals(space: Space, *, status: str | None = ApprovalStatus.PENDING, limit: int = 100) -> list[dict]:
+    qs = Approval.objects.filter(space=space).select_related("member", "decided_by")
+    if status:
+        qs = qs.filter(status=status)
+    return [approval_row(a) for a in qs.order_by("id" if status == ApprovalStatus.PENDING else "-id")[:limit]]
+
+
+def question_row(q: Question) -> dict:
+    return {"id": q.pk, "member": q.member.name, "text": q.text, "html": render_markdown(q.text), "answer": q.answer,
+            "answered_by": q.answered_by.get_username() if q.answered_by_id else None,
+            "answered_at": iso(q.answered_at), "created_at": iso(q.created_at)}
+
+
+def questions(space: Space, *, open_only: bool = True, limit: int = 100) -> list[dict]:
+    qs = Question.objects.filter(space=space).select_related("member", "answered_by")
+    if open_only:
+        qs = qs.filter(answered_at__isnull=True)
+    return [question_row(q) for q in qs.order_by("id" if open_only else "-id")[:limit]]
+
+
+def get_question(space: Space, question_id: int) -> Question:
+    question = Question.objects.filter(space=space, pk=question_id).select_related("member").first()
+    if question is None:
+        raise NotFound(f"no question #{question_id} in this space", field="question_id")
+    return question
+
+
+# --- blackboard ----------------------------------------------------------------------------------------
+
+def blackboard(space: Space) -> dict:
+    board = Blackboard.objects.filter(space=space).first() or Blackboard(space=space)  # a read never writes
+    return {"content": board.content, "html": render_markdown(board.content), "updated_by": board.updated_by,
+            "updated_at": iso(board.updated_at), "age": board_verbs.age_string(board.updated_at, timezone.now()),
+            "chars": len(board.content), "cap": space.blackboard_cap}

@@ -1,0 +1,36 @@
+from django.urls import path
+
+from veronica.api import views
+
+app_name = "api"
+
+S = "spaces/<slug:slug>/"
+M = S + "members/<str:name>/"
+
+urlpatterns = [
+    path("me/", views.me, name="me"),
+    path("tokens/", views.tokens, name="tokens"),
+    path("tokens/<int:token_id>/", views.token_detail, name="token"),
+    path("spaces/", views.spaces, name="spaces"),
+    path(S, views.space_detail, name="space"),
+    path(S + "usage/", views.usage, name="usage"),
+    path(S + "halt/", views.halt, name="halt"),
+    path(S + "members/", views.members, name="members"),
+    path(M, views.member_detail, name="member"),
+    path(M + "transcript/", views.transcript, name="transcript"),
+    path(M + "skills/", views.member_skills, name="member-skills"),
+    path(M + "memory/", views.member_memory, name="member-memory"),
+    path(M + "schedule/", views.member_schedule, name="member-schedule"),
+    path(M + "<str:action>/", views.member_action, name="member-action"),
+    path(S + "tasks/", views.tasks, name="tasks"),
+    path(S + "messages/", views.messages, name="messages"),
+    path(S + "events/", views.events, name="events"),
+    path(S + "blackboard/", views.blackboard_view, name="blackboard"),
+    path(S + "approvals/", views.approvals, name="approvals"),
+    path(S + "approvals/<int:approval_id>/approve/", views.approval_decide, {"decision": "approve"}, name="approve"),
+    path(S + "approvals/<int:approval_id>/deny/", views.approval_decide, {"decision": "deny"}, name="deny"),
+    path(S + "questions/", views.questions, name="questions"),
+    path(S + "questions/<int:question_id>/answer/", views.question_answer, name="answer"),
+    path(S + "access/", views.space_access, name="access"),
+    path(S + "access/<str:username>/", views.space_access_detail, name="access-user"),
+]

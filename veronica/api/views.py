@@ -1,0 +1,269 @@
+"""JSON endpoints under /api/. Thin: check access, parse input, call one verb or selector."""
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+
+from veronica import access, blackboard, bus
+from veronica.access import OPERATOR, OWNER, VIEWER
+from veronica.api import selectors as sel
+from veronica.api.base import endpoint, json_body, text_field
+from veronica.engine import approvals as approval_verbs
+from veronica.engine import supervisor
+from veronica.errors import VeronicaError
+from veronica.models import ApprovalStatus, Role, TaskStatus
+
+WRITE_NEED = {"GET": VIEWER, "HEAD": VIEWER}
+
+
+def _space(request: HttpRequest, slug: str, need: str | None = None):
+    """The space for this request; reads need viewer, writes operator unless `need` says otherwise."""
+    return access.space_for(request.user, slug, need or WRITE_NEED.get(request.method, OPERATOR))
+
+
+def _actor(request: HttpRequest) -> str:
+    return access.actor_name(request.user)
+
+
+# --- who am I, tokens -----------------------------------------------------------------------------------
+
+@endpoint("GET")
+def me(request: HttpRequest) -> dict:
+    return {"username": request.user.get_username(), "is_staff": request.user.is_staff, "token": request.auth_by_token}
+
+
+def _token_row(token) -> dict:
+    return {"id": token.pk, "name": token.name, "prefix": token.prefix, "created_at": sel.iso(token.created_at),
+            "last_used_at": sel.iso(token.last_used_at), "revoked_at": sel.iso(token.revoked_at)}
+
+
+@endpoint("GET", "POST")
+def tokens(request: HttpRequest):
+    if request.method == "GET":
+        return {"tokens": [_token_row(t) for t in access.tokens_of(request.user)]}
+    if request.auth_by_token:
+        # a leaked key must not be able to outlive its own revocation by minting a successor
+        raise PermissionDenied("tokens are created from a logged-in session, not with another token")
+    token, key = access.create_token(request.user, text_field(json_body(request), "name"))
+    return {**_token_row(token), "key": key, "note": "Store the key now; it is never shown again."}, 201
+
+
+@endpoint("DELETE")
+def token_detail(request: HttpRequest, token_id: int) -> dict:
+    return _token_row(access.revoke_token(request.user, token_id))
+
+
+# --- spaces ----------------------------------------------------------------------------------------------
+
+@endpoint("GET")
+def spaces(request: HttpRequest) -> dict:
+    user = request.user
+    return {"spaces": sel.space_list(access.visible_spaces(user), access.roles_by_space(user))}
+
+
+@endpoint("GET")
+def space_detail(request: HttpRequest, slug: str) -> dict:
+    space, role = _space(request, slug)
+    return sel.space_detail(space, role)
+
+
+@endpoint("GET")
+def usage(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug)
+    return {**sel.usage_panel(space), "waggle_saved": sel.waggle_saved(space)}
+
+
+@endpoint("POST")
+def halt(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug)
+    return {"suspended": supervisor.halt_all(space, actor=_actor(request))}
+
+
+# --- members ---------------------------------------------------------------------------------------------
+
+@endpoint("GET", "POST")
+def members(request: HttpRequest, slug: str):
+    if request.method == "GET":
+        space, _ = _space(request, slug)
+        return {"members": sel.roster(space)}
+    space, _ = _space(request, slug, OWNER)
+    data = json_body(request)
+    rule_domains = data.get("rule_domains") or []
+    if not isinstance(rule_domains, list):
+        raise VeronicaError("rule_domains must be a list of strings", field="rule_domains")
+    member = supervisor.add_member(
+        space, text_field(data, "name"), role=text_field(data, "role", required=False, default=Role.WORKER),
+        persona=text_field(data, "persona", required=False), when_to_use=text_field(data, "when_to_use", required=False),
+        model=text_field(data, "model", required=False, default="offline"),
+        permission_mode=text_field(data, "permission_mode", required=False),
+        schedule=text_field(data, "schedule", required=False), rule_domains=rule_domains, actor=_actor(request))
+    return sel.member_detail(member), 201
+
+
+@endpoint("GET", "DELETE")
+def member_detail(request: HttpRequest, slug: str, name: str) -> dict:
+    if request.method == "GET":
+        space, _ = _space(request, slug)
+        return sel.member_detail(supervisor.get_member(space, name))
+    space, _ = _space(request, slug, OWNER)
+    removed = supervisor.remove_member(supervisor.get_member(space, name), actor=_actor(request))
+    return {"name": removed.name, "removed_at": sel.iso(removed.removed_at)}
+
+
+@endpoint("GET")
+def transcript(request: HttpRequest, slug: str, name: str) -> dict:
+    space, _ = _space(request, slug)
+    member = supervisor.get_member(space, name)
+    params = request.GET
+    return sel.transcript(member, session_id=sel.int_param(params, "session", None, minimum=1),
+                          after=sel.int_param(params, "after", None), limit=sel.int_param(params, "limit", 200, minimum=1, maximum=sel.MAX_LIMIT))
+
+
+@endpoint("GET")
+def member_skills(request: HttpRequest, slug: str, name: str) -> dict:
+    space, _ = _space(request, slug)
+    return {"skills": sel.skills_of(supervisor.get_member(space, name))}
+
+
+@endpoint("GET")
+def member_memory(request: HttpRequest, slug: str, name: str) -> dict:
+    space, _ = _space(request, slug)
+    return {"memory": sel.memory_of(supervisor.get_member(space, name))}
+
+
+@endpoint("GET", "PUT", "POST", "DELETE")
+def member_schedule(request: HttpRequest, slug: str, name: str) -> dict:
+    space, _ = _space(request, slug)
+    member = supervisor.get_member(space, name)
+    if request.method in ("PUT", "POST"):
+        member = supervisor.set_schedule(member, text_field(json_body(request), "cron"), actor=_actor(request))
+    elif request.method == "DELETE":
+        member = supervisor.clear_schedule(member, actor=_actor(request))
+    return sel.schedule_of(member)
+
+
+def _compact(member, request):
+    return supervisor.compact(member, text_field(json_body(request), "kind"), actor=_actor(request))
+
+
+def _permission(member, request):
+    return supervisor.set_permission_mode(member, text_field(json_body(request), "mode"), actor=_actor(request))
+
+
+MEMBER_ACTIONS = {
+    "suspend": lambda m, r: supervisor.suspend(m, actor=_actor(r)),
+    "resume": lambda m, r: supervisor.resume(m, actor=_actor(r)),
+    "freeze": lambda m, r: supervisor.freeze(m, actor=_actor(r)),
+    "unfreeze": lambda m, r: supervisor.unfreeze(m, actor=_actor(r)),
+    "clear": lambda m, r: supervisor.clear_session(m, actor=_actor(r)),
+    "compact": _compact,
+    "permission": _permission,
+}
+
+
+@endpoint("POST")
+def member_action(request: HttpRequest, slug: str, name: str, action: str) -> dict:
+    space, _ = _space(request, slug)
+    verb = MEMBER_ACTIONS.get(action)
+    if verb is None:
+        raise VeronicaError(f"action must be one of {', '.join(MEMBER_ACTIONS)}", field="action")
+    member = supervisor.get_member(space, name)
+    result = verb(member, request)
+    member.refresh_from_db()
+    out = sel.member_detail(member)
+    if isinstance(result, dict):
+        out["result"] = result
+    return out
+
+
+# --- tasks, messages, events -------------------------------------------------------------------------------
+
+@endpoint("GET")
+def tasks(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug)
+    params = request.GET
+    return {"tasks": sel.tasks(space, status=sel.choice_param(params, "status", TaskStatus.values),
+                               assignee=params.get("assignee") or None,
+                               limit=sel.int_param(params, "limit", 200, minimum=1, maximum=sel.MAX_LIMIT))}
+
+
+@endpoint("GET", "POST")
+def messages(request: HttpRequest, slug: str):
+    space, _ = _space(request, slug)
+    if request.method == "GET":
+        params = request.GET
+        return sel.messages(space, member=params.get("member") or None, before=sel.int_param(params, "before", None, minimum=1),
+                            limit=sel.int_param(params, "limit", 50, minimum=1, maximum=200))
+    data = json_body(request)
+    to = text_field(data, "to")
+    if to.strip() == bus.OPERATOR:
+        raise VeronicaError("to must name a member, a role or 'all'", field="to")
+    sent = bus.send(space, bus.OPERATOR, to, text_field(data, "body"), subject=text_field(data, "subject", required=False))
+    return {"messages": [sel.message_row(m) for m in sent]}, 201
+
+
+@endpoint("GET")
+def events(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug)
+    params = request.GET
+    return sel.events_after(space, sel.int_param(params, "after", 0), sel.int_param(params, "limit", 200, minimum=1, maximum=1000))
+
+
+@endpoint("GET", "PUT")
+def blackboard_view(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug)
+    if request.method == "PUT":
+        blackboard.write(space, _actor(request), text_field(json_body(request), "content"))
+    return sel.blackboard(space)
+
+
+# --- approvals and questions -----------------------------------------------------------------------------
+
+@endpoint("GET")
+def approvals(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug)
+    status = sel.choice_param(request.GET, "status", ApprovalStatus.values + ["any"]) or ApprovalStatus.PENDING
+    return {"approvals": sel.approvals(space, status=None if status == "any" else status)}
+
+
+@endpoint("POST")
+def approval_decide(request: HttpRequest, slug: str, approval_id: int, decision: str) -> dict:
+    space, _ = _space(request, slug)
+    data = json_body(request)
+    approval = approval_verbs.get_approval(space, approval_id)
+    decided = approval_verbs.decide(approval, approve=decision == "approve", user=request.user,
+                                    reason=text_field(data, "reason", required=False))
+    return sel.approval_row(decided)
+
+
+@endpoint("GET")
+def questions(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug)
+    return {"questions": sel.questions(space, open_only=request.GET.get("all") not in ("1", "true"))}
+
+
+@endpoint("POST")
+def question_answer(request: HttpRequest, slug: str, question_id: int) -> dict:
+    space, _ = _space(request, slug)
+    data = json_body(request)
+    question = sel.get_question(space, question_id)
+    return sel.question_row(approval_verbs.answer(question, text=text_field(data, "answer"), user=request.user))
+
+
+# --- access (owners) -------------------------------------------------------------------------------------
+
+@endpoint("GET", "POST")
+def space_access(request: HttpRequest, slug: str):
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "GET":
+        return {"access": access.access_list(space)}
+    data = json_body(request)
+    granted = access.grant(space, text_field(data, "username"), text_field(data, "role"), actor=_actor(request))
+    return {"username": granted.user.get_username(), "role": granted.role}, 201
+
+
+@endpoint("DELETE")
+def space_access_detail(request: HttpRequest, slug: str, username: str) -> dict:
+    space, _ = _space(request, slug, OWNER)
+    access.revoke(space, username, actor=_actor(request))
+    return {"username": username, "revoked": True}

@@ -1,0 +1,75 @@
+"""Daily budgets and usage metering. Days are UTC."""
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from veronica import bus, events
+from veronica.models import Member, Space, UsageDay
+
+
+def today() -> date:
+    return timezone.now().date()
+
+
+def effective_budget(member: Member) -> int:
+    """Member override > 0 caps, < 0 is unlimited; otherwise the space default. 0 = unlimited."""
+    override = member.budget_override
+    if override is not None and override > 0:
+        return override
+    if override is not None and override < 0:
+        return 0
+    return max(member.space.member_daily_tokens, 0)
+
+
+def usage_today(member: Member) -> UsageDay:
+    day, _ = UsageDay.objects.get_or_create(member=member, day=today(), defaults={"space_id": member.space_id})
+    return day
+
+
+def space_today(space: Space) -> dict:
+    agg = UsageDay.objects.filter(space=space, day=today()).aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"), usd=Sum("usd"))
+    return {"tokens": (agg["i"] or 0) + (agg["o"] or 0), "usd": agg["usd"] or Decimal(0)}
+
+
+def is_tripped(member: Member) -> bool:
+    return UsageDay.objects.filter(member=member, day=today(), tripped=True).exists()
+
+
+def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
+          usd: Decimal = Decimal(0), model_calls: int = 1) -> UsageDay:
+    with transaction.atomic():
+        usage_today(member)
+        UsageDay.objects.filter(member=member, day=today()).update(
+            input_tokens=F("input_tokens") + input_tokens, output_tokens=F("output_tokens") + output_tokens,
+            cache_read_tokens=F("cache_read_tokens") + cache_read, cache_write_tokens=F("cache_write_tokens") + cache_write,
+            usd=F("usd") + usd, model_calls=F("model_calls") + model_calls)
+    return UsageDay.objects.get(member=member, day=today())
+
+
+def check_breaker(member: Member) -> str | None:
+    """Trip the member's breaker when its day or its space's day is over budget. Returns why, once."""
+    day = usage_today(member)
+    cap = effective_budget(member)
+    reason = None
+    if cap and day.total_tokens >= cap:
+        reason = f"{member.name} used {day.total_tokens} tokens today; its daily budget is {cap}"
+    space = member.space
+    if reason is None and (space.daily_token_ceiling or space.daily_usd_ceiling):
+        totals = space_today(space)
+        if space.daily_token_ceiling and totals["tokens"] >= space.daily_token_ceiling:
+            reason = f"space {space.slug} used {totals['tokens']} tokens today; its ceiling is {space.daily_token_ceiling}"
+        elif space.daily_usd_ceiling and totals["usd"] >= space.daily_usd_ceiling:
+            reason = f"space {space.slug} spent ${totals['usd']:.4f} today; its ceiling is ${space.daily_usd_ceiling}"
+    if reason is None:
+        return None
+    with transaction.atomic():
+        if UsageDay.objects.filter(pk=day.pk, tripped=False).update(tripped=True):
+            events.emit(member.space_id, "ops.alert", member=member, subject="budget tripped", body=reason)
+            bus.send(space, bus.SYSTEM, "operator", reason + ". No more runs today.", subject=f"Budget tripped: {member.name}")
+            return reason
+    return None

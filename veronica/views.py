@@ -1,0 +1,208 @@
+"""The operator console: server-rendered pages, and the panels the page's JS re-fetches live.
+
+Each panel is one template rendered by both the full page and /panels/<name>/, so a live refresh
+and a reload show the same sanitized HTML. Mutations from the pages go through the JSON API
+(veronica.api); the few plain forms here (tokens, access, members) call the same verbs.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.staticfiles.views import serve as staticfiles_serve
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from veronica import access, metrics as metrics_module
+from veronica.access import OPERATOR, OWNER
+from veronica.api import selectors as sel
+from veronica.api.base import Unauthorized, authenticate
+from veronica.engine import supervisor
+from veronica.errors import VeronicaError
+from veronica.models import AccessRole, PermissionMode, Role, Space
+
+# --- panels -----------------------------------------------------------------------------------------------
+
+
+def _space_panels(space: Space) -> dict[str, Callable[[], dict]]:
+    return {
+        "roster": lambda: {"members": sel.roster(space)},
+        "tasks": lambda: {"board": sel.task_board(space)},
+        "approvals": lambda: {"approvals": sel.approvals(space), "questions": sel.questions(space)},
+        "blackboard": lambda: {"board": sel.blackboard(space)},
+        "messages": lambda: {"messages": list(reversed(sel.messages(space, limit=30)["messages"]))},
+        "usage": lambda: {"usage": sel.usage_panel(space), "waggle": sel.waggle_saved(space)},
+    }
+
+
+def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
+    def member():
+        return supervisor.get_member(space, name)
+
+    return {
+        "header": lambda: {"member": sel.member_detail(member())},
+        "transcript": lambda: {"transcript": sel.transcript(member())},
+        "skills": lambda: {"skills": sel.skills_of(member())},
+        "memory": lambda: {"memory": sel.memory_of(member())},
+        "schedule": lambda: {"schedule": sel.schedule_of(member()), "member_name": name},
+    }
+
+
+def _context(space: Space, role: str, **extra) -> dict:
+    return {"space": space, "role": role, "can_steer": access.allows(role, OPERATOR), "can_manage": access.allows(role, OWNER),
+            **extra}
+
+
+def _member_or_404(space: Space, name: str):
+    try:
+        return supervisor.get_member(space, name)
+    except VeronicaError:
+        raise Http404("no such member") from None
+
+
+def _current_seq(space: Space) -> int:
+    # read before rendering: an event that lands mid-render is > seq, so the socket replays it
+    return Space.objects.filter(pk=space.pk).values_list("event_seq", flat=True).get()
+
+
+# --- pages ------------------------------------------------------------------------------------------------
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    user = request.user
+    rows = sel.space_list(access.visible_spaces(user), access.roles_by_space(user))
+    return render(request, "console/home.html", {"spaces": rows})
+
+
+@login_required
+def space_page(request: HttpRequest, slug: str) -> HttpResponse:
+    space, role = access.space_for(request.user, slug)
+    seq = _current_seq(space)
+    panels = {name: build() for name, build in _space_panels(space).items()}
+    return render(request, "console/space.html", _context(space, role, seq=seq, panels=panels, page="space"))
+
+
+@login_required
+def space_panel(request: HttpRequest, slug: str, panel: str) -> HttpResponse:
+    space, role = access.space_for(request.user, slug)
+    build = _space_panels(space).get(panel)
+    if build is None:
+        raise Http404("no such panel")
+    return render(request, f"console/panels/{panel}.html", _context(space, role, **build()))
+
+
+@login_required
+def member_page(request: HttpRequest, slug: str, name: str) -> HttpResponse:
+    space, role = access.space_for(request.user, slug)
+    member = _member_or_404(space, name)
+    seq = _current_seq(space)
+    panels = {key: build() for key, build in _member_panels(space, name).items()}
+    return render(request, "console/member.html", _context(
+        space, role, seq=seq, panels=panels, member_name=member.name, page="member",
+        permission_modes=PermissionMode.values))
+
+
+@login_required
+def member_panel(request: HttpRequest, slug: str, name: str, panel: str) -> HttpResponse:
+    space, role = access.space_for(request.user, slug)
+    _member_or_404(space, name)
+    build = _member_panels(space, name).get(panel)
+    if build is None:
+        raise Http404("no such panel")
+    return render(request, f"console/panels/member_{panel}.html", _context(space, role, member_name=name, **build(),
+                                                                           permission_modes=PermissionMode.values))
+
+
+# --- owners: access and members ------------------------------------------------------------------------------
+
+def _manage_action(request: HttpRequest, space: Space) -> str:
+    data, actor = request.POST, access.actor_name(request.user)
+    action = data.get("action", "")
+    if action == "grant":
+        granted = access.grant(space, data.get("username", ""), data.get("role", ""), actor=actor)
+        return f"{granted.user.get_username()} is now {granted.role}"
+    if action == "revoke":
+        access.revoke(space, data.get("username", ""), actor=actor)
+        return f"{data.get('username')} no longer has access"
+    if action == "add_member":
+        member = supervisor.add_member(space, data.get("name", ""), role=data.get("role", Role.WORKER),
+                                       persona=data.get("persona", ""), model=data.get("model", "") or "offline", actor=actor)
+        return f"added member {member.name}"
+    if action == "remove_member":
+        removed = supervisor.remove_member(supervisor.get_member(space, data.get("name", "")), actor=actor)
+        return f"removed member {removed.name}"
+    raise VeronicaError("action must be grant, revoke, add_member or remove_member", field="action")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
+    need = OWNER if request.method == "POST" else OPERATOR
+    space, role = access.space_for(request.user, slug, need)
+    if request.method == "POST":
+        try:
+            messages.success(request, _manage_action(request, space))
+        except VeronicaError as exc:
+            messages.error(request, f"{exc.field + ': ' if exc.field else ''}{exc.message}")
+        return redirect("console:manage", slug=space.slug)
+    return render(request, "console/manage.html", _context(
+        space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
+        member_roles=Role.values, page="manage"))
+
+
+# --- tokens -----------------------------------------------------------------------------------------------
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens_page(request: HttpRequest) -> HttpResponse:
+    new_key = None
+    if request.method == "POST":
+        try:
+            if request.POST.get("action") == "revoke":
+                token = access.revoke_token(request.user, _int(request.POST.get("token_id")))
+                messages.success(request, f"revoked {token.name}")
+            else:
+                token, new_key = access.create_token(request.user, request.POST.get("name", ""))
+        except VeronicaError as exc:
+            messages.error(request, exc.message)
+        if new_key is None:
+            return redirect("console:tokens")
+    rows = access.tokens_of(request.user)
+    response = render(request, "console/tokens.html", {"tokens": rows, "new_key": new_key})
+    response["Cache-Control"] = "no-store"  # the page that shows a key once must not be cached
+    return response
+
+
+def _int(raw: str | None) -> int:
+    try:
+        return int(raw or "")
+    except ValueError:
+        raise VeronicaError("token_id must be an integer", field="token_id") from None
+
+
+# --- metrics, static, api 404 -----------------------------------------------------------------------------------
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text for staff (session or a staff user's token); 401 anonymous, 403 others."""
+    try:
+        authenticate(request)
+    except Unauthorized as exc:
+        response = HttpResponse(f"{exc}\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="veronica"'
+        return response
+    if not request.user.is_staff:
+        return HttpResponse("metrics are for staff\n", status=403, content_type="text/plain")
+    body = metrics_module.render(access.visible_spaces(request.user))
+    return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def static_file(request: HttpRequest, path: str) -> HttpResponse:
+    """Static files through the finders, whatever DEBUG says: the embedded default has no other
+    web server (daphne serves only the app). Hosted installs may put a CDN or proxy in front."""
+    return staticfiles_serve(request, path, insecure=True)
+
+
+def api_not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    return JsonResponse({"error": f"no API endpoint at /api/{rest}"}, status=404)
