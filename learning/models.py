@@ -44,6 +44,35 @@ class RuleSource(models.TextChoices):
     LEARNED = "learned"
 
 
+class RuleQuerySet(models.QuerySet):
+    """Bulk writes get the same guard as Rule.save(): they may not touch user rules outside the
+    people-write context (one extra EXISTS query; rule writes are rare)."""
+
+    def _guard(self) -> None:
+        if not _people_write.get() and self.filter(source=RuleSource.USER).exists():
+            raise UserRuleWriteRefused("user rules are written only by people, through learning.api")
+
+    def update(self, **kwargs):
+        self._guard()
+        return super().update(**kwargs)
+
+    def delete(self):
+        self._guard()
+        return super().delete()
+
+    def bulk_create(self, objs, *args, **kwargs):
+        objs = list(objs)
+        if not _people_write.get() and any(o.source == RuleSource.USER for o in objs):
+            raise UserRuleWriteRefused("user rules are written only by people, through learning.api")
+        return super().bulk_create(objs, *args, **kwargs)
+
+    def bulk_update(self, objs, fields, *args, **kwargs):
+        objs = list(objs)
+        if not _people_write.get() and any(o.source == RuleSource.USER for o in objs):
+            raise UserRuleWriteRefused("user rules are written only by people, through learning.api")
+        return super().bulk_update(objs, fields, *args, **kwargs)
+
+
 class Rule(models.Model):
     domain = models.CharField(max_length=64, db_index=True)
     source = models.CharField(max_length=10, choices=RuleSource.choices)
@@ -54,6 +83,8 @@ class Rule(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     created_by = models.CharField(max_length=150, blank=True)
     updated_by = models.CharField(max_length=150, blank=True)
+
+    objects = RuleQuerySet.as_manager()
 
     class Meta:
         ordering = ["domain", "source", "id"]

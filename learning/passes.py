@@ -182,11 +182,12 @@ def run_reflect(source: Source | None = None, complete: Complete | None = None, 
                 where = f"{kind}:{key}"
                 domains = item_domains(getattr(item, "domains", None))
                 if kind == MinedKind.OUTBOX:
-                    prompt = reflect_prompt(kind, key, domains, original=item.original, edited=item.edited,
+                    prompt = reflect_prompt(kind, key, domains, original=str(item.original or ""),
+                                            edited=str(item.edited or ""),
                                             max_chars=max_item_chars())
                 else:
-                    prompt = reflect_prompt(kind, key, domains, member=getattr(item, "member_key", ""),
-                                            text=item.text, max_chars=max_item_chars())
+                    prompt = reflect_prompt(kind, key, domains, member=str(getattr(item, "member_key", "") or ""),
+                                            text=str(item.text or ""), max_chars=max_item_chars())
                 raw = r.ask(complete, REFLECT_SYSTEM, prompt, where)
                 if raw is None:
                     continue
@@ -198,7 +199,7 @@ def run_reflect(source: Source | None = None, complete: Complete | None = None, 
                 with r.lock.fence():
                     MinedItem.objects.create(kind=kind, key=key, pass_run=r.run)
                     Reflection.objects.bulk_create([
-                        Reflection(kind=kind, item_key=key, member_key=getattr(item, "member_key", "")[:150],
+                        Reflection(kind=kind, item_key=key, member_key=str(getattr(item, "member_key", "") or "")[:150],
                                    domain=domain, text=text, pass_run=r.run)
                         for domain, text in lessons
                     ])
@@ -298,8 +299,8 @@ def run_distill(source: Source | None = None, complete: Complete | None = None, 
                 continue
             done.add(key)
             where = f"session:{key}"
-            raw = r.ask(complete, DISTILL_SYSTEM, distill_prompt(key, item.member_key, item.text,
-                                                                 max_chars=max_item_chars()), where)
+            prompt = distill_prompt(key, str(item.member_key or ""), str(item.text or ""), max_chars=max_item_chars())
+            raw = r.ask(complete, DISTILL_SYSTEM, prompt, where)
             if raw is None:
                 continue
             try:

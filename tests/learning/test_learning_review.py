@@ -1,12 +1,13 @@
 """The review gate: approve (as a whole, one transaction), edit, reject, staleness, the 25-rule gate,
 and readers never seeing half a rule set."""
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from learning import api, people, store
-from learning.models import Proposal, Rule, RuleChange, RuleSource, StoreState
+from learning.models import Proposal, Rule, RuleChange, RuleSource, StoreState, people_write
 from learning.ops import snapshot_diff
 
 pytestmark = pytest.mark.django_db
@@ -162,3 +163,36 @@ def test_readers_see_old_or_new_rule_set_never_half():
     assert not errors
     assert len(seen) > 5 and set(seen) <= valid, set(seen) - valid
     assert len(valid) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reading_never_waits_on_a_writer_or_a_pass():
+    api.add_user_rule("ops", "Before.", actor="a")
+    old = api.prompt_block(["ops"])
+    store.clear_cache()
+    holder = api.WriterLock(ttl=30)
+    holder.acquire(wait=0)  # a pass is running
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_writer():
+        try:
+            with people_write(), transaction.atomic():  # an open rule write (holds SQLite's write lock)
+                store.bump_stamp()
+                Rule.objects.filter(source=RuleSource.USER).update(text="After.")
+                inside.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    t = threading.Thread(target=slow_writer)
+    t.start()
+    try:
+        assert inside.wait(10)
+        started = time.monotonic()
+        assert api.prompt_block(["ops"]) == old  # the committed rule set, at once
+        assert time.monotonic() - started < 0.5
+    finally:
+        release.set()
+        t.join(15)
+        holder.release()
+    assert "After." in api.prompt_block(["ops"])

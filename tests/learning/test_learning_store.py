@@ -123,7 +123,18 @@ def test_user_rules_cannot_be_written_outside_the_people_api():
         rule.save()
     with pytest.raises(UserRuleWriteRefused):
         rule.delete()
+    # bulk paths too
+    with pytest.raises(UserRuleWriteRefused):
+        Rule.objects.filter(domain="ops").update(text="bulk")
+    with pytest.raises(UserRuleWriteRefused):
+        Rule.objects.all().delete()
+    with pytest.raises(UserRuleWriteRefused):
+        Rule.objects.bulk_create([Rule(domain="ops", source=RuleSource.USER, text="bulk")])
+    with pytest.raises(UserRuleWriteRefused):
+        Rule.objects.bulk_update([rule], ["text"])
+    assert Rule.objects.get(pk=rule.pk).text == "Mine."
     Rule(domain="ops", source=RuleSource.LEARNED, text="learned rows are fine").save()
+    Rule.objects.filter(source=RuleSource.LEARNED).update(enabled=False)
 
 
 # --- history and revert ---------------------------------------------------------------------------
