@@ -1,0 +1,334 @@
+"""waggle bench: miner scaling and replay value on synthetic agent traces (no database needed).
+
+    .venv/bin/python bench/waggle_bench.py [--seed N] [--quick]
+
+1. Miner time at 200, 2k, 20k and 200k calls (median of a few repeats) and the growth per 10x.
+2. Replay on a synthetic trace set: mine the first 70 % of the timeline, then walk the rest with
+   the replayer and count model round trips saved, estimated tokens saved and false fires
+   (replays whose steps differ from the calls the agent actually made next).
+
+The traces: a background of random calls over a few dozen read-only tools, planted routines (a 2-3
+step trigger, then 1-6 steps determined by the trigger's arguments), decoy routines sharing a
+routine's trigger but going elsewhere, routines whose later steps need a fresh value (never
+determined: they must never fire), mutating calls sprinkled in (some inside routines), agents that
+stop a routine early, and argument values that drift over time (a new set of modules every
+stretch of the timeline, so the replay phase uses values never seen while mining).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from waggle.miner import MineConfig, mine, segments_to_trace  # noqa: E402
+from waggle.replay import clamp_prefix, estimate_yield, find_plan  # noqa: E402
+from waggle.route import Route, TraceIndex, choose_trigger  # noqa: E402
+from waggle.trace import Call  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# synthetic traces
+# ---------------------------------------------------------------------------------------------
+READ_TOOLS = {  # tool -> argument keys
+    "list_dir": ("path",), "read_file": ("path",), "grep": ("path", "pattern"), "glob": ("pattern",),
+    "git_status": (), "git_log": ("path",), "git_diff": ("path",), "git_show": ("rev",),
+    "blackboard_read": (), "task_list": ("status",), "task_get": ("id",), "list_members": (),
+    "read_mail": ("folder",), "skill_get": ("name",), "memory_read": ("key",), "web_get": ("url",),
+    "env_get": ("name",), "stat": ("path",), "wc": ("path",), "head": ("path", "lines"),
+    "tail": ("path", "lines"), "find_symbol": ("symbol",), "find_refs": ("symbol",),
+    "lint": ("path",), "type_check": ("path",), "test_list": ("path",), "coverage": ("path",),
+    "deps_tree": ("package",), "pkg_info": ("package",), "docs_search": ("query",),
+    "issue_get": ("id",), "issue_list": ("label",), "pr_get": ("id",), "ci_status": ("branch",),
+    "metrics_get": ("name",), "log_search": ("query",),
+}
+MUTATING_TOOLS = {
+    "write_file": ("path", "content"), "edit_file": ("path", "old", "new"), "send_message": ("to", "body"),
+    "task_update": ("id", "status"), "blackboard_write": ("text",), "run_command": ("cmd",),
+}
+WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta", "lambda", "zeta"]
+
+
+def module_pool(epoch: int) -> list[str]:
+    """The modules the team works on during one stretch of the timeline (values drift)."""
+    return [f"src/{WORDS[(epoch + i) % len(WORDS)]}_{epoch}_{i}" for i in range(6)]
+
+
+def random_value(rng: random.Random, key: str, epoch: int) -> str:
+    if key == "path":
+        base = rng.choice(module_pool(epoch))
+        return rng.choice([base, f"{base}/main.py", f"{base}/util.py", f"{base}/README.md", "."])
+    if key == "pattern":
+        return rng.choice(["TODO", "FIXME", "def ", "class ", "import", "*.py", "*.md", "error"])
+    if key in ("id", "rev"):
+        return str(rng.randint(1, 400))
+    if key == "lines":
+        return rng.choice(["20", "50", "100"])
+    return f"{key}-{rng.randint(1, 60)}"
+
+
+def make_call(rng: random.Random, tool: str, args: dict[str, str], mutates: bool = False) -> Call:
+    size = rng.randint(40, 4000)
+    return Call(tool=tool, args=tuple(sorted(args.items())), mutates=mutates,
+                out_hash=f"{rng.getrandbits(48):012x}", est_tokens=(size + 3) // 4)
+
+
+def background_call(rng: random.Random, epoch: int) -> Call:
+    tool = rng.choice(list(READ_TOOLS))
+    return make_call(rng, tool, {k: random_value(rng, k, epoch) for k in READ_TOOLS[tool]})
+
+
+def mutating_call(rng: random.Random, epoch: int) -> Call:
+    tool = rng.choice(list(MUTATING_TOOLS))
+    return make_call(rng, tool, {k: random_value(rng, k, epoch) for k in MUTATING_TOOLS[tool]}, mutates=True)
+
+
+@dataclass
+class Routine:
+    """Steps are (tool, {key: template}); '{M}' is the occurrence's module (bound by the trigger),
+    '{F}' a fresh value only known later (makes the tail undetermined)."""
+
+    name: str
+    trigger: list[tuple[str, dict[str, str]]]
+    tail: list[tuple[str, dict[str, str]]]
+    weight: float = 1.0
+    kind: str = "planted"  # planted | decoy | unbound
+
+    def instantiate(self, rng: random.Random, epoch: int) -> list[tuple[str, dict[str, str]]]:
+        module = rng.choice(module_pool(epoch))
+        fresh = f"tmp/{rng.getrandbits(32):08x}"
+        out = []
+        for tool, args in self.trigger + self.tail:
+            out.append((tool, {k: v.replace("{M}", module).replace("{F}", fresh) for k, v in args.items()}))
+        return out
+
+
+def build_routines(rng: random.Random, n_routines: int = 10) -> list[Routine]:
+    tools = list(READ_TOOLS)
+    routines: list[Routine] = []
+    used_triggers: set[tuple[str, ...]] = set()
+
+    def step(tool: str, bound: bool) -> tuple[str, dict[str, str]]:
+        args = {}
+        for k in READ_TOOLS[tool]:
+            if k == "path":
+                args[k] = "{M}" if bound else "{M}/" + rng.choice(["main.py", "README.md", "util.py"])
+            elif k == "pattern":
+                args[k] = rng.choice(["TODO", "def ", "import"])
+            else:
+                args[k] = random_value(rng, k, 0)  # a literal constant of the routine
+        return (tool, args)
+
+    path_tools = [t for t in tools if "path" in READ_TOOLS[t]]
+    for i in range(n_routines):
+        while True:
+            trig_len = rng.choice([2, 3])
+            trigger = [step(rng.choice(path_tools), True)] + [step(rng.choice(tools), rng.random() < 0.5)
+                                                              for _ in range(trig_len - 1)]
+            key = tuple(t for t, _ in trigger)
+            if key not in used_triggers:
+                used_triggers.add(key)
+                break
+        tail = [step(rng.choice(tools), rng.random() < 0.6) for _ in range(rng.randint(1, 6))]
+        routines.append(Routine(f"r{i}", trigger, tail, weight=rng.uniform(0.6, 1.4)))
+        if i % 3 == 0:  # a decoy: same trigger, different continuation
+            decoy_tail = [step(rng.choice(tools), True) for _ in range(rng.randint(1, 4))]
+            routines.append(Routine(f"r{i}-decoy", trigger, decoy_tail, weight=rng.uniform(0.3, 0.8), kind="decoy"))
+        if i % 4 == 1:  # a routine whose tail needs a value the trigger never shows
+            utail = [("read_file", {"path": "{F}"}), step(rng.choice(tools), True)]
+            utrig = [step(rng.choice(path_tools), True), step(rng.choice(tools), True)]
+            routines.append(Routine(f"r{i}-unbound", utrig, utail, weight=0.8, kind="unbound"))
+    return routines
+
+
+@dataclass
+class Event:
+    call: Call
+    t: int  # position on the global timeline
+    routine: str | None = None  # the routine this call belongs to (None: background/mutator)
+    occ: int = -1  # which occurrence of a routine (-1: none)
+
+
+def generate(n_calls: int, seed: int = 1, sessions: int = 12, p_routine: float = 0.18,
+             p_mutator: float = 0.08, p_abandon: float = 0.12, epoch_len: int = 1500,
+             routines: list[Routine] | None = None) -> tuple[list[list[Event]], list[Routine]]:
+    """Sessions of calls in timeline order (event t belongs to session t % sessions, so every
+    session spans the whole timeline)."""
+    rng = random.Random(seed)
+    routines = routines or build_routines(random.Random(seed * 7919 + 1))
+    weights = [r.weight for r in routines]
+    out: list[list[Event]] = [[] for _ in range(sessions)]
+    t = 0
+    occ = 0
+    while t < n_calls:
+        s = rng.randrange(sessions)
+        epoch = t // epoch_len
+        if rng.random() < p_routine:
+            r = rng.choices(routines, weights)[0]
+            steps = r.instantiate(rng, epoch)
+            if rng.random() < p_abandon:  # the agent stops after the trigger (or one more step)
+                steps = steps[: len(r.trigger) + rng.randint(0, 1)]
+            occ += 1
+            for i, (tool, args) in enumerate(steps):
+                if i > 0 and rng.random() < 0.03:  # a mutator in the middle breaks this occurrence
+                    out[s].append(Event(mutating_call(rng, epoch), t))
+                    t += 1
+                out[s].append(Event(make_call(rng, tool, args), t, r.name, occ))
+                t += 1
+        elif rng.random() < p_mutator:
+            out[s].append(Event(mutating_call(rng, epoch), t))
+            t += 1
+        else:
+            for _ in range(rng.randint(1, 4)):
+                out[s].append(Event(background_call(rng, epoch), t))
+                t += 1
+    return out, routines
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. miner scaling
+# ---------------------------------------------------------------------------------------------
+def bench_miner(sizes: list[int], repeats: int, cfg: MineConfig, seed: int) -> None:
+    print("1. miner scaling (median of repeats; trace = synthetic sessions, barriers between them)")
+    print(f"   config: min_len={cfg.min_len} max_len={cfg.max_len} k={cfg.k}")
+    prev = None
+    for n in sizes:
+        sessions, _ = generate(n, seed=seed, sessions=max(1, n // 2000))
+        trace = segments_to_trace([[e.call for e in s] for s in sessions])
+        times = []
+        stats: dict = {}
+        for _ in range(repeats if n < 200_000 else max(1, min(repeats, 3))):
+            t0 = time.perf_counter()
+            mine(trace, cfg, stats=stats)
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        ratio = f"x{med / prev:5.1f} per 10x" if prev else " " * 15
+        print(f"   {n:>7} calls: {med * 1000:9.1f} ms  {ratio}   {stats['windows']:>8} windows keyed, "
+              f"{med * 1e9 / max(1, stats['windows']):5.0f} ns/window, {stats['closed']} closed routes")
+        prev = med
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. replay value
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ReplayStats:
+    fires: int = 0
+    hits: int = 0
+    false_fires: int = 0
+    round_trips_saved: int = 0
+    tokens_saved: int = 0
+    tokens_wasted: int = 0
+    read_calls: int = 0
+    fires_by_kind: dict[str, int] = field(default_factory=dict)
+    false_by_kind: dict[str, int] = field(default_factory=dict)
+
+
+def bench_replay(n_calls: int, seed: int, cfg: MineConfig, min_prefix: int, min_confidence: float) -> None:
+    sessions, routines = generate(n_calls, seed=seed)
+    kind = {r.name: r.kind for r in routines}
+    total = sum(len(s) for s in sessions)
+    cut = int(total * 0.7)  # mine on the first 70 % of the timeline, replay on the rest
+    train = [[e.call for e in s if e.t < cut] for s in sessions]
+    test = [[e for e in s if e.t >= cut] for s in sessions]
+    planted_occ = {e.occ for s in test for e in s if e.occ >= 0 and kind.get(e.routine or "") != "unbound"}
+    served_occ: set[int] = set()
+
+    t0 = time.perf_counter()
+    cands = mine(segments_to_trace(train), cfg)
+    mine_ms = (time.perf_counter() - t0) * 1000
+    index = TraceIndex(segments_to_trace(train))
+    routes = []
+    for c in cands:
+        r = Route.from_candidate(c)
+        if r.replayable(min_prefix):
+            r = choose_trigger(r, index, min_prefix, min_confidence)
+            if r is not None:
+                routes.append(r)
+    print(f"2. replay on a synthetic trace set (seed {seed}): {total} calls in {len(sessions)} sessions, "
+          f"{len(routines)} routines ({sum(r.kind == 'planted' for r in routines)} planted, "
+          f"{sum(r.kind == 'decoy' for r in routines)} decoys, {sum(r.kind == 'unbound' for r in routines)} "
+          f"with an undetermined tail)")
+    print(f"   mined the first 70 %: {len(cands)} closed routes in {mine_ms:.0f} ms, "
+          f"{len(routes)} replayable with confidence >= {min_confidence:.0%} (stored as waggles); "
+          f"min_prefix={min_prefix}")
+
+    st = ReplayStats()
+    m0 = clamp_prefix(min_prefix)
+    for s_train, events in zip(train, test):
+        recent: list[Call] = list(s_train[-50:])
+        fired: set[str] = set()
+        i = 0
+        while i < len(events):
+            ev = events[i]
+            recent.append(ev.call)
+            if len(recent) > 200:
+                del recent[:-50]
+            i += 1
+            if ev.call.mutates:
+                continue
+            st.read_calls += 1
+            plan = find_plan(recent[-20:], routes, m0, fired)
+            if plan is None:
+                continue
+            fired.add(plan.key)
+            st.fires += 1
+            nxt = [(e.call.tool, e.call.args) for e in events[i:i + plan.steps]]
+            src = ev.routine or "background"
+            k = kind.get(src, "background")
+            st.fires_by_kind[k] = st.fires_by_kind.get(k, 0) + 1
+            sizes = [e.call.est_tokens * 4 for e in events[i:i + plan.steps]]
+            sizes += [400] * (plan.steps - len(sizes))
+            outputs = ["x" * n for n in sizes]
+            if list(plan.tail) == nxt:
+                st.hits += 1
+                st.round_trips_saved += plan.steps
+                served_occ.update(e.occ for e in events[i:i + plan.steps] if e.occ >= 0)
+                st.tokens_saved += estimate_yield(plan.tail, outputs)
+                for e in events[i:i + plan.steps]:  # the agent no longer makes these calls
+                    recent.append(e.call)
+                i += plan.steps
+            else:
+                st.false_fires += 1
+                st.false_by_kind[k] = st.false_by_kind.get(k, 0) + 1
+                st.tokens_wasted += estimate_yield(plan.tail, outputs)
+                for tool, args in plan.tail:  # the replayed calls land in the session's ring
+                    recent.append(Call(tool=tool, args=args))
+    rate = st.false_fires / st.fires if st.fires else 0.0
+    print(f"   replay phase: {st.read_calls} read-only calls observed, {st.fires} replays fired")
+    print(f"   model round trips saved:        {st.round_trips_saved}"
+          f" ({st.round_trips_saved / max(1, st.read_calls):.1%} of read-only calls)")
+    print(f"   estimated tokens saved:         ~{st.tokens_saved} (estimate: chars/4 of the skipped calls "
+          f"and results)")
+    print(f"   false fires:                    {st.false_fires} / {st.fires} = {rate:.1%}"
+          f" (~{st.tokens_wasted} tokens of replay output the agent did not need; the generator"
+          f" abandons 12 % of routines after their trigger, which no replayer can foresee)")
+    print(f"   routine occurrences served:     {len(served_occ & planted_occ)} / {len(planted_occ)} "
+          f"(at least one step replayed correctly; routines with a determinable tail)")
+    print(f"   fires by source of the trigger: {dict(sorted(st.fires_by_kind.items()))}; "
+          f"false: {dict(sorted(st.false_by_kind.items()))}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="skip the 200k run")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--replay-calls", type=int, default=40_000)
+    ap.add_argument("--min-confidence", type=float, default=0.8)
+    opts = ap.parse_args()
+    cfg = MineConfig(min_len=2, max_len=8, k=3)
+    sizes = [200, 2_000, 20_000] + ([] if opts.quick else [200_000])
+    t0 = time.perf_counter()
+    bench_miner(sizes, opts.repeats, cfg, opts.seed)
+    print()
+    bench_replay(opts.replay_calls, opts.seed, cfg, min_prefix=2, min_confidence=opts.min_confidence)
+    print(f"\n(total bench time {time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

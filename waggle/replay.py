@@ -1,0 +1,185 @@
+"""Replayer: follow a stored route once its first steps have been walked (pure Python, no ORM).
+
+When the newest calls match the first ``m >= min_prefix`` (>= 2) steps of a route and every
+parameter of the remaining steps is bound by a value seen in those ``m`` calls, the remaining steps
+form a concrete *plan*. The host runs the plan's steps through its own ``exec`` (same safety checks
+and truncation as a model-driven call) and the outputs are folded into the triggering tool result
+as one marked block.
+
+Conservatism beyond the prefix length: a route may carry its own, longer trigger (chosen when it
+was mined: the shortest prefix that was followed by the rest of the route often enough). All routes that match the current calls are compared. If
+two of them predict different continuations (neither is a prefix of the other) nothing fires, and
+when they agree only the shortest prediction runs; a route that has just been walked to its end
+counts as predicting "nothing more". A plan (route + parameter values) fires at most once per
+session: the caller passes the keys of plans already fired.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Collection, Iterable, Mapping, Sequence
+
+from waggle.route import Route
+from waggle.trace import Call, describe_call, estimate_tokens
+
+ExecFn = Callable[[str, dict[str, str]], str]
+ConcreteStep = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def clamp_prefix(min_prefix: int | None) -> int:
+    try:
+        return max(2, int(min_prefix or 2))
+    except (TypeError, ValueError):
+        return 2
+
+
+def plan_key(route_name: str, binding: Mapping[str, str]) -> str:
+    """Identity of a concrete plan: the route and its parameter values."""
+    blob = json.dumps([route_name, sorted(binding.items())], separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class Plan:
+    route: Route
+    matched: int  # how many leading steps the recent calls matched
+    binding: Mapping[str, str]
+    tail: tuple[ConcreteStep, ...]
+    key: str = ""
+
+    @property
+    def steps(self) -> int:
+        return len(self.tail)
+
+
+def _match(route: Route, window: Sequence[Call]) -> dict[str, str] | None:
+    binding: dict[str, str] = {}
+    for step, call in zip(route.steps, window):
+        got = step.match(call, binding)
+        if got is None:
+            return None
+        binding = got
+    return binding
+
+
+def _alignments(route: Route, recent: Sequence[Call], min_prefix: int) -> Plan | None:
+    """The longest alignment of ``route`` with the end of ``recent`` (m >= min_prefix and >= the
+    route's own trigger length, m <= len);
+    a full match yields a plan with an empty tail. None when the route does not match or its tail
+    is not fully determined."""
+    top = min(len(route.steps), len(recent))
+    lower = max(min_prefix, route.trigger)
+    for m in range(top, lower - 1, -1):
+        binding = _match(route, recent[-m:])
+        if binding is None:
+            continue
+        tail = []
+        for step in route.steps[m:]:
+            conc = step.concrete(binding)
+            if conc is None:
+                return None  # unbound tail parameter: this route never fires here
+            tail.append(conc)
+        return Plan(route=route, matched=m, binding=binding, tail=tuple(tail),
+                    key=plan_key(route.name, binding))
+    return None
+
+
+def _is_prefix(a: Sequence[ConcreteStep], b: Sequence[ConcreteStep]) -> bool:
+    return len(a) <= len(b) and tuple(b[: len(a)]) == tuple(a)
+
+
+def find_plan(recent: Sequence[Call], routes: Iterable[Route], min_prefix: int = 2,
+              fired: Collection[str] = ()) -> Plan | None:
+    """The plan to run now, or None. ``recent`` is the session's calls, oldest first; the last one
+    is the call that just completed."""
+    m0 = clamp_prefix(min_prefix)
+    if len(recent) < m0 or recent[-1].mutates:
+        return None
+    last_tool = recent[-1].tool
+    matches: list[Plan] = []
+    for route in routes:
+        if len(route.steps) < m0 or not any(s.tool == last_tool for s in route.steps[m0 - 1:]):
+            continue
+        plan = _alignments(route, recent, m0)
+        if plan is not None:
+            matches.append(plan)
+    if not matches:
+        return None
+    matches.sort(key=lambda p: (-len(p.tail), p.route.name))
+    longest = matches[0]
+    for other in matches[1:]:
+        if not _is_prefix(other.tail, longest.tail):
+            return None  # the routes disagree on what comes next
+    if not longest.tail or longest.key in fired:
+        return None
+    return longest
+
+
+@dataclass
+class Outcome:
+    """What running a plan gave: a block to fold into the tool result, or a failure."""
+
+    ok: bool
+    block: str | None = None
+    yield_tokens: int = 0
+    error: str = ""
+    outputs: list[str] = field(default_factory=list)
+
+
+def estimate_yield(tail: Sequence[ConcreteStep], outputs: Sequence[str]) -> int:
+    """Estimated tokens saved by not making these round trips through the model: the calls it
+    would have written plus the results it would have read, at chars / 4. An estimate only."""
+    total = 0
+    for (tool, args), out in zip(tail, outputs):
+        total += estimate_tokens(describe_call(tool, dict(args))) + estimate_tokens(out)
+    return total
+
+
+def format_block(name: str, tail: Sequence[ConcreteStep], outputs: Sequence[str], yield_tokens: int,
+                 *, verb: str = "replayed route") -> str:
+    n = len(tail)
+    head = (f"[waggle: {verb} {name} \u2014 {n} step{'s' if n != 1 else ''}, "
+            f"~{yield_tokens} tokens saved (estimate)]")
+    parts = [head]
+    for i, ((tool, args), out) in enumerate(zip(tail, outputs), 1):
+        parts.append(f"--- step {i}/{n}: {describe_call(tool, dict(args))}")
+        parts.append(out.rstrip("\n"))
+    parts.append(f"[waggle: end of {name}]")
+    return "\n".join(parts)
+
+
+def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: str = "replayed route") -> Outcome:
+    """Run the steps in order through ``exec``. Any exception or empty output is a failure and
+    yields no block. Never raises."""
+    outputs: list[str] = []
+    for i, (tool, args) in enumerate(tail, 1):
+        try:
+            out = exec(tool, dict(args))
+        except Exception as exc:  # noqa: BLE001 - a tool error is a divergence, not a crash
+            return Outcome(ok=False, error=f"step {i} ({tool}) failed: {type(exc).__name__}: {exc}", outputs=outputs)
+        if not isinstance(out, str) or not out.strip():
+            return Outcome(ok=False, error=f"step {i} ({tool}) returned no output", outputs=outputs)
+        outputs.append(out)
+    y = estimate_yield(tail, outputs)
+    return Outcome(ok=True, block=format_block(name, tail, outputs, y, verb=verb), yield_tokens=y, outputs=outputs)
+
+
+class Replayer:
+    """Convenience wrapper holding routes and the fired-plan set of one session (in memory; the
+    service keeps the fired set in the database instead)."""
+
+    def __init__(self, routes: Iterable[Route], min_prefix: int = 2) -> None:
+        self.routes = list(routes)
+        self.min_prefix = clamp_prefix(min_prefix)
+        self.fired: set[str] = set()
+
+    def plan(self, recent: Sequence[Call]) -> Plan | None:
+        return find_plan(recent, self.routes, self.min_prefix, self.fired)
+
+    def follow(self, recent: Sequence[Call], exec: ExecFn) -> Outcome | None:
+        plan = self.plan(recent)
+        if plan is None:
+            return None
+        self.fired.add(plan.key)
+        return run_steps(plan.route.name, plan.tail, exec)

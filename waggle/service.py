@@ -1,0 +1,555 @@
+"""The interface the host calls. Plain strings, dicts and callables in; nothing from the host is
+imported. Everything on a member's path (``observe``, ``follow``) is best effort: an error is
+logged and swallowed, never raised into the turn.
+
+Keys: ``space_key`` is the host's space id as a string, ``session_key`` the member-session id,
+``member_key`` the member. Space-scoped waggles are only ever seen by their own space; ``global``
+waggles (promoted by curation) are seen by every space.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import date, datetime, timedelta
+from typing import Any, Callable, Iterator
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, Exists, OuterRef, Q, Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from waggle.config import DEFAULT_MIN_FAILS, DEFAULT_STALE_AGE, WaggleConfig, default_config
+from waggle.miner import Candidate, mine, segments_to_trace
+from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
+from waggle.recorder import Recorder
+from waggle.replay import clamp_prefix, find_plan, run_steps
+from waggle.route import Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary
+from waggle.trace import Call, flatten_args
+
+log = logging.getLogger("waggle")
+
+ExecFn = Callable[[str, dict[str, str]], str]
+"""exec(tool_name, args) -> output text. Raises on a tool error. The host applies the same safety
+checks and output truncation as for a model-driven call."""
+
+__all__ = [
+    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "list_waggles",
+    "run_waggle", "curate", "saved_tokens_per_day", "sweep",
+]
+
+
+class WaggleError(Exception):
+    """A refused on-demand request (unknown or disabled waggle, bad parameters, a failed step)."""
+
+
+# --------------------------------------------------------------------------------------------
+# recorder: one ring per session, cached per process, re-synced from the database when another
+# process appended to the same session
+# --------------------------------------------------------------------------------------------
+_MAX_CACHED_SESSIONS = 512
+_rings: "OrderedDict[tuple[str, str], Recorder]" = OrderedDict()
+_rings_lock = threading.Lock()
+_MUTATOR_ARG_CHARS = 200
+
+
+def _call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_tokens: int) -> Call:
+    return Call(tool=tool, args=flatten_args(args if isinstance(args, dict) else {}), mutates=mutates,
+                out_hash=out_hash or "", est_tokens=est_tokens or 0)
+
+
+def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
+    """The session's ring, consistent with the database (one indexed query)."""
+    last = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
+            .order_by("-seq").values_list("seq", flat=True).first()) or 0
+    key = (space_key, session_key)
+    with _rings_lock:
+        ring = _rings.get(key)
+        if ring is not None:
+            _rings.move_to_end(key)
+    if ring is None or ring.last_seq != last or ring.capacity != cfg.ring_capacity:
+        ring = Recorder(cfg.ring_capacity)
+        rows = list(ForageCall.objects.filter(space_key=space_key, session_key=session_key)
+                    .order_by("-seq").values_list("seq", "tool", "args", "mutates", "out_hash", "est_tokens")
+                    [: ring.capacity])
+        for seq, tool, args, mutates, out_hash, est in reversed(rows):
+            ring.record(_call_from_row(tool, args, mutates, out_hash, est), seq=seq)
+        ring.last_seq = last
+        with _rings_lock:
+            _rings[key] = ring
+            _rings.move_to_end(key)
+            while len(_rings) > _MAX_CACHED_SESSIONS:
+                _rings.popitem(last=False)
+    return ring
+
+
+def _record(space_key: str, session_key: str, member_key: str, call: Call, cfg: WaggleConfig,
+            *, replayed: bool = False) -> int:
+    """Append a call to the session's ring and to ForageCall; returns its sequence number."""
+    ring = _ring(space_key, session_key, cfg)
+    seq = ring.last_seq + 1
+    args = dict(call.args)
+    if call.mutates:  # a mutator only acts as a barrier; don't keep e.g. whole file bodies
+        args = {k: v[:_MUTATOR_ARG_CHARS] for k, v in args.items()}
+    ForageCall.objects.create(space_key=space_key, session_key=session_key, member_key=member_key or "",
+                              seq=seq, tool=call.tool[:200], args=args, mutates=call.mutates,
+                              replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens)
+    ring.record(call, seq=seq)
+    return seq
+
+
+def _check_key(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > 64:
+        raise ValueError(f"{name} must be a non-empty string of at most 64 characters, got {value!r}")
+    return value
+
+
+@contextmanager
+def _contained() -> Iterator[None]:
+    """Inside the host's transaction, run waggle's statements in a savepoint, so a failing one
+    is rolled back alone instead of aborting the host's transaction (PostgreSQL). Outside a
+    transaction (autocommit) nothing is needed, and no lock is taken."""
+    if connection.in_atomic_block:
+        with transaction.atomic():
+            yield
+    else:
+        yield
+
+
+def observe(space_key: str, session_key: str, member_key: str, tool: str, args: dict, mutates: bool,
+            output: str, *, config: WaggleConfig | None = None) -> None:
+    """Record one completed tool call of a member's session.
+
+    The call goes into the session's ring and into ForageCall (kept for mining across runs,
+    bounded by retention). Every ``mine_period`` observations of the session, the space's recent
+    calls are mined and at most one new waggle is stored (see :func:`sweep`). Mutating calls are
+    recorded too: they block every route window that would contain them.
+
+    Never raises: any error is logged and swallowed.
+    """
+    try:
+        cfg = (config or default_config()).normalized()
+        if tool in cfg.ignore_tools:
+            return
+        _check_key("space_key", space_key)
+        _check_key("session_key", session_key)
+        call = Call.make(tool, args or {}, mutates=mutates, output=output if isinstance(output, str) else str(output or ""))
+        with transaction.atomic():  # a savepoint when the host is inside a transaction
+            seq = _record(space_key, session_key, member_key, call, cfg)
+        if seq % cfg.mine_period == 0:
+            with _contained():  # a failed sweep never takes the recorded call with it
+                sweep(space_key, config=cfg)
+    except Exception:  # noqa: BLE001 - best effort by contract
+        log.exception("waggle: observe failed (space=%r session=%r tool=%r); ignored", space_key, session_key, tool)
+
+
+# --------------------------------------------------------------------------------------------
+# miner + promoter
+# --------------------------------------------------------------------------------------------
+def _space_segments(space_key: str, cfg: WaggleConfig) -> list[list[Call]]:
+    rows = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
+                .values_list("session_key", "seq", "tool", "args", "mutates", "out_hash", "est_tokens")
+                [: cfg.mine_window])
+    by_session: dict[str, list[tuple[int, Call]]] = {}
+    for session, seq, tool, args, mutates, out_hash, est in rows:
+        by_session.setdefault(session, []).append((seq, _call_from_row(tool, args, mutates, out_hash, est)))
+    segments = []
+    for session in sorted(by_session):
+        items = sorted(by_session[session], key=lambda t: t[0])
+        segments.append([c for _, c in items])
+    return segments
+
+
+def promotable(cand: Candidate, index: TraceIndex, cfg: WaggleConfig) -> Route | None:
+    """The route to store for a candidate, or None when it is not worth a waggle. It must be
+    replayable (some prefix of >= min_prefix steps fully determines a non-empty tail), and in the
+    mined calls that prefix must have been followed by the rest of the route at least
+    ``min_confidence`` of the time; the shortest such prefix becomes the route's trigger."""
+    route = Route.from_candidate(cand, scope=Waggle.SCOPE_SPACE)
+    if not route.replayable(cfg.min_prefix):
+        return None
+    route = choose_trigger(route, index, cfg.min_prefix, cfg.min_confidence)
+    if route is None or render_script(route, min_prefix=cfg.min_prefix) is None:
+        return None
+    return route
+
+
+def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | None:
+    """Mine the space's recent calls and store the best new route (at most one per sweep), then
+    trim ForageCall to the retention bound. Returns the new waggle, if any. May raise (the
+    callers on a member's path catch)."""
+    cfg = (config or default_config()).normalized()
+    trace = segments_to_trace(_space_segments(space_key, cfg))
+    candidates = mine(trace, cfg.mine_config)
+    created = None
+    if candidates:
+        known = set(Waggle.objects.filter(Q(scope=Waggle.SCOPE_SPACE, space_key=space_key)
+                                          | Q(scope=Waggle.SCOPE_GLOBAL)).values_list("name", flat=True))
+        index = TraceIndex(trace)
+        for cand in candidates:
+            if Route.from_candidate(cand).name in known:
+                continue
+            route = promotable(cand, index, cfg)
+            if route is None:
+                continue
+            script = render_script(route, min_prefix=cfg.min_prefix) or ""
+            now = timezone.now()
+            try:
+                with transaction.atomic():
+                    created = Waggle.objects.create(
+                        name=route.name, scope=Waggle.SCOPE_SPACE, space_key=space_key, route=route.to_json(),
+                        script=script, length=len(route.steps), mined_count=cand.count, created=now, touched=now)
+            except IntegrityError:  # another process stored it first
+                created = None
+            else:
+                log.info("waggle: new route %s in space %s (%d steps, seen %dx, trigger %d, confidence %.0f%%)",
+                         route.name, space_key, len(route.steps), cand.count, route.trigger,
+                         route.confidence * 100)
+            break
+    _trim_space(space_key, cfg)
+    return created
+
+
+def _trim_space(space_key: str, cfg: WaggleConfig) -> int:
+    edge = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
+                .values_list("id", flat=True)[cfg.retention_calls: cfg.retention_calls + 1])
+    if not edge:
+        return 0
+    deleted, _ = ForageCall.objects.filter(space_key=space_key, id__lte=edge[0]).delete()
+    return deleted
+
+
+# --------------------------------------------------------------------------------------------
+# replayer
+# --------------------------------------------------------------------------------------------
+def _routes_for(space_key: str) -> list[Route]:
+    """Enabled waggles visible in a space: its own, then global ones (a name in both: its own)."""
+    rows = (Waggle.objects.filter(disabled=False)
+            .filter(Q(scope=Waggle.SCOPE_SPACE, space_key=space_key) | Q(scope=Waggle.SCOPE_GLOBAL))
+            .values_list("name", "scope", "route"))
+    routes: dict[str, Route] = {}
+    for name, scope, data in sorted(rows, key=lambda r: (r[1] != Waggle.SCOPE_SPACE, r[0])):
+        if name in routes:
+            continue
+        try:
+            routes[name] = Route.from_json(data, name=name, scope=scope)
+        except RouteFormatError:
+            log.warning("waggle: skipping unreadable route %s (%s)", name, scope)
+    return list(routes.values())
+
+
+def _ledger(route: Route, space_key: str, session_key: str, steps: int, yield_tokens: int, fail: bool,
+            *, on_demand: bool = False, detail: str = "") -> None:
+    store_key = space_key if route.scope == Waggle.SCOPE_SPACE else ""
+    LedgerEntry.objects.create(name=route.name, scope=route.scope, store_key=store_key, space_key=space_key,
+                               session_key=session_key or "", steps=steps, yield_tokens=max(0, yield_tokens),
+                               fail=fail, on_demand=on_demand, detail=detail[:500])
+
+
+def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConfig | None = None) -> str | None:
+    """Call after :func:`observe` of a read-only call. If the session's latest calls walked the
+    first >= ``min_prefix`` steps of an enabled route of this space (or a global one) and the
+    remaining steps are fully determined by the values seen, run those steps through ``exec``
+    and return one marked block to append to the triggering tool result::
+
+        [waggle: replayed route NAME — N steps, ~T tokens saved (estimate)]
+        --- step 1/N: tool(arg="value")
+        ...output...
+        [waggle: end of NAME]
+
+    Returns None when nothing fires. A concrete plan (route + parameter values) fires at most
+    once per session, across processes (claimed in the database before it runs). An exec error
+    or an empty output yields None and a failure ledger entry. Never raises.
+    """
+    try:
+        cfg = (config or default_config()).normalized()
+        _check_key("space_key", space_key)
+        _check_key("session_key", session_key)
+        with _contained():
+            return _follow(space_key, session_key, exec, cfg)
+    except Exception:  # noqa: BLE001 - best effort by contract
+        log.exception("waggle: follow failed (space=%r session=%r); ignored", space_key, session_key)
+        return None
+
+
+def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
+    routes = _routes_for(space_key)
+    if not routes:
+        return None
+    ring = _ring(space_key, session_key, cfg)
+    longest = max(len(r.steps) for r in routes)
+    recent = ring.recent(longest)
+    if not recent or recent[-1].mutates:
+        return None
+    plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix))
+    if plan is None:
+        return None
+    try:
+        with transaction.atomic():
+            FiredPlan.objects.create(space_key=space_key, session_key=session_key, plan_key=plan.key,
+                                     name=plan.route.name)
+    except IntegrityError:
+        return None  # this plan already fired in this session (maybe in another process)
+    outcome = run_steps(plan.route.name, plan.tail, exec)
+    if not outcome.ok:
+        _ledger(plan.route, space_key, session_key, plan.steps, 0, True, detail=outcome.error)
+        log.info("waggle: replay of %s failed: %s", plan.route.name, outcome.error)
+        return None
+    with transaction.atomic():
+        _ledger(plan.route, space_key, session_key, plan.steps, outcome.yield_tokens, False)
+        member = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
+                  .order_by("-seq").values_list("member_key", flat=True).first()) or ""
+        for (tool, args), out in zip(plan.tail, outcome.outputs):
+            _record(space_key, session_key, member, Call.make(tool, dict(args), output=out), cfg, replayed=True)
+    return outcome.block
+
+
+# --------------------------------------------------------------------------------------------
+# library: list / run on demand / stats
+# --------------------------------------------------------------------------------------------
+def _stats(where: Q | None = None) -> dict[tuple[str, str, str], dict[str, int]]:
+    """(scope, store_key, name) -> {uses, fails, replay_fails, est_tokens_saved}, in one query."""
+    qs = LedgerEntry.objects.all()
+    if where is not None:
+        qs = qs.filter(where)
+    rows = qs.values("scope", "store_key", "name").annotate(
+        uses=Count("id", filter=Q(fail=False)),
+        fails=Count("id", filter=Q(fail=True)),
+        replay_fails=Count("id", filter=Q(fail=True, on_demand=False)),
+        saved=Sum("yield_tokens", filter=Q(fail=False)),
+    )
+    return {(r["scope"], r["store_key"], r["name"]): {"uses": r["uses"], "fails": r["fails"],
+                                                      "replay_fails": r["replay_fails"],
+                                                      "est_tokens_saved": r["saved"] or 0}
+            for r in rows}
+
+
+def _visible(space_key: str) -> list[Waggle]:
+    rows = list(Waggle.objects.filter(Q(scope=Waggle.SCOPE_SPACE, space_key=space_key)
+                                      | Q(scope=Waggle.SCOPE_GLOBAL)))
+    rows.sort(key=lambda w: (w.scope != Waggle.SCOPE_SPACE, w.name))
+    return rows
+
+
+def list_waggles(space_key: str) -> list[dict]:
+    """The waggles a space can use (its own, then global), for the member-facing tool and the
+    console. Each dict: ``name``, ``scope``, ``steps`` (one line per step, ``{param}`` marks a
+    parameter), ``params`` (name -> example value), ``stats`` (``uses``, ``fails``,
+    ``est_tokens_saved`` — an estimate) and ``disabled``."""
+    waggles = _visible(space_key)
+    stats = _stats(Q(scope=Waggle.SCOPE_SPACE, store_key=space_key) | Q(scope=Waggle.SCOPE_GLOBAL))
+    out = []
+    for w in waggles:
+        try:
+            route = Route.from_json(w.route, name=w.name, scope=w.scope)
+            steps, params = steps_summary(route), {p: route.examples.get(p, "") for p in route.params}
+        except RouteFormatError:
+            steps, params = ["(unreadable route)"], {}
+        st = stats.get((w.scope, w.space_key, w.name), {})
+        out.append({
+            "name": w.name,
+            "scope": w.scope,
+            "steps": steps,
+            "params": params,
+            "stats": {"uses": st.get("uses", 0), "fails": st.get("fails", 0),
+                      "est_tokens_saved": st.get("est_tokens_saved", 0), "yield_is_estimate": True},
+            "disabled": w.disabled,
+        })
+    return out
+
+
+def run_waggle(space_key: str, name: str, params: dict[str, str], exec: ExecFn) -> str:
+    """Run a waggle on demand with bound parameters; returns the marked block of its outputs.
+
+    Raises WaggleError with a clear message for an unknown or disabled waggle, for missing or
+    unknown parameters, and when a step fails (the failure is also recorded in the ledger).
+    """
+    _check_key("space_key", space_key)
+    params = {str(k): ("" if v is None else str(v)) for k, v in (params or {}).items()}
+    w = (Waggle.objects.filter(scope=Waggle.SCOPE_SPACE, space_key=space_key, name=name).first()
+         or Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL, name=name).first())
+    if w is None:
+        known = sorted({x.name for x in _visible(space_key) if not x.disabled})
+        hint = f"; available: {', '.join(known[:20])}" if known else "; this space has no waggles yet"
+        raise WaggleError(f"unknown waggle {name!r}{hint}")
+    if w.disabled:
+        raise WaggleError(f"waggle {name!r} is disabled (demoted by curation or by an operator)")
+    try:
+        route = Route.from_json(w.route, name=w.name, scope=w.scope)
+    except RouteFormatError as exc:
+        raise WaggleError(f"waggle {name!r} has an unreadable route: {exc}") from exc
+    missing = [p for p in route.params if p not in params]
+    unknown = sorted(set(params) - set(route.params))
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing parameter(s): {', '.join(missing)}")
+        if unknown:
+            parts.append(f"unknown parameter(s): {', '.join(unknown)}")
+        expected = ", ".join(route.params) or "none"
+        raise WaggleError(f"waggle {name!r}: {'; '.join(parts)} (expected: {expected})")
+    steps = [(tool, tuple(sorted(args.items()))) for tool, args in route.bind_all(params)]
+    outcome = run_steps(route.name, steps, exec, verb="ran waggle")
+    try:
+        _ledger(route, space_key, "", len(steps), outcome.yield_tokens if outcome.ok else 0, not outcome.ok,
+                on_demand=True, detail=outcome.error)
+    except Exception:  # noqa: BLE001 - the ledger is best effort
+        log.exception("waggle: could not record the on-demand run of %s", name)
+    if not outcome.ok:
+        raise WaggleError(f"waggle {name!r}: {outcome.error}")
+    return outcome.block or ""
+
+
+def saved_tokens_per_day(space_key: str, days: int = 14) -> list[tuple[date, int]]:
+    """Estimated tokens saved per day in a space (successful replays and on-demand runs, global
+    waggles included), oldest day first, one entry per day including zero days. Estimates only."""
+    days = max(1, int(days))
+    today = timezone.localdate()
+    first = today - timedelta(days=days - 1)
+    start = timezone.make_aware(datetime.combine(first, datetime.min.time()))
+    rows = (LedgerEntry.objects.filter(space_key=space_key, fail=False, created__gte=start)
+            .annotate(day=TruncDate("created")).values("day").annotate(total=Sum("yield_tokens")))
+    by_day = {r["day"]: r["total"] or 0 for r in rows}
+    return [(first + timedelta(days=i), int(by_day.get(first + timedelta(days=i), 0))) for i in range(days)]
+
+
+# --------------------------------------------------------------------------------------------
+# curation
+# --------------------------------------------------------------------------------------------
+@dataclass
+class CurateSummary:
+    gc: int = 0          # removed: unreadable route, no script, or a script already kept
+    demoted: int = 0     # newly disabled: >= min_fails replay failures and zero uses
+    pruned: int = 0      # removed: zero uses and untouched for longer than stale_age
+    compacted: int = 0   # ledger rows dropped because their waggle is gone
+    promoted: int = 0    # routes copied to the global scope (present in >= 2 spaces)
+    forage_trimmed: int = 0  # ForageCall / FiredPlan rows past retention
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return ("waggle curate: gc={gc} demoted={demoted} pruned={pruned} compacted={compacted} "
+                "promoted={promoted} forage_trimmed={forage_trimmed}").format(**self.as_dict())
+
+
+def _gc() -> int:
+    doomed: list[int] = []
+    seen: dict[tuple[str, str], set[str]] = {}
+    for wid, scope, space_key, name, data, script in (Waggle.objects.order_by("created", "id")
+                                                      .values_list("id", "scope", "space_key", "name", "route", "script")):
+        text = (script or "").strip()
+        try:
+            Route.from_json(data, name=name, scope=scope)
+        except RouteFormatError:
+            doomed.append(wid)
+            continue
+        kept = seen.setdefault((scope, space_key), set())
+        if not text or text in kept:
+            doomed.append(wid)
+            continue
+        kept.add(text)
+    if doomed:
+        Waggle.objects.filter(id__in=doomed).delete()
+    return len(doomed)
+
+
+def _demote(now: datetime, min_fails: int) -> int:
+    stats = _stats()
+    ids = [w.id for w in Waggle.objects.filter(disabled=False).only("id", "scope", "space_key", "name")
+           if (st := stats.get((w.scope, w.space_key, w.name)))
+           and st["replay_fails"] >= min_fails and st["uses"] == 0]
+    if not ids:
+        return 0
+    return Waggle.objects.filter(id__in=ids, disabled=False).update(disabled=True, touched=now)
+
+
+def _prune(now: datetime, stale_age: timedelta) -> int:
+    stats = _stats()
+    ids = [w.id for w in Waggle.objects.filter(touched__lt=now - stale_age).only("id", "scope", "space_key", "name")
+           if stats.get((w.scope, w.space_key, w.name), {}).get("uses", 0) == 0]
+    if not ids:
+        return 0
+    Waggle.objects.filter(id__in=ids).delete()
+    return len(ids)
+
+
+def _compact() -> int:
+    orphan = LedgerEntry.objects.filter(~Exists(Waggle.objects.filter(
+        scope=OuterRef("scope"), space_key=OuterRef("store_key"), name=OuterRef("name"))))
+    deleted, _ = orphan.delete()
+    return deleted
+
+
+def _promote(now: datetime) -> int:
+    present_global = set(Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL).values_list("name", flat=True))
+    by_name: dict[str, list[tuple[str, Any]]] = {}
+    for name, space_key, data in (Waggle.objects.filter(scope=Waggle.SCOPE_SPACE, disabled=False)
+                                  .order_by("created", "id").values_list("name", "space_key", "route")):
+        if name not in present_global:
+            by_name.setdefault(name, []).append((space_key, data))
+    promoted = 0
+    for name, copies in sorted(by_name.items()):
+        try:
+            routes = [(sk, Route.from_json(d, name=name, scope=Waggle.SCOPE_GLOBAL)) for sk, d in copies]
+        except RouteFormatError:
+            continue
+        # the same name is the same content for mined routes; check anyway, never merge differing routes
+        first = routes[0][1]
+        spaces = {sk for sk, r in routes if r.content_hash() == first.content_hash()}
+        if len(spaces) < 2:
+            continue
+        script = render_script(first) or ""
+        try:
+            with transaction.atomic():
+                Waggle.objects.create(name=name, scope=Waggle.SCOPE_GLOBAL, space_key="", route=first.to_json(),
+                                      script=script, length=len(first.steps), mined_count=first.count,
+                                      created=now, touched=now)
+        except IntegrityError:
+            continue
+        promoted += 1
+    return promoted
+
+
+def _trim_old(now: datetime, retention: timedelta) -> int:
+    a, _ = ForageCall.objects.filter(created__lt=now - retention).delete()
+    b, _ = FiredPlan.objects.filter(created__lt=now - retention).delete()
+    return a + b
+
+
+def curate(now: datetime | None = None, *, stale_age: timedelta = DEFAULT_STALE_AGE,
+           min_fails: int = DEFAULT_MIN_FAILS) -> CurateSummary:
+    """Library maintenance over every scope, in this order (each step relies on the one before):
+
+    1. GC: drop waggles with an unreadable route, no script, or a script already kept in the
+       same store.
+    2. Demote: disable waggles with >= ``min_fails`` replay failures and zero uses (kept for
+       inspection; the demotion refreshes ``touched``).
+    3. Prune: delete waggles with zero uses untouched for longer than ``stale_age`` — a waggle
+       demoted just now survives this pass.
+    4. Compact: drop ledger rows whose waggle is gone, so a re-mined route starts clean.
+    5. Promote: copy a route present (enabled) in >= 2 spaces to the global scope, unless it is
+       already there.
+
+    Then ForageCall / FiredPlan rows past retention are dropped. Logs and returns the counts.
+    Idempotent: a second pass with the same ``now`` changes nothing.
+    """
+    now = now or timezone.now()
+    cfg = default_config()
+    summary = CurateSummary()
+    with transaction.atomic():
+        summary.gc = _gc()
+    with transaction.atomic():
+        summary.demoted = _demote(now, max(1, int(min_fails)))
+    with transaction.atomic():
+        summary.pruned = _prune(now, stale_age)
+    with transaction.atomic():
+        summary.compacted = _compact()
+    with transaction.atomic():
+        summary.promoted = _promote(now)
+    with transaction.atomic():
+        summary.forage_trimmed = _trim_old(now, cfg.retention)
+    log.info("%s", summary)
+    return summary
