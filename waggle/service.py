@@ -8,6 +8,7 @@ waggles (promoted by curation) are seen by every space.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -93,7 +94,7 @@ def _record(space_key: str, session_key: str, member_key: str, call: Call, cfg: 
     args = dict(call.args)
     if call.mutates:  # a mutator only acts as a barrier; don't keep e.g. whole file bodies
         args = {k: v[:_MUTATOR_ARG_CHARS] for k, v in args.items()}
-    ForageCall.objects.create(space_key=space_key, session_key=session_key, member_key=member_key or "",
+    ForageCall.objects.create(space_key=space_key, session_key=session_key, member_key=(member_key or "")[:64],
                               seq=seq, tool=call.tool[:200], args=args, mutates=call.mutates,
                               replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens)
     ring.record(call, seq=seq)
@@ -104,6 +105,19 @@ def _check_key(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value or len(value) > 64:
         raise ValueError(f"{name} must be a non-empty string of at most 64 characters, got {value!r}")
     return value
+
+
+def _as_args(args: Any) -> dict:
+    """The host should pass a dict; a JSON object string (or any other text) is tolerated."""
+    if isinstance(args, dict):
+        return args
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            parsed = None
+        return parsed if isinstance(parsed, dict) else {"input": args}
+    return {} if args is None else {"input": args}
 
 
 @contextmanager
@@ -135,7 +149,8 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
             return
         _check_key("space_key", space_key)
         _check_key("session_key", session_key)
-        call = Call.make(tool, args or {}, mutates=mutates, output=output if isinstance(output, str) else str(output or ""))
+        call = Call.make(tool, _as_args(args), mutates=mutates,
+                         output=output if isinstance(output, str) else str(output or ""))
         with transaction.atomic():  # a savepoint when the host is inside a transaction
             seq = _record(space_key, session_key, member_key, call, cfg)
         if seq % cfg.mine_period == 0:
@@ -366,7 +381,12 @@ def run_waggle(space_key: str, name: str, params: dict[str, str], exec: ExecFn) 
     Raises WaggleError with a clear message for an unknown or disabled waggle, for missing or
     unknown parameters, and when a step fails (the failure is also recorded in the ledger).
     """
-    _check_key("space_key", space_key)
+    try:
+        _check_key("space_key", space_key)
+    except ValueError as exc:
+        raise WaggleError(str(exc)) from exc
+    if not isinstance(name, str) or not name:
+        raise WaggleError("a waggle name (a non-empty string) is required")
     params = {str(k): ("" if v is None else str(v)) for k, v in (params or {}).items()}
     w = (Waggle.objects.filter(scope=Waggle.SCOPE_SPACE, space_key=space_key, name=name).first()
          or Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL, name=name).first())
