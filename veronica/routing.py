@@ -1,1 +1,7 @@
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from veronica.consumers import SpaceConsumer
+
+websocket_urlpatterns = [
+    path("ws/spaces/<slug:slug>/", SpaceConsumer.as_asgi()),
+]

@@ -1,6 +1,28 @@
 from django.contrib import admin
-from django.urls import path
+from django.contrib.auth import views as auth_views
+from django.urls import include, path, re_path
+
+from veronica import views
+
+console = ([
+    path("", views.home, name="home"),
+    path("tokens/", views.tokens_page, name="tokens"),
+    path("spaces/<slug:slug>/", views.space_page, name="space"),
+    path("spaces/<slug:slug>/manage/", views.manage_page, name="manage"),
+    path("spaces/<slug:slug>/panels/<str:panel>/", views.space_panel, name="space-panel"),
+    path("spaces/<slug:slug>/members/<str:name>/", views.member_page, name="member"),
+    path("spaces/<slug:slug>/members/<str:name>/panels/<str:panel>/", views.member_panel, name="member-panel"),
+], "console")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("password/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path("password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
+    path("metrics", views.metrics, name="metrics"),
+    path("api/", include("veronica.api.urls")),
+    re_path(r"^api/(?P<rest>.*)$", views.api_not_found),
+    re_path(r"^static/(?P<path>.*)$", views.static_file),
+    path("", include(console)),
 ]

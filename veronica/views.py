@@ -6,6 +6,7 @@ and a reload show the same sanitized HTML. Mutations from the pages go through t
 """
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 from django.contrib import messages
@@ -30,11 +31,25 @@ def _space_panels(space: Space) -> dict[str, Callable[[], dict]]:
     return {
         "roster": lambda: {"members": sel.roster(space)},
         "tasks": lambda: {"board": sel.task_board(space)},
-        "approvals": lambda: {"approvals": sel.approvals(space), "questions": sel.questions(space)},
+        "approvals": lambda: {"approvals": _with_args_json(sel.approvals(space)), "questions": sel.questions(space)},
         "blackboard": lambda: {"board": sel.blackboard(space)},
         "messages": lambda: {"messages": list(reversed(sel.messages(space, limit=30)["messages"]))},
-        "usage": lambda: {"usage": sel.usage_panel(space), "waggle": sel.waggle_saved(space)},
+        "usage": lambda: {"usage": sel.usage_panel(space), "waggle": _bars(sel.waggle_saved(space))},
     }
+
+
+def _with_args_json(rows: list[dict]) -> list[dict]:
+    return [{**row, "args_json": json.dumps(row["args"], indent=2, sort_keys=True, default=str)} for row in rows]
+
+
+def _bars(days: list[dict] | None, height: int = 40, step: int = 10) -> dict | None:
+    """Geometry for the inline SVG bar chart (None keeps the panel hidden)."""
+    if days is None:
+        return None
+    bars = [{**d, "x": i * step + 1, "h": round(height * d["pct"] / 100, 1)} for i, d in enumerate(days)]
+    for bar in bars:
+        bar["y"] = height - bar["h"]
+    return {"days": bars, "width": len(days) * step, "height": height, "total": sum(d["tokens"] for d in days)}
 
 
 def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
@@ -46,7 +61,7 @@ def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
         "transcript": lambda: {"transcript": sel.transcript(member())},
         "skills": lambda: {"skills": sel.skills_of(member())},
         "memory": lambda: {"memory": sel.memory_of(member())},
-        "schedule": lambda: {"schedule": sel.schedule_of(member()), "member_name": name},
+        "schedule": lambda: {"schedule": sel.schedule_of(member())},
     }
 
 
@@ -139,8 +154,7 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
 @login_required
 @require_http_methods(["GET", "POST"])
 def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
-    need = OWNER if request.method == "POST" else OPERATOR
-    space, role = access.space_for(request.user, slug, need)
+    space, role = access.space_for(request.user, slug, OWNER)
     if request.method == "POST":
         try:
             messages.success(request, _manage_action(request, space))

@@ -84,6 +84,7 @@ def member_row(member: Member, usage: UsageDay | None) -> dict:
         "phase": member.phase,
         "tool": member.phase_tool,
         "display_phase": member.display_phase,
+        "state": member.display_phase.split(":", 1)[0],
         "phase_since": iso(member.phase_since),
         "current_task": {"id": task.pk, "title": task.title, "status": task.status} if task else None,
         "permission_mode": member.permission_mode,

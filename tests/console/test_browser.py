@@ -1,0 +1,146 @@
+"""The console in headless Chromium against a real daphne: live chat, phase chips, approvals, roles.
+
+Fixtures: `live_web` (daphne on the test DB, module scope) and `browser` (one Chromium per module);
+`login(user)` opens a logged-in page. A qcluster can join with `ServerProcess.qcluster(live_env)`.
+"""
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+from playwright.sync_api import Page, expect, sync_playwright
+
+from tests.console.conftest import PASSWORD
+from tests.console.helpers import pending_approval
+from veronica import bus, events
+from veronica.engine import supervisor
+from veronica.models import Approval, Member
+
+pytestmark = pytest.mark.browser
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    # Playwright's sync API keeps an event loop alive in this thread, which Django's async-safety
+    # check mistakes for async code; the ORM calls in these tests are plain sync code.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as pw:
+            chromium = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            yield chromium
+            chromium.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def login(browser, live_web, live_world):
+    contexts = []
+
+    def open_as(user) -> Page:
+        user.set_password(PASSWORD)
+        user.save()
+        context = browser.new_context(base_url=live_web.url)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(8000)
+        page.goto("/login/")
+        page.fill("input[name=username]", user.username)
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        expect(page).to_have_url(re.compile(r"/$"))
+        return page
+
+    yield open_as
+    for context in contexts:
+        context.close()
+
+
+def elsewhere(fn, *args, **kwargs):
+    """Run a verb off Playwright's loop thread, so its on-commit ring works as in any process."""
+    def call():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result()
+
+
+def open_space(page: Page, slug: str = "alpha") -> None:
+    page.goto(f"/spaces/{slug}/")
+    expect(page.locator("#stream-status")).to_have_text("live")
+
+
+def test_chat_reaches_the_timeline_live_and_phase_chips_follow_events(login, live_world):
+    page = login(live_world.operator)
+    open_space(page)
+    page.select_option("#chat-to", "boss")
+    page.fill("#chat-body", "hello boss from the browser")
+    page.click("#chat-send")
+    expect(page.locator("#timeline")).to_contain_text("operator → boss: hello boss from the browser")
+    expect(page.locator(".chat-log")).to_contain_text("hello boss from the browser")
+
+    # state changes made by another process arrive through the stream: no reload
+    chip = page.locator('[data-member-chip="w1"]')
+    expect(chip).to_have_text("ready")
+    w1 = supervisor.get_member(live_world.space, "w1")
+    Member.objects.filter(pk=w1.pk).update(phase="executing", phase_tool="grep", phase_since=timezone.now())
+    elsewhere(events.emit, live_world.space.pk, "member.phase", member=w1, phase="executing", tool="grep")
+    expect(chip).to_have_text("executing:grep")
+    expect(page.locator('tr[data-member="w1"] .age')).to_have_text(re.compile(r"^\d+s$"))
+    elsewhere(supervisor.suspend, w1, actor="test")
+    expect(chip).to_have_text("suspended")
+
+
+def test_event_text_is_never_markup_in_the_browser(login, live_world):
+    page = login(live_world.operator)
+    open_space(page)
+    evil = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script> **bold**'
+    elsewhere(bus.send, live_world.space, "boss", "operator", evil)
+    expect(page.locator("#timeline")).to_contain_text('<img src=x onerror="window.__xss=1">')
+    expect(page.locator(".chat-log .md strong")).to_have_text("bold")
+    assert page.evaluate("window.__xss") is None
+
+
+def test_an_approval_leaves_the_queue_when_approved_or_denied(login, live_world):
+    keep = pending_approval(live_world.space, "w1", "write_file", path="notes.md")
+    refuse = pending_approval(live_world.space, "w2", "run_command", cmd="rm -rf build")
+    page = login(live_world.operator)
+    open_space(page)
+    item = page.locator(f'[data-approval="{keep.pk}"]')
+    expect(item).to_contain_text("write_file")
+    item.get_by_role("button", name="Approve").click()
+    expect(item).to_have_count(0)
+    other = page.locator(f'[data-approval="{refuse.pk}"]')
+    other.locator("input[name=reason]").fill("never delete the build")
+    other.get_by_role("button", name="Deny").click()
+    expect(other).to_have_count(0)
+    expect(page.locator("#no-approvals")).to_be_visible()
+    assert Approval.objects.get(pk=keep.pk).status == "approved"
+    denied = Approval.objects.get(pk=refuse.pk)
+    assert denied.status == "denied" and denied.reason == "never delete the build"
+
+
+def test_a_viewer_gets_no_controls_and_the_server_refuses_them(login, live_world):
+    page = login(live_world.viewer)
+    page.goto("/spaces/alpha/members/w1/")
+    expect(page.locator("#stream-status")).to_have_text("live")
+    expect(page.locator("#controls-readonly")).to_be_visible()
+    expect(page.locator("#controls")).to_have_count(0)
+    page.goto("/spaces/alpha/")
+    expect(page.locator("#chat")).to_have_count(0)
+    token = page.evaluate("document.querySelector('meta[name=csrf-token]').content")
+    response = page.request.post("/api/spaces/alpha/members/w1/suspend/", headers={"X-CSRFToken": token}, data={})
+    assert response.status == 403
+    assert supervisor.get_member(live_world.space, "w1").run_status == "idle"

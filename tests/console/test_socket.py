@@ -1,0 +1,230 @@
+"""The event stream in-process (channels' WebsocketCommunicator against the real ASGI stack)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from tests.console.conftest import make_world
+from veronica import access, consumers, events
+from veronica.asgi import application
+
+ORIGIN = (b"origin", b"http://testserver")
+
+
+@pytest.fixture
+def world(transactional_db, tmp_path):
+    return make_world(tmp_path)
+
+
+def cookie_for(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+_cookies: dict[int, bytes] = {}
+
+
+@pytest.fixture(autouse=True)
+def sessions(world):
+    """Session cookies are made before the event loop runs (the ORM is sync-only)."""
+    _cookies.clear()
+    for user in (world.viewer, world.operator, world.stranger, world.staff):
+        _cookies[user.pk] = cookie_for(user)
+
+
+def socket(slug: str, *, user=None, after: int | None = None, headers: list | None = None) -> WebsocketCommunicator:
+    path = f"/ws/spaces/{slug}/" + (f"?after={after}" if after is not None else "")
+    hdrs = [ORIGIN] + (headers or [])
+    if user is not None:
+        hdrs.append((b"cookie", _cookies[user.pk]))
+    return WebsocketCommunicator(application, path, headers=hdrs)
+
+
+emit = sync_to_async(events.emit)
+
+
+def head(space) -> int:
+    return type(space).objects.get(pk=space.pk).event_seq
+
+
+async def receive_events(comm: WebsocketCommunicator, count: int, timeout: float = 3) -> list[dict]:
+    got = []
+    while len(got) < count:
+        msg = await comm.receive_json_from(timeout=timeout)
+        if msg["type"] == "event":
+            got.append(msg)
+    return got
+
+
+async def until_ready(comm: WebsocketCommunicator) -> tuple[list[dict], int]:
+    got = []
+    while True:
+        msg = await comm.receive_json_from(timeout=3)
+        if msg["type"] == "ready":
+            return got, msg["seq"]
+        got.append(msg)
+
+
+def test_replays_every_event_after_the_clients_seq_then_says_ready(world):
+    start = head(world.space)
+
+    async def scenario():
+        for i in range(5):
+            await emit(world.space.pk, "test.tick", n=i)
+        comm = socket("alpha", user=world.viewer, after=start + 2)
+        connected, _ = await comm.connect()
+        assert connected
+        replayed, ready_seq = await until_ready(comm)
+        assert [e["seq"] for e in replayed] == [start + 3, start + 4, start + 5]
+        assert replayed[0]["kind"] == "test.tick" and replayed[0]["payload"] == {"n": 2} and ready_seq == start + 5
+        await comm.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_streams_live_events_in_order_without_repeats(world):
+    base = head(world.space)
+
+    async def scenario():
+        comm = socket("alpha", user=world.viewer, after=base)
+        assert (await comm.connect())[0]
+        await until_ready(comm)
+        for i in range(20):
+            await emit(world.space.pk, "test.live", n=i)
+        got = await receive_events(comm, 20)
+        assert [e["seq"] for e in got] == list(range(base + 1, base + 21))
+        assert await comm.receive_nothing(timeout=0.8)  # a later poll repeats nothing
+        await comm.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_an_event_that_never_rang_arrives_through_the_poll(world, monkeypatch):
+    monkeypatch.setattr(events, "ring", lambda space_id, seq: None)  # as from a worker process
+    start = head(world.space)
+
+    async def scenario():
+        comm = socket("alpha", user=world.viewer, after=start)
+        assert (await comm.connect())[0]
+        await until_ready(comm)
+        event = await emit(world.space.pk, "test.silent")
+        got = await receive_events(comm, 1, timeout=consumers.POLL_SECONDS * 4)
+        assert got[0]["seq"] == event.seq
+        await comm.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_a_reconnect_with_the_last_seq_resumes_exactly(world):
+    start = head(world.space)
+
+    async def scenario():
+        comm = socket("alpha", user=world.operator, after=start)
+        assert (await comm.connect())[0]
+        await until_ready(comm)
+        for i in range(3):
+            await emit(world.space.pk, "test.a", n=i)
+        first = await receive_events(comm, 3)
+        await comm.disconnect()
+        for i in range(4):  # produced while disconnected
+            await emit(world.space.pk, "test.b", n=i)
+        again = socket("alpha", user=world.operator, after=first[-1]["seq"])
+        assert (await again.connect())[0]
+        replayed, _ = await until_ready(again)
+        await emit(world.space.pk, "test.c")
+        live = await receive_events(again, 1)
+        seqs = [e["seq"] for e in first + replayed + live]
+        assert seqs == list(range(start + 1, start + 9))
+        await again.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_other_spaces_users_anonymous_and_bad_input_are_refused(world):
+    async def scenario():
+        for comm, code in [(socket("alpha", user=world.stranger), 4404), (socket("nope", user=world.staff), 4404),
+                           (socket("alpha"), 4401)]:
+            assert (await comm.connect()) == (False, code)
+        no_origin = WebsocketCommunicator(application, "/ws/spaces/alpha/", headers=[(b"cookie", _cookies[world.viewer.pk])])
+        assert not (await no_origin.connect())[0]
+        bad = WebsocketCommunicator(application, "/ws/spaces/alpha/?after=-3", headers=[ORIGIN, (b"cookie", _cookies[world.viewer.pk])])
+        assert (await bad.connect()) == (False, 4400)
+        evil_origin = WebsocketCommunicator(application, "/ws/spaces/alpha/", headers=[(b"origin", b"http://evil.example"),
+                                            (b"cookie", _cookies[world.viewer.pk])])
+        assert not (await evil_origin.connect())[0]
+
+    asyncio.run(scenario())
+
+
+def test_a_bearer_token_opens_the_stream_for_scripts(world):
+    _, key = access.create_token(world.viewer, "script")
+
+    async def scenario():
+        comm = socket("alpha", headers=[(b"authorization", f"Bearer {key}".encode())])
+        assert (await comm.connect())[0]
+        await until_ready(comm)
+        await comm.disconnect()
+        refused = socket("beta", headers=[(b"authorization", f"Bearer {key}".encode())])
+        assert (await refused.connect()) == (False, 4404)
+
+    asyncio.run(scenario())
+
+
+def test_the_stream_is_read_only_and_answers_pings(world):
+    start = head(world.space)
+
+    async def scenario():
+        comm = socket("alpha", user=world.operator, after=start)
+        assert (await comm.connect())[0]
+        await until_ready(comm)
+        await comm.send_json_to({"type": "ping"})
+        assert (await comm.receive_json_from())["type"] == "pong"
+        await comm.send_json_to({"type": "approve", "id": 1})
+        assert "read-only" in (await comm.receive_json_from())["error"]
+        await comm.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_revoking_access_closes_an_open_stream(world, monkeypatch):
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0.2)
+
+    start = head(world.space)
+
+    async def scenario():
+        comm = socket("alpha", user=world.viewer, after=start)
+        assert (await comm.connect())[0]
+        await until_ready(comm)
+        await sync_to_async(access.revoke)(world.space, "viewer", actor="test")
+        while True:
+            out = await comm.receive_output(timeout=3)
+            if out["type"] == "websocket.close":
+                assert out["code"] == 4404
+                break
+
+    asyncio.run(scenario())
+
+
+def test_one_feed_serves_many_sockets_of_a_space(world):
+    start = head(world.space)
+
+    async def scenario():
+        comms = [socket("alpha", user=world.viewer, after=start) for _ in range(5)]
+        for comm in comms:
+            assert (await comm.connect())[0]
+            await until_ready(comm)
+        assert len([f for f in consumers.Feed._feeds.values() if f.space_id == world.space.pk]) == 1
+        event = await emit(world.space.pk, "test.fanout")
+        for comm in comms:
+            assert (await receive_events(comm, 1))[0]["seq"] == event.seq
+        for comm in comms:
+            await comm.disconnect()
+        await asyncio.sleep(0.1)
+        assert not [f for f in consumers.Feed._feeds.values() if f.space_id == world.space.pk]
+
+    asyncio.run(scenario())

@@ -1,0 +1,231 @@
+"""The live event stream: ws /ws/spaces/<slug>/?after=<seq>.
+
+The Event table is the truth; the channel layer is only a doorbell ("look again", at-most-once).
+
+* connect: authenticate (session cookie through AuthMiddlewareStack, or `Authorization: Bearer`
+  for scripts), check SpaceAccess (none -> close 4404 before accept; anonymous -> 4401), replay
+  every event after the client's `after`, say {"type": "ready", "seq": n}, then stream live.
+* live: one Feed per space per process looks at the table when rung (a ring from this process, or
+  from any process when the layer is channels-redis) and at least every POLL_SECONDS (the embedded
+  default's layer is in-memory, so a worker process's ring never reaches the web process). It reads
+  each new batch once and fans it out to this process's sockets on that space.
+* each socket tracks last_sent: it never sends a seq twice, and on a gap (a batch starting past
+  last_sent + 1) it backfills from the table first. A reconnect with after=<last seq seen> resumes
+  exactly. The socket is read-only (steering goes through the API); access is re-checked every
+  RECHECK_SECONDS and a revoked user is disconnected with 4404.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from veronica import access
+from veronica.events import group_name
+from veronica.models import Event
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS: float = getattr(settings, "VERONICA_STREAM_POLL_SECONDS", 2.0 if settings.REDIS_URL else 0.5)
+RECHECK_SECONDS: float = getattr(settings, "VERONICA_STREAM_RECHECK_SECONDS", 10.0)
+BATCH = 500
+CLOSE_BAD_REQUEST, CLOSE_UNAUTHENTICATED, CLOSE_NO_ACCESS = 4400, 4401, 4404
+
+
+@database_sync_to_async
+def _events_after(space_id: int, after: int, upto: int | None = None, limit: int = BATCH) -> list[dict]:
+    qs = Event.objects.filter(space_id=space_id, seq__gt=after)
+    if upto is not None:
+        qs = qs.filter(seq__lte=upto)
+    return [e.as_wire() for e in qs.order_by("seq")[:limit]]
+
+
+@database_sync_to_async
+def _head(space_id: int) -> int:
+    return Event.objects.filter(space_id=space_id).order_by("-seq").values_list("seq", flat=True).first() or 0
+
+
+_space_id_for = database_sync_to_async(access.space_id_for)
+_still_allowed = database_sync_to_async(access.still_allowed)
+_user_for_key = database_sync_to_async(access.user_for_key)
+
+
+class Feed:
+    """The per-process watcher of one space. Started by its first socket, stopped with its last."""
+
+    _feeds: dict[tuple[int, int], Feed] = {}
+
+    def __init__(self, space_id: int, seen: int) -> None:
+        self.space_id = space_id
+        self.seen = seen
+        self.sockets: set[SpaceConsumer] = set()
+        self.rung = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    @classmethod
+    async def join(cls, socket: SpaceConsumer) -> Feed:
+        key = (id(asyncio.get_running_loop()), socket.space_id)
+        feed = cls._feeds.get(key)
+        if feed is None:
+            feed = cls(socket.space_id, await _head(socket.space_id))
+            feed = cls._feeds.setdefault(key, feed)  # another socket may have raced us across the await
+        feed.sockets.add(socket)
+        if feed.task is None or feed.task.done():
+            feed.task = asyncio.create_task(feed.run(key))
+        return feed
+
+    def leave(self, socket: SpaceConsumer) -> None:
+        self.sockets.discard(socket)
+        if not self.sockets:
+            self.rung.set()  # let run() notice and exit
+
+    def ring(self) -> None:
+        self.rung.set()
+
+    async def run(self, key: tuple[int, int]) -> None:
+        try:
+            while self.sockets:
+                try:
+                    await asyncio.wait_for(self.rung.wait(), POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    pass
+                self.rung.clear()
+                if not self.sockets:
+                    break
+                try:
+                    await self.pump()
+                except Exception:  # a database hiccup must not kill the stream; the next look retries
+                    log.warning("event feed for space %s failed; retrying", self.space_id, exc_info=True)
+                    await asyncio.sleep(POLL_SECONDS)
+        finally:
+            if Feed._feeds.get(key) is self and not self.sockets:
+                del Feed._feeds[key]
+
+    async def pump(self) -> None:
+        while self.sockets:
+            batch = await _events_after(self.space_id, self.seen)
+            if not batch:
+                return
+            self.seen = batch[-1]["seq"]
+            for socket in list(self.sockets):
+                await socket.deliver(batch)
+            if len(batch) < BATCH:
+                return
+
+
+class SpaceConsumer(AsyncJsonWebsocketConsumer):
+    space_id: int | None = None
+    feed: Feed | None = None
+
+    async def connect(self) -> None:
+        self.last_sent = 0
+        self.lock = asyncio.Lock()
+        self.recheck: asyncio.Task | None = None
+        user = await self._user()
+        if user is None:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.user = user
+        space_id = await _space_id_for(user, self.scope["url_route"]["kwargs"]["slug"])
+        if space_id is None:
+            await self.close(code=CLOSE_NO_ACCESS)
+            return
+        after = self._after()
+        if after is None:
+            await self.close(code=CLOSE_BAD_REQUEST)
+            return
+        self.space_id, self.last_sent = space_id, after
+        await self.channel_layer.group_add(group_name(space_id), self.channel_name)
+        await self.accept()
+        await self.catch_up()
+        self.feed = await Feed.join(self)
+        await self.catch_up()  # whatever committed between the replay and joining the feed
+        await self.send_json({"type": "ready", "seq": self.last_sent})
+        self.recheck = asyncio.create_task(self._recheck_access())
+
+    async def disconnect(self, code: int) -> None:
+        if self.recheck is not None:
+            self.recheck.cancel()
+        if self.feed is not None:
+            self.feed.leave(self)
+            self.feed = None
+        if self.space_id is not None:
+            await self.channel_layer.group_discard(group_name(self.space_id), self.channel_name)
+
+    async def receive_json(self, content: object, **kwargs: object) -> None:
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong", "seq": self.last_sent})
+            return
+        await self.send_json({"type": "error", "error": "this stream is read-only; steer through /api/"})
+
+    async def space_event(self, message: dict) -> None:
+        """The doorbell. Its seq is a hint only; the feed reads the table."""
+        if self.feed is not None:
+            self.feed.ring()
+
+    # --- delivery ------------------------------------------------------------------------------------
+
+    async def deliver(self, batch: list[dict]) -> None:
+        async with self.lock:
+            await self._send(batch)
+
+    async def catch_up(self) -> None:
+        async with self.lock:
+            while True:
+                batch = await _events_after(self.space_id, self.last_sent)
+                await self._send(batch)
+                if len(batch) < BATCH:
+                    return
+
+    async def _send(self, batch: list[dict]) -> None:
+        for event in batch:
+            if event["seq"] <= self.last_sent:
+                continue  # already sent (replay and feed overlap, or a second ring)
+            if event["seq"] > self.last_sent + 1:
+                await self._backfill(upto=event["seq"] - 1)
+            await self._emit(event)
+
+    async def _backfill(self, upto: int) -> None:
+        """Seqs are gapless in the table, so a jump means rows this socket has not sent yet."""
+        while self.last_sent < upto:
+            batch = await _events_after(self.space_id, self.last_sent, upto)
+            if not batch:
+                return  # purged by retention: nothing left to send
+            for event in batch:
+                await self._emit(event)
+
+    async def _emit(self, event: dict) -> None:
+        await self.send_json({"type": "event", **event})
+        self.last_sent = event["seq"]
+
+    # --- helpers -------------------------------------------------------------------------------------------
+
+    async def _user(self):
+        user = self.scope.get("user")
+        if user is not None and user.is_authenticated and user.is_active:
+            return user
+        for name, value in self.scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, key = value.decode("latin1").partition(" ")
+                if scheme.lower() == "bearer":
+                    return await _user_for_key(key.strip())
+        return None
+
+    def _after(self) -> int | None:
+        raw = parse_qs(self.scope.get("query_string", b"").decode("latin1")).get("after", ["0"])[-1]
+        try:
+            value = int(raw or "0")
+        except ValueError:
+            return None
+        return value if value >= 0 else None
+
+    async def _recheck_access(self) -> None:
+        while True:
+            await asyncio.sleep(RECHECK_SECONDS)
+            if not await _still_allowed(self.user, self.space_id):
+                await self.close(code=CLOSE_NO_ACCESS)
+                return

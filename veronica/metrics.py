@@ -1,0 +1,175 @@
+"""/metrics in the Prometheus text format, computed from the rows (the DB is the source of truth).
+
+Every series is labelled by space slug and limited to the spaces passed in (the requester's). Each
+family is one grouped query, so the cost does not grow with the number of rows returned.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
+
+from veronica.models import (
+    Approval, ApprovalStatus, Member, Message, Run, RunOutcome, Space, Task, UsageDay, Wake,
+)
+
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800)
+TOKEN_BUCKETS = (100, 1000, 5000, 10000, 50000, 100000, 500000)
+ABORT_OUTCOMES = (RunOutcome.ABORTED, RunOutcome.ERROR, RunOutcome.BUDGET, RunOutcome.LEASE_EXPIRED)
+
+
+def _esc(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(**labels: object) -> str:
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items()) + "}"
+
+
+class Family:
+    def __init__(self, name: str, kind: str, help_text: str) -> None:
+        self.name, self.kind, self.help = name, kind, help_text
+        self.lines: list[str] = []
+
+    def add(self, value: float | int, suffix: str = "", **labels: object) -> None:
+        number = int(value) if isinstance(value, int) or float(value).is_integer() else float(value)
+        self.lines.append(f"{self.name}{suffix}{_labels(**labels)} {number}")
+
+    def render(self) -> str:
+        return "\n".join([f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}", *self.lines])
+
+
+def _counts(qs: QuerySet, *fields: str) -> list[dict]:
+    return list(qs.values(*fields).annotate(n=Count("id")).order_by(*fields))
+
+
+def render(spaces: QuerySet[Space]) -> str:
+    slugs = dict(spaces.values_list("pk", "slug"))
+    ids = list(slugs)
+    families = [
+        _wakes(ids, slugs), _runs(ids, slugs), _aborts(ids, slugs), _run_duration(ids, slugs), _run_tokens(ids, slugs),
+        _tokens(ids, slugs), _usd(ids, slugs), _events(spaces), _messages(ids, slugs), _unread(ids, slugs),
+        _tasks(ids, slugs), _members(ids, slugs), _approvals(ids, slugs),
+    ]
+    return "\n".join(f.render() for f in families) + "\n"
+
+
+def _wakes(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_wakes_total", "counter", "Wakes received by workers, by source and whether they claimed the run slot.")
+    for row in _counts(Wake.objects.filter(member__space_id__in=ids), "member__space_id", "source", "claimed"):
+        fam.add(row["n"], space=slugs[row["member__space_id"]], source=row["source"], claimed=str(row["claimed"]).lower())
+    return fam
+
+
+def _runs(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_runs_total", "counter", "Runs by outcome (running = in flight).")
+    for row in _counts(Run.objects.filter(member__space_id__in=ids), "member__space_id", "outcome"):
+        fam.add(row["n"], space=slugs[row["member__space_id"]], outcome=row["outcome"])
+    return fam
+
+
+def _aborts(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_run_aborts_total", "counter", "Runs that did not finish normally, by outcome.")
+    qs = Run.objects.filter(member__space_id__in=ids, outcome__in=ABORT_OUTCOMES)
+    for row in _counts(qs, "member__space_id", "outcome"):
+        fam.add(row["n"], space=slugs[row["member__space_id"]], outcome=row["outcome"])
+    return fam
+
+
+def _histogram(qs: QuerySet, field: str, buckets: tuple, to_le) -> QuerySet:
+    """Cumulative bucket counts per space in one grouped query."""
+    aggs = {f"le_{i}": Count("id", filter=Q(**{f"{field}__lte": to_le(b)})) for i, b in enumerate(buckets)}
+    return qs.values("member__space_id").annotate(total=Count("id"), total_sum=Sum(field), **aggs).order_by("member__space_id")
+
+
+def _run_duration(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_run_duration_seconds", "histogram", "Wall time of finished runs.")
+    qs = Run.objects.filter(member__space_id__in=ids, ended_at__isnull=False).annotate(
+        duration=ExpressionWrapper(F("ended_at") - F("started_at"), output_field=DurationField()))
+    for row in _histogram(qs, "duration", DURATION_BUCKETS, lambda b: timedelta(seconds=b)):
+        space = slugs[row["member__space_id"]]
+        for i, b in enumerate(DURATION_BUCKETS):
+            fam.add(row[f"le_{i}"], "_bucket", space=space, le=b)
+        fam.add(row["total"], "_bucket", space=space, le="+Inf")
+        total = row["total_sum"] or timedelta(0)
+        fam.add(round(total.total_seconds(), 3), "_sum", space=space)
+        fam.add(row["total"], "_count", space=space)
+    return fam
+
+
+def _run_tokens(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_run_tokens", "histogram", "Tokens used per finished run.")
+    qs = Run.objects.filter(member__space_id__in=ids, ended_at__isnull=False)
+    for row in _histogram(qs, "tokens", TOKEN_BUCKETS, lambda b: b):
+        space = slugs[row["member__space_id"]]
+        for i, b in enumerate(TOKEN_BUCKETS):
+            fam.add(row[f"le_{i}"], "_bucket", space=space, le=b)
+        fam.add(row["total"], "_bucket", space=space, le="+Inf")
+        fam.add(row["total_sum"] or 0, "_sum", space=space)
+        fam.add(row["total"], "_count", space=space)
+    return fam
+
+
+def _tokens(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_tokens_total", "counter", "Model tokens metered, by class.")
+    rows = UsageDay.objects.filter(space_id__in=ids).values("space_id").annotate(
+        input=Sum("input_tokens"), output=Sum("output_tokens"), cache_read=Sum("cache_read_tokens"),
+        cache_write=Sum("cache_write_tokens")).order_by("space_id")
+    for row in rows:
+        for cls in ("input", "output", "cache_read", "cache_write"):
+            fam.add(row[cls] or 0, space=slugs[row["space_id"]], **{"class": cls})
+    return fam
+
+
+def _usd(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_usd_total", "counter", "Estimated model spend in USD.")
+    for row in UsageDay.objects.filter(space_id__in=ids).values("space_id").annotate(usd=Sum("usd")).order_by("space_id"):
+        fam.add(float(row["usd"] or 0), space=slugs[row["space_id"]])
+    return fam
+
+
+def _events(spaces: QuerySet[Space]) -> Family:
+    fam = Family("veronica_events_total", "counter", "Events written (the space's event sequence).")
+    for slug, seq in spaces.order_by("slug").values_list("slug", "event_seq"):
+        fam.add(seq, space=slug)
+    return fam
+
+
+def _messages(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_messages_total", "counter", "Messages delivered (one per recipient).")
+    for row in _counts(Message.objects.filter(space_id__in=ids), "space_id"):
+        fam.add(row["n"], space=slugs[row["space_id"]])
+    return fam
+
+
+def _unread(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_messages_unread", "gauge", "Unread mail waiting for members.")
+    qs = Message.objects.filter(space_id__in=ids, recipient__isnull=False, read_at__isnull=True)
+    for row in _counts(qs, "space_id"):
+        fam.add(row["n"], space=slugs[row["space_id"]])
+    return fam
+
+
+def _tasks(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_tasks", "gauge", "Tasks by status.")
+    for row in _counts(Task.objects.filter(space_id__in=ids), "space_id", "status"):
+        fam.add(row["n"], space=slugs[row["space_id"]], status=row["status"])
+    return fam
+
+
+def _members(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_members", "gauge", "Live members by membership and run status.")
+    counts: dict[tuple, int] = defaultdict(int)
+    for row in _counts(Member.objects.filter(space_id__in=ids, removed_at__isnull=True), "space_id", "membership", "run_status"):
+        counts[(slugs[row["space_id"]], row["membership"], row["run_status"])] += row["n"]
+    for (space, membership, status), n in sorted(counts.items()):
+        fam.add(n, space=space, membership=membership, run_status=status)
+    return fam
+
+
+def _approvals(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_approvals_pending", "gauge", "Tool calls waiting for an operator.")
+    for row in _counts(Approval.objects.filter(space_id__in=ids, status=ApprovalStatus.PENDING), "space_id"):
+        fam.add(row["n"], space=slugs[row["space_id"]])
+    return fam
