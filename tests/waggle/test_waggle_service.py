@@ -359,3 +359,24 @@ def test_end_to_end_in_autocommit_mode(cfg, monkeypatch):
     monkeypatch.setattr(service, "_record", bad_sql)
     service.observe("1", "s2", "m", "grep", {}, False, "x", config=cfg)
     assert LedgerEntry.objects.filter(fail=False).count() == 1
+
+
+def test_unbound_tail_never_fires_and_is_never_promoted(cfg):
+    # the third step reads a file whose name the first two never show
+    for i, m in enumerate(("m1", "m2", "m3", "m4")):
+        feed("1", "s1", [("list_dir", {"path": m}), ("grep", {"path": m, "pattern": "x"}),
+                         ("read_file", {"path": f"tmp/{i}.log"})] + noise(i), QUIET)
+    assert service.sweep("1", config=cfg) is None
+    assert not Waggle.objects.exists()
+    # a stored route like that (e.g. written by hand) still never fires
+    route = {"steps": [{"tool": "list_dir", "params": {"path": "path"}},
+                       {"tool": "grep", "args": {"pattern": "x"}, "params": {"path": "path"}},
+                       {"tool": "read_file", "params": {"path": "log"}}], "params": ["path", "log"]}
+    Waggle.objects.create(name="unbound", space_key="1", route=route, script="# unbound", length=3)
+    exe = FakeExec()
+    feed("1", "s2", [("list_dir", {"path": "z"}), ("grep", {"path": "z", "pattern": "x"})], cfg)
+    assert service.follow("1", "s2", exe, config=cfg) is None
+    assert exe.calls == []
+    # it can still be run on demand, with both parameters given
+    assert service.run_waggle("1", "unbound", {"path": "z", "log": "a.log"}, exe).startswith("[waggle: ran waggle")
+    assert exe.calls[-1] == ("read_file", {"path": "a.log"})
