@@ -17,6 +17,7 @@ from django.utils.text import slugify
 from veronica import events
 from veronica.agent.providers import validate_model_spec
 from veronica.engine import supervisor
+from veronica.engine.timers import arm_cron
 from veronica.errors import VeronicaError
 from veronica.models import Member, Membership, Origin, PermissionMode, Role, RunStatus, Skill, Space
 
@@ -199,6 +200,7 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str) -> None:
             events.emit(space.pk, "member.added", member=member, actor=actor, role=ms.role, model=ms.model)
         else:
             Member.objects.filter(pk=member.pk).update(**fields)
+        arm_cron(member.pk, fields["schedule_next_at"])
         Skill.objects.filter(member=member).delete()
         for skill_name, (description, body) in ms.skills.items():
             Skill.objects.create(space=space, member=member, name=skill_name, description=description, body=body)

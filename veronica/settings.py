@@ -85,7 +85,9 @@ if HOSTED:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
     DATABASES["default"].setdefault("TEST", {})
 else:
-    sqlite_path = DATA_DIR / "veronica.sqlite3"
+    # VERONICA_SQLITE_PATH lets a worker process join a given file (the engine tests point their
+    # cluster at the test database this way).
+    sqlite_path = env_path("VERONICA_SQLITE_PATH", DATA_DIR / "veronica.sqlite3")
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -182,9 +184,15 @@ SESSION_COOKIE_HTTPONLY = True
 
 # --- veronica --------------------------------------------------------------------------------
 WORKSPACES_DIR = env_path("VERONICA_WORKSPACES_DIR", DATA_DIR / "workspaces")
-BLACKBOARD_MAX_CHARS = env_int("VERONICA_BLACKBOARD_MAX_CHARS", 8000, minimum=100)
+# Simulated model latency for the offline provider (tests and benchmarks only; 0 in normal use).
+OFFLINE_DELAY_MS = env_int("VERONICA_OFFLINE_DELAY_MS", 0, minimum=0, maximum=600000)
 RUN_LEASE_SECONDS = env_int("VERONICA_RUN_LEASE_SECONDS", 60, minimum=2)
 ENGINE_TICK_SECONDS = env_int("VERONICA_ENGINE_TICK_SECONDS", 5, minimum=1)
+
+# learning: the host side is configured here so `learning` never imports `veronica`.
+LEARNING_SOURCE = "veronica.learning_bridge.VeronicaSource"
+LEARNING_COMPLETE = "veronica.learning_bridge.make_complete"
+LEARNING_AUTO_APPROVE = "veronica.learning_bridge.auto_approve"
 
 LOGGING = {
     "version": 1,

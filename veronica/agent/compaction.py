@@ -29,9 +29,9 @@ def compact_session(member: Member, kind: str, *, actor: str) -> dict:
         if kind == "micro":
             old = [t.pk for t in rows[:-KEEP_RECENT] if t.role == TurnRole.TOOL and not t.elided]
             session.turns.filter(pk__in=old).update(elided=True)
-            result = {"kind": "micro", "elided": len(old)}
+            result = {"mode": "micro", "elided": len(old)}
         else:
-            result = {"kind": "full", **_full(member, session, rows)}
+            result = {"mode": "full", **_full(member, session, rows)}
         events.emit(member.space_id, "member.compacted", member=member, actor=actor, **result)
         return result
     finally:

@@ -12,7 +12,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from veronica import events
@@ -93,7 +93,6 @@ def has_unread(member_id: int) -> bool:
 
 def wake(member_id: int, source: str) -> str:
     """The django-q2 task. Returns a short outcome string (kept in q2's result for debugging)."""
-    close_old_connections()
     member = Member.objects.filter(pk=member_id).select_related("space").first()
     if member is None:
         return "gone"

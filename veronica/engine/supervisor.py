@@ -10,6 +10,7 @@ from django.db.models import BooleanField, Case, F, Value, When
 from django.utils import timezone
 
 from veronica import bus, events
+from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import wake_on_commit
 from veronica.errors import Conflict, NotFound, VeronicaError, require_text
 from veronica.models import (
@@ -142,6 +143,8 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
                 budget_override=budget_override, schedule_next_at=next_fire(cron) if cron else None, phase_since=timezone.now())
         except IntegrityError as exc:
             raise Conflict(f"could not add member '{name}': {exc}", field="name") from None
+        if cron:
+            arm_cron(member.pk, member.schedule_next_at)
         for skill_name, body in (skills or {}).items():
             from veronica.skills import add_skill
 
@@ -245,8 +248,10 @@ def compact(member: Member, kind: str, *, actor: str) -> dict:
 def set_schedule(member: Member, cron: str, *, actor: str) -> Member:
     cron = validate_cron(cron)
     with transaction.atomic():
+        next_at = next_fire(cron)
         Member.objects.filter(pk=member.pk).update(schedule=cron, schedule_origin=Origin.RUNTIME, schedule_set_at=timezone.now(),
-                                                   schedule_tombstone=False, schedule_next_at=next_fire(cron))
+                                                   schedule_tombstone=False, schedule_next_at=next_at)
+        arm_cron(member.pk, next_at)
         events.emit(member.space_id, "member.schedule_set", member=member, schedule=cron, actor=actor)
     return _refresh(member)
 
@@ -256,6 +261,7 @@ def clear_schedule(member: Member, *, actor: str) -> Member:
     with transaction.atomic():
         Member.objects.filter(pk=member.pk).update(schedule="", schedule_origin=Origin.RUNTIME, schedule_set_at=timezone.now(),
                                                    schedule_tombstone=True, schedule_next_at=None)
+        arm_cron(member.pk, None)
         events.emit(member.space_id, "member.schedule_cleared", member=member, actor=actor)
     return _refresh(member)
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from veronica import bus, events, ledger
 from veronica.engine import alarms, runner, supervisor
+from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, Message, RunStatus, Space, Task, TaskStatus
 
@@ -26,6 +27,7 @@ def fire_cron() -> list[int]:
         following = supervisor.next_fire(member.schedule, now)
         if not Member.objects.filter(pk=member.pk, schedule_next_at=member.schedule_next_at).update(schedule_next_at=following):
             continue
+        arm_cron(member.pk, following)
         if member.membership == Membership.ACTIVE:
             events.emit(member.space_id, "schedule.fired", member=member, schedule=member.schedule)
             enqueue_wake(member.pk, "timer")

@@ -13,6 +13,7 @@ class AnthropicProvider:
     def __init__(self, model: str, base_url: str, api_key: str, max_tokens: int = 4096, timeout: float = 120.0) -> None:
         self.model, self.base_url, self.api_key = model, base_url.rstrip("/"), api_key
         self.max_tokens, self.timeout = max_tokens, timeout
+        self.backoff = float(os.environ.get("VERONICA_MODEL_BACKOFF", "1.0"))
         self.label = f"anthropic:{model}"
 
     @classmethod
@@ -65,5 +66,5 @@ class AnthropicProvider:
     def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop) -> Reply:
         headers = {"x-api-key": self.api_key, "anthropic-version": API_VERSION, "content-type": "application/json"}
         payload = post_json(f"{self.base_url}/v1/messages", headers, self.request_body(system, messages, tools),
-                            should_stop=should_stop, timeout=self.timeout)
+                            should_stop=should_stop, timeout=self.timeout, backoff=self.backoff)
         return self.parse(payload)

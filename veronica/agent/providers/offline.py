@@ -11,16 +11,30 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 
-from veronica.agent.providers.base import Reply, ToolCall, Usage
+from veronica.agent.providers.base import Cancelled, Reply, ToolCall, Usage
 
 MAIL_RE = re.compile(r"^### From (?P<sender>\S+)(?: — (?P<subject>.*?))?(?: \[task #(?P<task>\d+)\])?$", re.M)
 ASSIGN_RE = re.compile(r"You are assigned task #(?P<id>\d+): (?P<title>.+?)(?: \(auto-dispatched\))?$", re.M)
 PATH_RE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:py|md|csv|txt|toml|json|ya?ml|cfg|ini|js|ts|html))(?![\w/])")
-STEP_RE = re.compile(r"^▸ (?P<name>\w+) (?P<args>\{.*\})$", re.M)
+STEP_RE = re.compile(r"^--- step \d+/\d+: (?P<name>\w+)\((?P<args>.*)\)$", re.M)
+ARG_RE = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*")')
+BLOCK_END_RE = re.compile(r"^\[waggle: end of .*\]$", re.M)
 ORIENTATION = [("list_dir", {"path": "."}), ("read_file", {"path": "README.md"}), ("glob", {"pattern": "**/*.py"}),
                ("read_file", {"path": "docs/design.md"})]
+
+
+def simulate_latency(should_stop) -> None:
+    """VERONICA_OFFLINE_DELAY_MS: a model call that takes time and can be aborted, like a real one."""
+    from django.conf import settings
+
+    deadline = time.monotonic() + settings.OFFLINE_DELAY_MS / 1000
+    while time.monotonic() < deadline:
+        if should_stop():
+            raise Cancelled("offline model call aborted")
+        time.sleep(0.02)
 
 
 def _key(name: str, args: dict) -> str:
@@ -31,6 +45,7 @@ class OfflineProvider:
     label = "offline (deterministic local policy)"
 
     def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop) -> Reply:
+        simulate_latency(should_stop)
         names = {t["name"] for t in tools}
         brief_at = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
         brief = messages[brief_at]["content"] if brief_at >= 0 else ""
@@ -63,14 +78,17 @@ class Trace:
                 self._replayed(m["content"])
 
     def _replayed(self, content: str) -> None:
+        """A waggle block: '--- step i/n: tool(key="value", ...)' headers, each followed by output."""
         marks = list(STEP_RE.finditer(content))
         for i, mark in enumerate(marks):
             end = marks[i + 1].start() if i + 1 < len(marks) else len(content)
+            stop = BLOCK_END_RE.search(content, mark.end(), end)
             try:
-                args = json.loads(mark.group("args"))
+                args = {k: json.loads(v) for k, v in ARG_RE.findall(mark.group("args"))}
             except json.JSONDecodeError:
                 continue
-            self.results.setdefault(_key(mark.group("name"), args), content[mark.end():end].strip())
+            output = content[mark.end():stop.start() if stop else end].strip()
+            self.results.setdefault(_key(mark.group("name"), args), output)
 
     def has(self, name: str, args: dict) -> bool:
         return _key(name, args) in self.results

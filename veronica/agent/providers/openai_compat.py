@@ -12,6 +12,7 @@ from veronica.agent.providers.http import post_json
 class OpenAIProvider:
     def __init__(self, model: str, base_url: str, api_key: str, timeout: float = 120.0) -> None:
         self.model, self.base_url, self.api_key, self.timeout = model, base_url.rstrip("/"), api_key, timeout
+        self.backoff = float(os.environ.get("VERONICA_MODEL_BACKOFF", "1.0"))
         self.label = f"openai:{model}"
 
     @classmethod
@@ -64,5 +65,5 @@ class OpenAIProvider:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         payload = post_json(f"{self.base_url}/chat/completions", headers, self.request_body(system, messages, tools),
-                            should_stop=should_stop, timeout=self.timeout)
+                            should_stop=should_stop, timeout=self.timeout, backoff=self.backoff)
         return self.parse(payload)

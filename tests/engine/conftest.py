@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import pytest
+
+from veronica.agent.providers.base import Reply, ToolCall, Usage
+
+
+class ScriptedProvider:
+    """Stands in for an LLM vendor: replays scripted replies, records what it was sent."""
+
+    label = "scripted"
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.systems: list[str] = []
+        self.requests: list[list[dict]] = []
+        self.on_call = None
+
+    def complete(self, system, messages, tools, *, should_stop):
+        self.systems.append(system)
+        self.requests.append(messages)
+        if self.on_call:
+            self.on_call(len(self.systems))
+        step = self.replies.pop(0) if self.replies else "done"
+        if isinstance(step, str):
+            return Reply(text=step, usage=Usage(input=100, output=10))
+        name, args = step
+        return Reply(tool_calls=[ToolCall(id=f"c{len(self.systems)}", name=name, args=args)], usage=Usage(input=100, output=10))
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    def install(*replies):
+        provider = ScriptedProvider(replies)
+        monkeypatch.setattr("veronica.agent.loop.get_provider", lambda spec: provider)
+        return provider
+    return install

@@ -1,0 +1,125 @@
+"""The run engine under the real django-q2 cluster (separate worker processes), on the database
+this suite runs on (SQLite by default, PostgreSQL + Redis in hosted mode)."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import close_old_connections
+from django.utils import timezone
+
+from tests.conftest import make_space
+from tests.harness import isolate_queue, kill_cluster, qcluster, wait_for
+from veronica import bus
+from veronica.engine import alarms, runner, supervisor, tick
+from veronica.engine.wakes import enqueue_wake
+from veronica.models import Member, Message, Run, RunOutcome
+
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def own_queue():
+    isolate_queue()
+    yield
+    close_old_connections()
+
+
+def unread(member: Member) -> int:
+    close_old_connections()
+    return Message.objects.filter(recipient=member, read_at__isnull=True).count()
+
+
+def test_200_concurrent_wakes_never_overlap_runs_of_one_member(tmp_path):
+    space = make_space(tmp_path, workers=("w1",))
+    w1 = supervisor.get_member(space, "w1")
+    with qcluster(workers=4, VERONICA_OFFLINE_DELAY_MS="30"):
+        for i in range(200):
+            if i % 10 == 0:
+                bus.send(space, "boss", "w1", f"note {i}")  # real work arrives while wakes fly
+            enqueue_wake(w1.pk, "message")
+        wait_for(lambda: unread(w1) == 0 and not Member.objects.get(pk=w1.pk).lease_token, 90, message="mailbox drained")
+        time.sleep(1.0)
+    runs = list(Run.objects.filter(member=w1).order_by("started_at").values_list("started_at", "ended_at"))
+    assert len(runs) >= 2
+    assert all(end is not None for _, end in runs)
+    for (_, prev_end), (start, _) in zip(runs, runs[1:]):
+        assert start >= prev_end, "two runs of one member overlapped"
+    assert w1.wakes.count() >= 200
+
+
+def test_killed_worker_loses_no_message_and_the_member_runs_again_after_the_lease(tmp_path):
+    space = make_space(tmp_path, workers=("w1",))
+    w1 = supervisor.get_member(space, "w1")
+    with qcluster(workers=2, VERONICA_OFFLINE_DELAY_MS="20000", VERONICA_RUN_LEASE_SECONDS="3") as proc:
+        bus.send(space, "boss", "w1", "long job")
+        wait_for(lambda: Run.objects.filter(member=w1, ended_at__isnull=True).exists(), 30, message="run in flight")
+        kill_cluster(proc)
+    assert unread(w1) == 1, "the message must survive the crash unread"
+    Member.objects.filter(pk=w1.pk).update(lease_expires_at=timezone.now() + timedelta(seconds=3))
+    with qcluster(workers=2):
+        time.sleep(3.5)  # the lease runs out
+        tick.tick()  # the watchdog (normally the q2 schedule) releases and re-wakes
+        wait_for(lambda: unread(w1) == 0, 60, message="message processed after the lease expired")
+        wait_for(lambda: Run.objects.filter(member=w1, outcome=RunOutcome.DONE).exists(), 30, message="a clean run")
+    assert Run.objects.filter(member=w1, outcome=RunOutcome.LEASE_EXPIRED).count() == 1
+
+
+def test_suspend_stops_a_long_run_within_one_step(tmp_path):
+    space = make_space(tmp_path, workers=("w1",))
+    w1 = supervisor.get_member(space, "w1")
+    with qcluster(workers=2, VERONICA_OFFLINE_DELAY_MS="30000"):
+        bus.send(space, "boss", "w1", "a long think")
+        wait_for(lambda: Run.objects.filter(member=w1, ended_at__isnull=True).exists(), 30, message="run in flight")
+        asked = time.monotonic()
+        supervisor.suspend(w1, actor="test")
+        run = wait_for(lambda: Run.objects.filter(member=w1, ended_at__isnull=False).first(), 15, message="run aborted")
+        stopped_after = time.monotonic() - asked
+    assert run.outcome == RunOutcome.ABORTED and run.model_calls == 0
+    assert stopped_after < 5, f"the model call was not aborted promptly ({stopped_after:.1f}s)"
+    assert unread(w1) == 1, "unread work stays unread after a suspend"
+    w1.refresh_from_db()
+    assert w1.run_status == "suspended" and not w1.lease_token
+
+
+def test_frozen_member_never_runs(tmp_path):
+    space = make_space(tmp_path, workers=("w1",))
+    w1 = supervisor.freeze(supervisor.get_member(space, "w1"), actor="test")
+    with qcluster(workers=2):
+        bus.send(space, "boss", "w1", "are you there?")
+        for _ in range(5):
+            enqueue_wake(w1.pk, "message")
+        wait_for(lambda: w1.wakes.count() >= 5, 30, message="wakes delivered")
+        time.sleep(1)
+    assert not Run.objects.filter(member=w1).exists()
+    assert unread(w1) == 1
+
+
+def test_lost_wake_is_recovered_by_the_engine_tick_schedule(tmp_path):
+    from django_q.models import Schedule
+
+    space = make_space(tmp_path, workers=("w1",))
+    w1 = supervisor.get_member(space, "w1")
+    Message.objects.create(space=space, sender_name="boss", recipient=w1, recipient_name="w1", body="enqueued nowhere")
+    tick.ensure_schedule()
+    Schedule.objects.filter(name=tick.TICK_SCHEDULE).update(next_run=timezone.now())
+    with qcluster(workers=2):
+        wait_for(lambda: unread(w1) == 0, 75, message="the sweep to re-wake the member")
+    assert Run.objects.filter(member=w1, outcome=RunOutcome.DONE).exists()
+
+
+def test_cron_schedule_and_alarm_fire_within_60s_of_their_time(tmp_path):
+    space = make_space(tmp_path, workers=("w1", "w2"))
+    w1, w2 = supervisor.get_member(space, "w1"), supervisor.get_member(space, "w2")
+    w1 = supervisor.set_schedule(w1, "* * * * *", actor="test")
+    cron_due = w1.schedule_next_at
+    alarm = alarms.set_alarm(w2, timezone.now() + timedelta(seconds=5), "check the oven", created_by="test")
+    with qcluster(workers=2):
+        first_timer_run = wait_for(lambda: Run.objects.filter(member=w1, source="timer").order_by("started_at").first(),
+                                   (cron_due - timezone.now()).total_seconds() + 65, message="the cron wake")
+        alarm_run = wait_for(lambda: Run.objects.filter(member=w2, source="alarm").first(), 65, message="the alarm wake")
+    assert (first_timer_run.started_at - cron_due).total_seconds() < 60
+    alarm.refresh_from_db()
+    assert (alarm.fired_at - alarm.fire_at).total_seconds() < 60
+    assert alarm_run.started_at >= alarm.fire_at

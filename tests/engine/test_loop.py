@@ -1,0 +1,228 @@
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from veronica import blackboard, bus, ledger, skills
+from veronica.engine import approvals, budget, runner, supervisor
+from veronica.engine.drive import run_until_quiet
+from veronica.models import Approval, Member, Message, Run, Turn, UsageDay, Wake
+
+
+def w1_of(space):
+    return supervisor.get_member(space, "w1")
+
+
+def test_a_wake_with_nothing_to_do_exits_without_a_model_call(space, scripted):
+    provider = scripted()
+    assert runner.wake(w1_of(space).pk, "message") == "done"
+    assert provider.systems == []
+    run = Run.objects.get()
+    assert run.model_calls == 0 and run.ended_at is not None
+    assert w1_of(space).run_status == "idle" and not w1_of(space).lease_token
+
+
+def test_a_duplicate_wake_while_busy_coalesces(space, scripted):
+    w1 = w1_of(space)
+    Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="held")
+    bus.send(space, "boss", "w1", "hi")
+    assert runner.wake(w1.pk, "message") == "coalesced"
+    assert not Run.objects.exists() and Wake.objects.filter(member=w1).count() == 1
+
+
+def test_the_loop_runs_tools_until_a_final_answer_and_persists_every_turn(space, scripted, tmp_path):
+    (tmp_path / "alpha" / "notes.txt").write_text("hello\n")
+    provider = scripted(("read_file", {"path": "notes.txt"}), "All read.")
+    bus.send(space, "boss", "w1", "read notes.txt")
+    assert runner.wake(w1_of(space).pk, "message") == "done"
+    roles = list(Turn.objects.order_by("seq").values_list("role", flat=True))
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    tool_turn = Turn.objects.get(role="tool")
+    assert "hello" in tool_turn.content
+    assert Message.objects.get(recipient__name="w1").read_at is not None
+    assert "read notes.txt" in provider.requests[0][0]["content"]
+
+
+def test_the_wake_brief_carries_mail_tasks_and_blackboard_age(space, scripted):
+    provider = scripted("ok")
+    blackboard.write(space, "boss", "Plan: ship it")
+    ledger.create_task(space, "boss", "probe the api", assignee=w1_of(space))
+    runner.wake(w1_of(space).pk, "message")
+    brief = provider.requests[0][0]["content"]
+    assert "you have new mail" in brief and "probe the api" in brief
+    assert "Blackboard (updated just now by boss)" in brief and "Plan: ship it" in brief
+
+
+def test_system_prompt_has_persona_skills_and_changes_apply_at_the_next_run(space, scripted):
+    w1 = w1_of(space)
+    Member.objects.filter(pk=w1.pk).update(persona="You are terse.", when_to_use="for probes")
+    skills.add_skill(space, "style", "Use bullet points.", description="house style")
+
+    def add_skill_mid_run(call_no):
+        if call_no == 1:
+            skills.add_skill(space, "late", "Added mid-run.")
+    provider = scripted(("list_dir", {}), "done")
+    provider.on_call = add_skill_mid_run
+    bus.send(space, "boss", "w1", "go")
+    runner.wake(w1.pk, "message")
+    assert "You are terse." in provider.systems[0] and "## style — house style" in provider.systems[0]
+    assert all("Added mid-run." not in s for s in provider.systems), "a skill must not change a run in flight"
+    provider.replies = ["again"]
+    bus.send(space, "boss", "w1", "again")
+    runner.wake(w1.pk, "message")
+    assert "Added mid-run." in provider.systems[-1]
+
+
+def test_iteration_limit_pauses_the_member(space, scripted):
+    Member.objects.filter(name="w1").update(max_iterations=3)
+    scripted(*[("list_dir", {})] * 10)
+    bus.send(space, "boss", "w1", "loop forever")
+    assert runner.wake(w1_of(space).pk, "message") == "paused"
+    assert w1_of(space).phase == "paused"
+    assert space.events.filter(kind="run.paused").exists()
+
+
+def test_tool_errors_are_readable_results_not_crashes(space, scripted):
+    scripted(("read_file", {"path": "../../etc/passwd"}), ("no_such_tool", {}), ("read_file", {}), "ok")
+    bus.send(space, "boss", "w1", "try things")
+    assert runner.wake(w1_of(space).pk, "message") == "done"
+    results = list(Turn.objects.filter(role="tool").order_by("seq").values_list("content", flat=True))
+    assert "outside the workspace" in results[0]
+    assert "unknown tool 'no_such_tool'" in results[1]
+    assert "missing required argument 'path'" in results[2]
+
+
+def test_default_mode_holds_a_mutating_call_until_approved(space, scripted, tmp_path, django_user_model):
+    operator = django_user_model.objects.create_user("op")
+    w1 = supervisor.set_permission_mode(w1_of(space), "default", actor="op")
+    scripted(("write_file", {"path": "out.txt", "content": "x"}), "written")
+    bus.send(space, "boss", "w1", "write it")
+    assert runner.wake(w1.pk, "message") == "waiting"
+    w1.refresh_from_db()
+    assert w1.display_phase == "waiting-approval:write_file"
+    assert not (tmp_path / "alpha" / "out.txt").exists()
+    approval = Approval.objects.get()
+    approvals.decide(approval, approve=True, user=operator)
+    assert runner.wake(w1.pk, "resume") == "done"
+    assert (tmp_path / "alpha" / "out.txt").read_text() == "x"
+
+
+def test_a_denial_carries_its_reason_back_to_the_model(space, scripted, django_user_model):
+    operator = django_user_model.objects.create_user("op")
+    w1 = supervisor.set_permission_mode(w1_of(space), "default", actor="op")
+    provider = scripted(("run_command", {"command": "rm -rf ."}), "understood")
+    bus.send(space, "boss", "w1", "clean up")
+    runner.wake(w1.pk, "message")
+    approvals.decide(Approval.objects.get(), approve=False, user=operator, reason="never delete the workspace")
+    runner.wake(w1.pk, "resume")
+    last_request = provider.requests[-1]
+    assert "denied" in last_request[-1]["content"] and "never delete the workspace" in last_request[-1]["content"]
+
+
+def test_mail_arriving_while_waiting_for_approval_does_not_skip_the_gate(space, scripted):
+    w1 = supervisor.set_permission_mode(w1_of(space), "default", actor="op")
+    provider = scripted(("write_file", {"path": "a", "content": "b"}))
+    bus.send(space, "boss", "w1", "write")
+    runner.wake(w1.pk, "message")
+    bus.send(space, "boss", "w1", "hurry up")
+    assert runner.wake(w1.pk, "message") == "waiting"
+    assert len(provider.systems) == 1
+
+
+def test_budget_breaker_trips_alerts_and_stops_runs_that_day(space, scripted):
+    Member.objects.filter(name="w1").update(budget_override=150)
+    scripted(("list_dir", {}), ("list_dir", {}), "done")
+    bus.send(space, "boss", "w1", "work")
+    assert runner.wake(w1_of(space).pk, "message") == "budget"
+    assert space.events.filter(kind="ops.alert").count() == 1
+    assert Message.objects.filter(recipient_name="operator", subject__startswith="Budget tripped").exists()
+    bus.send(space, "boss", "w1", "more")
+    assert runner.wake(w1_of(space).pk, "message") == "budget-tripped"
+
+
+@pytest.mark.parametrize("override,space_default,expected", [(100, 500, 100), (-1, 500, 0), (None, 500, 500), (None, 0, 0), (0, 300, 300)])
+def test_effective_budget(space, override, space_default, expected):
+    space.member_daily_tokens = space_default
+    space.save()
+    Member.objects.filter(name="w1").update(budget_override=override)
+    assert budget.effective_budget(w1_of(space)) == expected
+
+
+def test_space_ceiling_trips_every_member(space, scripted):
+    space.daily_token_ceiling = 200
+    space.save()
+    scripted(("list_dir", {}), ("list_dir", {}), ("list_dir", {}), "done")
+    bus.send(space, "boss", "w1", "work")
+    assert runner.wake(w1_of(space).pk, "message") == "budget"
+    assert UsageDay.objects.get(member__name="w1").tripped
+
+
+def test_usage_is_metered_on_every_run(space, scripted):
+    scripted(("list_dir", {}), "done")
+    bus.send(space, "boss", "w1", "go")
+    runner.wake(w1_of(space).pk, "message")
+    day = UsageDay.objects.get(member__name="w1")
+    assert (day.input_tokens, day.output_tokens, day.model_calls) == (200, 20, 2)
+    assert Run.objects.get().tokens == 220
+
+
+def test_suspended_run_resumes_the_same_conversation(space, scripted):
+    provider = scripted(("list_dir", {}), "finished")
+    w1 = w1_of(space)
+
+    def suspend_after_first_call(call_no):
+        if call_no == 1:
+            supervisor.suspend(w1, actor="op")
+    provider.on_call = suspend_after_first_call
+    bus.send(space, "boss", "w1", "job")
+    assert runner.wake(w1.pk, "message") == "aborted"
+    supervisor.resume(w1, actor="op")
+    provider.on_call = None
+    assert runner.wake(w1.pk, "resume") == "done"
+    assert provider.requests[-1][0]["content"].startswith("# Wake")  # same session, brief kept
+    assert w1.sessions.count() == 1
+
+
+def test_one_members_crash_does_not_touch_another(space, scripted, monkeypatch):
+    scripted("fine")
+    import veronica.agent.loop as loop
+    real = loop.run_member
+    monkeypatch.setattr(loop, "run_member", lambda m, c: (_ for _ in ()).throw(RuntimeError("boom")) if m.name == "w1" else real(m, c))
+    bus.send(space, "boss", "w1", "a")
+    bus.send(space, "boss", "w2", "b")
+    assert runner.wake(w1_of(space).pk, "message") == "error"
+    assert runner.wake(supervisor.get_member(space, "w2").pk, "message") == "done"
+    assert w1_of(space).phase == "error" and w1_of(space).run_status == "idle"
+
+
+def test_expired_lease_is_released_and_rewoken(space, django_capture_on_commit_callbacks, monkeypatch):
+    woken = []
+    monkeypatch.setattr(runner, "enqueue_wake", lambda pk, source: woken.append((pk, source)))
+    w1 = w1_of(space)
+    Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="dead", lease_expires_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert runner.expire_leases() == [w1.pk]
+    w1.refresh_from_db()
+    assert w1.run_status == "idle" and not w1.lease_token and woken == [(w1.pk, "resume")]
+
+
+def test_phases_follow_the_members_events(space, scripted):
+    scripted(("list_dir", {}), "done")
+    bus.send(space, "boss", "w1", "go")
+    runner.wake(w1_of(space).pk, "message")
+    phases = [(e.payload["phase"], e.payload["tool"]) for e in space.events.filter(kind="member.phase").order_by("seq")]
+    assert phases == [("thinking", ""), ("executing", "list_dir"), ("thinking", ""), ("ready", "")]
+
+
+def test_the_offline_team_finishes_the_demo_goal(db, demo_manifest):
+    from veronica.manifest import register
+    from veronica.models import Task
+    from veronica.seed import DEMO_GOAL
+
+    space = register(demo_manifest)
+    bus.send(space, "operator", "leader", DEMO_GOAL)
+    run_until_quiet(space)
+    assert list(Task.objects.filter(space=space).values_list("status", flat=True)) == ["done"] * 3
+    assert "FIXME" in Task.objects.get(title__startswith="Find TODO").result
+    assert Message.objects.filter(space=space, recipient_name="operator", subject="Goal complete").exists()
+    assert blackboard.read(space).content.startswith("# Summary")

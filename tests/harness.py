@@ -1,0 +1,109 @@
+"""Real processes for engine and browser tests: a django-q2 cluster (and a daphne server) pointed
+at the test database. Stopped through the main PID, SIGKILL as the fallback (always safe)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.db import connection
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment a child process needs to use this test run's database and queue."""
+    from django_q.conf import Conf
+
+    env = os.environ.copy()
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        env["VERONICA_SQLITE_PATH"] = str(db["NAME"])
+    else:
+        user = db.get("USER") or "postgres"
+        env["DATABASE_URL"] = f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+    env["VERONICA_Q_NAME"] = Conf.CLUSTER_NAME
+    env.update(extra)
+    return env
+
+
+def isolate_queue() -> str:
+    """A queue name of our own, so concurrent test runs on one Redis never take each other's wakes."""
+    from django_q.conf import Conf
+
+    name = f"vt-{uuid.uuid4().hex[:8]}"
+    Conf.PREFIX = Conf.CLUSTER_NAME = name
+    return name
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=5)
+
+
+@contextmanager
+def qcluster(workers: int = 4, log_path: Path | None = None, **env: str):
+    log = open(log_path or os.devnull, "ab")
+    proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True,
+                            env=worker_env(VERONICA_Q_WORKERS=str(workers), **env), stdout=log, stderr=subprocess.STDOUT)
+    time.sleep(2.5)  # the cluster forks its workers; wakes enqueued before that simply wait in the broker
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def kill_cluster(proc: subprocess.Popen) -> None:
+    """A crash: SIGKILL the whole cluster, workers mid-run included."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def daphne(port: int | None = None, **env: str):
+    port = port or free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "veronica.asgi:application"],
+                            cwd=REPO, start_new_session=True, env=worker_env(**env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")

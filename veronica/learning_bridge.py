@@ -1,0 +1,67 @@
+"""The host side of the learning app: what it may mine (finished transcripts, approval denials
+with a reason), where distilled notes go (member memory files), and which model its passes use.
+learning never imports veronica; settings point it here (LEARNING_SOURCE / LEARNING_COMPLETE)."""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+from django.db import transaction
+
+from learning.sources import Correction, OutboxItem, SessionItem
+from veronica.models import Approval, ApprovalStatus, Member, MemoryFile, Session
+
+MAX_SESSIONS = 200
+
+
+class VeronicaSource:
+    def sessions(self) -> Iterable[SessionItem]:
+        ended = Session.objects.filter(ended_at__isnull=False).select_related("member").order_by("-ended_at")[:MAX_SESSIONS]
+        for session in ended:
+            lines = []
+            for turn in session.turns.order_by("seq"):
+                calls = ", ".join(c["name"] for c in turn.tool_calls or [])
+                lines.append(f"[{turn.role}{' ' + turn.tool_name if turn.tool_name else ''}] {turn.content[:1500]}"
+                             + (f" (calls: {calls})" if calls else ""))
+            if lines:
+                yield SessionItem(key=f"session:{session.pk}", member_key=str(session.member_id),
+                                  domains=list(session.member.rule_domains), text="\n".join(lines))
+
+    def outbox_items(self) -> Iterable[OutboxItem]:
+        return []  # the console has no edit-before-accept outbox yet
+
+    def corrections(self) -> Iterable[Correction]:
+        denied = Approval.objects.filter(status=ApprovalStatus.DENIED).exclude(reason="").select_related("member")
+        for approval in denied.order_by("id"):
+            yield Correction(key=f"approval:{approval.pk}", domains=list(approval.member.rule_domains),
+                             text=f"approval denied: {approval.tool_name} {approval.tool_args}; reason: {approval.reason}")
+
+    def write_memory(self, member_key: str, name: str, content: str) -> None:
+        with transaction.atomic():
+            MemoryFile.objects.update_or_create(member_id=int(member_key), name=name, defaults={"content": content})
+
+    def routed_domains(self) -> set[str]:
+        return {d for domains in Member.objects.filter(removed_at__isnull=True).values_list("rule_domains", flat=True) for d in domains}
+
+
+def make_complete():
+    """VERONICA_LEARNING_MODEL picks the passes' model (default: the offline heuristic)."""
+    spec = os.environ.get("VERONICA_LEARNING_MODEL", "offline")
+    if spec == "offline":
+        from learning.offline import complete
+
+        return complete
+    from veronica.agent.providers import get_provider
+
+    provider = get_provider(spec)
+
+    def complete(system: str, prompt: str) -> str:
+        return provider.complete(system, [{"role": "user", "content": prompt}], [], should_stop=lambda: False).text
+    return complete
+
+
+def auto_approve(domain: str) -> bool:
+    """A domain's proposals apply without review only if every space routing it allows that."""
+    # JSON containment lookups differ between SQLite and PostgreSQL; the member list is small.
+    spaces = [m.space for m in Member.objects.filter(removed_at__isnull=True).select_related("space") if domain in m.rule_domains]
+    return bool(spaces) and all(not s.rule_review_required for s in spaces)
