@@ -7,7 +7,10 @@ the sequence is gapless and its order is commit order.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -40,7 +43,38 @@ def ring(space_id: int, seq: int) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    message = {"type": "space.event", "seq": seq}
     try:
-        async_to_sync(layer.group_send)(group_name(space_id), {"type": "space.event", "seq": seq})
+        if type(layer).__module__.startswith("channels_redis"):
+            _RedisRinger.get().send(layer, group_name(space_id), message)
+        elif getattr(layer, "groups", None):  # in-memory: only this process's sockets can hear it
+            async_to_sync(layer.group_send)(group_name(space_id), message)
     except Exception:  # a lost doorbell costs latency only; the socket's poll finds the row
         log.warning("channel layer ring failed for space %s seq %s", space_id, seq, exc_info=True)
+
+
+class _RedisRinger:
+    """One long-lived event loop per process for Redis rings: async_to_sync would build a new loop
+    (and a new Redis connection) per event, which dominated a worker's step time. Fire and forget."""
+
+    _instance: "_RedisRinger | None" = None
+    _pid = 0
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="veronica-ringer", daemon=True).start()
+
+    @classmethod
+    def get(cls) -> "_RedisRinger":
+        if cls._instance is None or cls._pid != os.getpid():  # a forked worker needs its own thread
+            cls._instance, cls._pid = cls(), os.getpid()
+        return cls._instance
+
+    def send(self, layer, group: str, message: dict) -> None:
+        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), self.loop)
+        future.add_done_callback(_log_ring_failure)
+
+
+def _log_ring_failure(future) -> None:
+    if future.exception() is not None:
+        log.warning("channel layer ring failed: %s", future.exception())

@@ -226,3 +226,64 @@ def test_the_offline_team_finishes_the_demo_goal(db, demo_manifest):
     assert "FIXME" in Task.objects.get(title__startswith="Find TODO").result
     assert Message.objects.filter(space=space, recipient_name="operator", subject="Goal complete").exists()
     assert blackboard.read(space).content.startswith("# Summary")
+
+
+def test_an_idle_team_costs_nothing(space, monkeypatch):
+    from veronica.engine import tick
+
+    enqueued = []
+    monkeypatch.setattr(tick, "enqueue_wake", lambda pk, source: enqueued.append(pk))
+    summary = tick.tick()
+    assert enqueued == [] and summary["swept"] == 0
+    assert not Run.objects.exists() and not Wake.objects.exists()
+
+
+def test_the_sweep_rewakes_idle_members_with_unread_mail_only(space, monkeypatch):
+    from veronica.engine import tick
+
+    enqueued = []
+    monkeypatch.setattr(tick, "enqueue_wake", lambda pk, source: enqueued.append(pk))
+    Message.objects.create(space=space, sender_name="boss", recipient=w1_of(space), recipient_name="w1", body="lost wake")
+    supervisor.freeze(supervisor.get_member(space, "w2"), actor="t")
+    Message.objects.create(space=space, sender_name="boss", recipient=supervisor.get_member(space, "w2"), recipient_name="w2", body="x")
+    tick.tick()
+    assert enqueued == [w1_of(space).pk]
+
+
+def test_budget_rolls_over_at_midnight(space, scripted):
+    yesterday = timezone.now().date() - timedelta(days=1)
+    UsageDay.objects.create(space=space, member=w1_of(space), day=yesterday, input_tokens=10**9, tripped=True)
+    Member.objects.filter(name="w1").update(budget_override=1000)
+    scripted("fresh day")
+    bus.send(space, "boss", "w1", "morning")
+    assert runner.wake(w1_of(space).pk, "message") == "done"
+
+
+def test_demo_command_finishes_the_scenario_from_a_fresh_database_in_under_a_minute(db):
+    import io
+    import time
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    started = time.monotonic()
+    call_command("demo", stdout=out)
+    assert time.monotonic() - started < 60
+    text = out.getvalue()
+    tasks = [line for line in text.splitlines() if line.startswith("  #") and "] " in line]
+    assert len(tasks) == 3 and all("[done]" in line for line in tasks)
+    assert "lead → operator: Goal complete" in text and "Demo finished" in text
+
+
+def test_cron_tick_fires_each_slot_once_and_skips_frozen(space, monkeypatch):
+    from veronica.engine import tick
+
+    enqueued = []
+    monkeypatch.setattr(tick, "enqueue_wake", lambda pk, source: enqueued.append((pk, source)))
+    w1 = supervisor.set_schedule(w1_of(space), "*/5 * * * *", actor="t")
+    w2 = supervisor.set_schedule(supervisor.freeze(supervisor.get_member(space, "w2"), actor="t"), "*/5 * * * *", actor="t")
+    Member.objects.filter(pk__in=[w1.pk, w2.pk]).update(schedule_next_at=timezone.now() - timedelta(seconds=1))
+    tick.fire_cron()
+    tick.fire_cron()
+    assert enqueued == [(w1.pk, "timer")]
+    assert Member.objects.get(pk=w1.pk).schedule_next_at > timezone.now()

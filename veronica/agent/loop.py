@@ -100,9 +100,10 @@ def answer_turn(member: Member, session, rows, reply) -> None:
 def record_usage(member: Member, run: Run, model: str, usage) -> None:
     from django.db.models import F
 
-    budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
-                 cache_write=usage.cache_write, usd=usd_for(model, usage))
-    Run.objects.filter(pk=run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
+    with transaction.atomic():
+        budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
+                     cache_write=usage.cache_write, usd=usd_for(model, usage))
+        Run.objects.filter(pk=run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
 
 
 def run_tool(tool: Tool, tctx: ToolContext, args: dict) -> str:
@@ -126,8 +127,9 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
     mode = Member.objects.filter(pk=member.pk).values_list("permission_mode", flat=True).first()  # read per call
     if tool.needs_approval and mode == PermissionMode.DEFAULT:
         return hold_for_approval(member, ctx, call)
-    ctx.phase(Phase.EXECUTING, tool.name)
-    events.emit(member.space_id, "tool.called", member=member, tool=tool.name, args=_short(args))
+    with transaction.atomic():
+        ctx.phase(Phase.EXECUTING, tool.name)
+        events.emit(member.space_id, "tool.called", member=member, tool=tool.name, args=_short(args))
     try:
         result = run_tool(tool, tctx, {**args, "_call_id": call["id"]} if tool.name == "ask_operator" else args)
     except WaitForOperator:
@@ -141,9 +143,10 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
 
 
 def persist_result(member: Member, tctx: ToolContext, call: dict, result: str) -> None:
-    transcript.append(tctx.session, TurnRole.TOOL, result, tool_call_id=call["id"], tool_name=call["name"])
-    events.emit(member.space_id, "tool.result", member=member, tool=call["name"], ok=not result.startswith("error:"),
-                chars=len(result), preview=result[:200])
+    with transaction.atomic():
+        transcript.append(tctx.session, TurnRole.TOOL, result, tool_call_id=call["id"], tool_name=call["name"])
+        events.emit(member.space_id, "tool.result", member=member, tool=call["name"], ok=not result.startswith("error:"),
+                    chars=len(result), preview=result[:200])
     return None
 
 

@@ -41,14 +41,15 @@ def is_tripped(member: Member) -> bool:
 
 
 def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
-          usd: Decimal = Decimal(0), model_calls: int = 1) -> UsageDay:
+          usd: Decimal = Decimal(0), model_calls: int = 1) -> None:
+    """Add one model call's usage to today's row with F() increments (no read-modify-write)."""
+    increments = dict(input_tokens=F("input_tokens") + input_tokens, output_tokens=F("output_tokens") + output_tokens,
+                      cache_read_tokens=F("cache_read_tokens") + cache_read, cache_write_tokens=F("cache_write_tokens") + cache_write,
+                      usd=F("usd") + usd, model_calls=F("model_calls") + model_calls)
     with transaction.atomic():
-        usage_today(member)
-        UsageDay.objects.filter(member=member, day=today()).update(
-            input_tokens=F("input_tokens") + input_tokens, output_tokens=F("output_tokens") + output_tokens,
-            cache_read_tokens=F("cache_read_tokens") + cache_read, cache_write_tokens=F("cache_write_tokens") + cache_write,
-            usd=F("usd") + usd, model_calls=F("model_calls") + model_calls)
-    return UsageDay.objects.get(member=member, day=today())
+        if not UsageDay.objects.filter(member=member, day=today()).update(**increments):
+            usage_today(member)
+            UsageDay.objects.filter(member=member, day=today()).update(**increments)
 
 
 def check_breaker(member: Member) -> str | None:
