@@ -64,3 +64,23 @@ def test_freeze_action_calls_the_verb(staff_client, busy_space):
     w1.refresh_from_db()
     assert w1.membership == "frozen"
     assert busy_space.events.filter(kind="member.frozen").exists()
+
+
+def test_adding_a_task_in_the_admin_goes_through_the_ledger(staff_client, busy_space):
+    from veronica.models import Task
+
+    w1 = Member.objects.get(space=busy_space, name="w1")
+    response = staff_client.post(reverse("admin:veronica_task_add"), {
+        "space": busy_space.pk, "title": "from admin", "spec": "", "assignee": w1.pk, "creator_name": "x",
+        "verify_policy": "auto", "check_evidence": "", "result": "", "status_reason": ""})
+    assert response.status_code == 302, response.content[:2000]
+    task = Task.objects.get(title="from admin")
+    assert task.status == "running" and task.messages.filter(recipient=w1).exists()
+
+
+def test_adding_a_second_leader_in_the_admin_is_refused(staff_client, busy_space):
+    response = staff_client.post(reverse("admin:veronica_member_add"), {
+        "space": busy_space.pk, "name": "boss2", "role": "leader", "model": "offline", "permission_mode": "bypass",
+        "max_iterations": 24, "rule_domains": "[]"})
+    assert Member.objects.filter(space=busy_space, role="leader").count() == 1
+    assert response.status_code == 200 and b"at most one" in response.content

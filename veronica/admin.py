@@ -1,10 +1,12 @@
 """The operator's admin. Actions are thin: they call the same verbs as the console, API and tools."""
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.utils.html import format_html
 
+from veronica import ledger
 from veronica import skills as skill_verbs
 from veronica.engine import supervisor
 from veronica.errors import VeronicaError
@@ -73,8 +75,31 @@ class SpaceAdmin(admin.ModelAdmin):
         _run_verb(self, request, queryset, supervisor.halt_all, "halted spaces")
 
 
+class MemberAdminForm(forms.ModelForm):
+    class Meta:
+        model = Member
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        if self.instance.pk is None and data.get("space"):
+            try:  # the same checks as the verb, shown as form errors
+                supervisor.validate_new_member(data["space"], data.get("name", ""), role=data.get("role", ""),
+                                               model=data.get("model", ""), permission_mode=data.get("permission_mode", ""),
+                                               schedule=data.get("schedule", ""), rule_domains=data.get("rule_domains") or [])
+            except VeronicaError as exc:
+                raise forms.ValidationError({exc.field if exc.field in self.fields else None: exc.message}) from None
+        elif data.get("schedule"):
+            try:
+                supervisor.validate_cron(data["schedule"])
+            except VeronicaError as exc:
+                raise forms.ValidationError({"schedule": exc.message}) from None
+        return data
+
+
 @admin.register(Member)
 class MemberAdmin(admin.ModelAdmin):
+    form = MemberAdminForm
     list_display = ("name", "space", "role", "model", "membership", "run_status", "display_phase", "permission_mode", "schedule")
     list_filter = ("space", "role", "membership", "run_status", "permission_mode")
     list_select_related = ("space",)
@@ -83,6 +108,17 @@ class MemberAdmin(admin.ModelAdmin):
                        "membership", "removed_at", "spawned_from", "clone_seq", "schedule_origin", "schedule_set_at",
                        "schedule_tombstone", "schedule_next_at", "permission_origin", "created_at")
     actions = ["freeze", "unfreeze", "suspend", "resume"]
+
+    def save_model(self, request, obj, form, change):
+        if change:  # field edits (persona, model, schedule text...) apply at the next run boundary
+            obj.reload_pending = True
+            super().save_model(request, obj, form, change)
+            return
+        # a new member goes through the verb: name rules, one leader, the event
+        created = supervisor.add_member(obj.space, obj.name, role=obj.role, persona=obj.persona, when_to_use=obj.when_to_use,
+                                        model=obj.model, permission_mode=obj.permission_mode, schedule=obj.schedule,
+                                        rule_domains=obj.rule_domains, budget_override=obj.budget_override, actor=_actor(request))
+        obj.pk = created.pk
 
     @admin.action(description="Freeze selected members")
     def freeze(self, request, queryset):
@@ -165,6 +201,20 @@ class TaskAdmin(admin.ModelAdmin):
     search_fields = ("title", "spec")
     readonly_fields = ("status", "started_at", "finished_at", "created_at", "updated_at")
     filter_horizontal = ("depends_on",)
+
+    def save_related(self, request, form, formsets, change):
+        if change:
+            super().save_related(request, form, formsets, change)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        # a new task goes through the ledger: initial status from its dependencies, assignment mail
+        task = ledger.create_task(obj.space, _actor(request), obj.title, spec=obj.spec, assignee=obj.assignee,
+                                  depends_on=[t.pk for t in form.cleaned_data.get("depends_on", [])], not_before=obj.not_before,
+                                  engine_managed=obj.engine_managed, verify_policy=obj.verify_policy)
+        obj.pk = task.pk
 
 
 @admin.register(Approval)

@@ -116,11 +116,9 @@ def next_fire(expr: str, after: datetime | None = None) -> datetime:
     return croniter(expr, after or timezone.now()).get_next(datetime)
 
 
-def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str = "", when_to_use: str = "",
-               model: str = "offline", permission_mode: str = "", schedule: str = "", rule_domains: list[str] | None = None,
-               budget_override: int | None = None, actor: str = "operator", skills: dict[str, str] | None = None,
-               origin: str = Origin.RUNTIME) -> Member:
-    """Create a member (and its skills) in one transaction: a failure leaves nothing behind."""
+def validate_new_member(space: Space, name: str, *, role: str, model: str, permission_mode: str = "", schedule: str = "",
+                        rule_domains: list[str] | None = None) -> tuple[str, str, list[str]]:
+    """Everything add_member checks before writing; the admin form runs it too."""
     from veronica.agent.providers import validate_model_spec
 
     if role not in Role.values:
@@ -129,13 +127,24 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
     if mode not in PermissionMode.values:
         raise VeronicaError(f"permission_mode must be one of {', '.join(PermissionMode.values)}", field="permission_mode")
     validate_model_spec(model)
-    persona = require_text(persona, "persona", max_len=50000, allow_empty=True)
+    _validate_name(space, name)
+    if role == Role.LEADER and Member.objects.filter(space=space, role=Role.LEADER, removed_at__isnull=True).exists():
+        raise Conflict("this space already has a leader; a space has at most one", field="role")
+    cron = validate_cron(schedule) if schedule else ""
     domains = [d.strip() for d in (rule_domains or []) if isinstance(d, str) and d.strip()]
+    return mode, cron, domains
+
+
+def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str = "", when_to_use: str = "",
+               model: str = "offline", permission_mode: str = "", schedule: str = "", rule_domains: list[str] | None = None,
+               budget_override: int | None = None, actor: str = "operator", skills: dict[str, str] | None = None,
+               origin: str = Origin.RUNTIME) -> Member:
+    """Create a member (and its skills) in one transaction: a failure leaves nothing behind."""
+    name = name.strip() if isinstance(name, str) else name
+    mode, cron, domains = validate_new_member(space, name, role=role, model=model, permission_mode=permission_mode,
+                                              schedule=schedule, rule_domains=rule_domains)
+    persona = require_text(persona, "persona", max_len=50000, allow_empty=True)
     with transaction.atomic():
-        name = _validate_name(space, name)
-        if role == Role.LEADER and Member.objects.filter(space=space, role=Role.LEADER, removed_at__isnull=True).exists():
-            raise Conflict("this space already has a leader; a space has at most one", field="role")
-        cron = validate_cron(schedule) if schedule else ""
         try:
             member = Member.objects.create(
                 space=space, name=name, role=role, persona=persona, when_to_use=when_to_use, model=model,
