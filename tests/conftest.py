@@ -22,6 +22,12 @@ def make_space(tmp_path: Path, slug: str = "alpha", workers: tuple[str, ...] = (
     return space
 
 
+@pytest.fixture(autouse=True)
+def inline_waggle_mining(settings):
+    """Tests drive runs in-process with no cluster: waggle mines inline, deterministically."""
+    settings.WAGGLE = {**getattr(settings, "WAGGLE", {}), "sweep_async": False}
+
+
 @pytest.fixture
 def space(db, tmp_path):
     return make_space(tmp_path)

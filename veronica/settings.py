@@ -189,6 +189,10 @@ OFFLINE_DELAY_MS = env_int("VERONICA_OFFLINE_DELAY_MS", 0, minimum=0, maximum=60
 RUN_LEASE_SECONDS = env_int("VERONICA_RUN_LEASE_SECONDS", 60, minimum=2)
 ENGINE_TICK_SECONDS = env_int("VERONICA_ENGINE_TICK_SECONDS", 5, minimum=1)
 
+# waggle: mine in a django-q2 task so mining never slows a member's turn (tests and the in-process
+# demo mine inline: VERONICA_WAGGLE_SWEEP_ASYNC=0).
+WAGGLE = {"sweep_async": env_bool("VERONICA_WAGGLE_SWEEP_ASYNC", True)}
+
 # learning: the host side is configured here so `learning` never imports `veronica`.
 LEARNING_SOURCE = "veronica.learning_bridge.VeronicaSource"
 LEARNING_COMPLETE = "veronica.learning_bridge.make_complete"

@@ -24,6 +24,8 @@ class WaggleConfig:
     retention_calls: int = 5000     # ForageCall rows kept per space
     retention_days: int = 30        # ForageCall / FiredPlan rows older than this are dropped by curation
     ignore_tools: frozenset[str] = DEFAULT_IGNORED_TOOLS  # never recorded (waggle's own tools)
+    sweep_async: bool = False       # mine in a django-q2 task instead of inside observe (the host's
+                                    # workers set this so mining never slows a member's turn)
 
     def normalized(self) -> "WaggleConfig":
         return replace(

@@ -154,8 +154,11 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
         with transaction.atomic():  # a savepoint when the host is inside a transaction
             seq = _record(space_key, session_key, member_key, call, cfg)
         if seq % cfg.mine_period == 0:
-            with _contained():  # a failed sweep never takes the recorded call with it
-                sweep(space_key, config=cfg)
+            if cfg.sweep_async:  # off the member's turn: a django-q2 worker mines after the commit
+                transaction.on_commit(lambda: _enqueue_sweep(space_key))
+            else:
+                with _contained():  # a failed sweep never takes the recorded call with it
+                    sweep(space_key, config=cfg)
     except Exception:  # noqa: BLE001 - best effort by contract
         log.exception("waggle: observe failed (space=%r session=%r tool=%r); ignored", space_key, session_key, tool)
 
@@ -189,6 +192,15 @@ def promotable(cand: Candidate, index: TraceIndex, cfg: WaggleConfig) -> Route |
     if route is None or render_script(route, min_prefix=cfg.min_prefix) is None:
         return None
     return route
+
+
+def _enqueue_sweep(space_key: str) -> None:
+    try:
+        from django_q.tasks import async_task
+
+        async_task("waggle.service.sweep", space_key, q_options={"task_name": f"waggle-sweep-{space_key}"})
+    except Exception:  # noqa: BLE001 - best effort: the next period tries again
+        log.warning("waggle: could not enqueue a sweep for space %r", space_key, exc_info=True)
 
 
 def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | None:

@@ -380,3 +380,20 @@ def test_unbound_tail_never_fires_and_is_never_promoted(cfg):
     # it can still be run on demand, with both parameters given
     assert service.run_waggle("1", "unbound", {"path": "z", "log": "a.log"}, exe).startswith("[waggle: ran waggle")
     assert exe.calls[-1] == ("read_file", {"path": "a.log"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_sweep_mines_off_the_turn_in_a_q2_task(monkeypatch):
+    """With sweep_async the observing call only enqueues (after commit); a worker mines later."""
+    from waggle import service
+    from waggle.config import WaggleConfig
+
+    enqueued = []
+    monkeypatch.setattr(service, "_enqueue_sweep", lambda key: enqueued.append(key))
+    cfg = WaggleConfig(mine_period=2, sweep_async=True).normalized()
+    for i in range(4):
+        service.observe("s-async", "sess", "m", "read_file", {"path": f"f{i % 2}"}, False, "out", config=cfg)
+    assert enqueued == ["s-async", "s-async"]
+    from waggle.models import Waggle
+
+    assert not Waggle.objects.filter(space_key="s-async").exists()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db.models import Sum
 
@@ -22,6 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", type=int, default=1, help="Run the goal N times (clearing sessions in between).")
 
     def handle(self, *args, goal: str, rounds: int, **options):
+        settings.WAGGLE = {**settings.WAGGLE, "sweep_async": False}  # no cluster here: mine inline
         started = time.monotonic()
         space = register(DEMO_MANIFEST, actor="demo")
         for round_no in range(1, rounds + 1):
