@@ -287,3 +287,19 @@ def test_cron_tick_fires_each_slot_once_and_skips_frozen(space, monkeypatch):
     tick.fire_cron()
     assert enqueued == [(w1.pk, "timer")]
     assert Member.objects.get(pk=w1.pk).schedule_next_at > timezone.now()
+
+
+def test_a_member_waiting_for_approval_is_not_rewoken_by_its_own_mail(space, scripted, monkeypatch):
+    from veronica.engine import tick
+
+    enqueued = []
+    monkeypatch.setattr(runner, "enqueue_wake", lambda pk, source: enqueued.append(pk))
+    monkeypatch.setattr(tick, "enqueue_wake", lambda pk, source: enqueued.append(pk))
+    w1 = supervisor.set_permission_mode(w1_of(space), "default", actor="op")
+    scripted(("write_file", {"path": "a", "content": "b"}))
+    bus.send(space, "boss", "w1", "write")
+    runner.wake(w1.pk, "message")
+    bus.send(space, "boss", "w1", "more mail while waiting")
+    assert runner.wake(w1.pk, "message") == "waiting"
+    tick.sweep_unread()
+    assert enqueued == [], "a waiting member must not spin on wakes"

@@ -27,6 +27,12 @@ class Cancelled(Exception):
     """Suspend / remove asked the run to stop, or its lease was lost."""
 
 
+# Mail that arrived during these runs was coalesced into them: wake again to drain it. A run that
+# ended waiting for an operator, paused at its iteration limit, errored or hit its budget must not
+# loop on its own mail (the decision, new mail or the tick's sweep wakes it).
+REWAKE_AFTER = {RunOutcome.DONE, RunOutcome.ABORTED}
+
+
 def lease_delta() -> timedelta:
     return timedelta(seconds=settings.RUN_LEASE_SECONDS)
 
@@ -130,8 +136,10 @@ def finish(member: Member, token: str, run: Run, outcome: str, error: str = "") 
     events.emit(member.space_id, "run.ended", member=member, run=run.pk, outcome=outcome, error=error[:300])
     if not release(member, token):
         return  # the watchdog already took the lease back and re-woke the member
+    if outcome not in REWAKE_AFTER:
+        return  # waiting on a person, paused or over budget: new mail or the decision wakes it
     fresh = Member.objects.filter(pk=member.pk).first()
-    if fresh and fresh.is_active and fresh.run_status == RunStatus.IDLE and has_unread(member.pk) and outcome != RunOutcome.ERROR:
+    if fresh and fresh.is_active and fresh.run_status == RunStatus.IDLE and has_unread(member.pk):
         enqueue_wake(member.pk, "message")
 
 

@@ -13,7 +13,7 @@ from veronica import bus, events, ledger
 from veronica.engine import alarms, runner, supervisor
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
-from veronica.models import Member, Membership, Message, RunStatus, Space, Task, TaskStatus
+from veronica.models import Member, Membership, Message, Phase, RunStatus, Space, Task, TaskStatus
 
 log = logging.getLogger(__name__)
 TICK_SCHEDULE = "veronica-engine-tick"
@@ -39,6 +39,7 @@ def sweep_unread() -> list[int]:
     """Re-wake every idle active member that has unread mail. Coalesces harmlessly with live wakes."""
     unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True)
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
+    idle = idle.exclude(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # the decision wakes them
     ids = list(idle.filter(Exists(unread)).values_list("pk", flat=True))
     for member_id in ids:
         enqueue_wake(member_id, "message")
