@@ -41,6 +41,13 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
     return value
 
 
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = os.environ.get(name, "").strip() or default
+    if raw not in choices:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
 def env_list(name: str, default: list[str] | None = None) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:

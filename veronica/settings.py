@@ -12,7 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from veronica.env import env_bool, env_int, env_list, env_path, env_str, env_url
+from veronica.env import env_bool, env_choice, env_int, env_list, env_path, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = env_path("VERONICA_DATA_DIR", BASE_DIR / "data")
@@ -184,6 +184,8 @@ SESSION_COOKIE_HTTPONLY = True
 
 # --- veronica --------------------------------------------------------------------------------
 WORKSPACES_DIR = env_path("VERONICA_WORKSPACES_DIR", DATA_DIR / "workspaces")
+# run_command is confined with bubblewrap ("bwrap"); "none" runs commands unconfined (opt-in).
+COMMAND_SANDBOX = env_choice("VERONICA_COMMAND_SANDBOX", ("bwrap", "none"), "bwrap")
 # Simulated model latency for the offline provider (tests and benchmarks only; 0 in normal use).
 OFFLINE_DELAY_MS = env_int("VERONICA_OFFLINE_DELAY_MS", 0, minimum=0, maximum=600000)
 RUN_LEASE_SECONDS = env_int("VERONICA_RUN_LEASE_SECONDS", 60, minimum=2)

@@ -50,13 +50,27 @@ def test_edit_file_needs_exactly_one_match(ctx):
 
 
 def test_run_command_runs_in_the_workspace_with_timeout_and_cap(ctx, tmp_path):
-    assert ws.run_command(ctx, {"command": "pwd"}).splitlines()[1] == str((tmp_path / "alpha").resolve())
+    assert ws.run_command(ctx, {"command": "pwd"}).splitlines()[1] == "/workspace"
+    assert "x = 1" in ws.run_command(ctx, {"command": "cat src/a.py"})
     with pytest.raises(ToolError, match="timed out after 1s"):
         ws.run_command(ctx, {"command": "sleep 5", "timeout": 1})
     out = ws.run_command(ctx, {"command": "yes | head -c 50000"})
     assert "truncated" in out and len(out) < ws.COMMAND_OUTPUT_CAP + 100
     with pytest.raises(ToolError, match="between 1 and 30"):
         ws.run_command(ctx, {"command": "true", "timeout": 999})
+
+
+def test_run_command_cannot_see_outside_the_workspace(ctx, tmp_path):
+    out = ws.run_command(ctx, {"command": f"cat {tmp_path}/secret.txt; cat ../secret.txt; ls /root; cat /etc/passwd"})
+    assert "top secret" not in out and "root:x:" not in out
+    ws.run_command(ctx, {"command": "echo made > inside.txt"})
+    assert (tmp_path / "alpha" / "inside.txt").read_text() == "made\n"
+
+
+def test_run_command_refuses_without_a_sandbox(ctx, monkeypatch):
+    monkeypatch.setattr(ws.shutil, "which", lambda name: None)
+    with pytest.raises(ToolError, match="needs bubblewrap"):
+        ws.run_command(ctx, {"command": "true"})
 
 
 def test_every_tool_declares_whether_it_mutates():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -119,13 +120,39 @@ def edit_file(ctx: ToolContext, args: dict) -> str:
     return write_file(ctx, {"path": raw, "content": text.replace(old, new)}).replace("wrote", "edited; wrote")
 
 
+SANDBOX_ROOT = "/workspace"
+
+
+def sandboxed(root: Path, command: str) -> tuple[list[str], str]:
+    """The argv that runs `command` confined to the workspace, and the workspace's path inside.
+
+    With bubblewrap the command sees only the system's /usr (read-only), a private /tmp and the
+    workspace mounted at /workspace; no network, no other space's folder, no host files. Without a
+    sandbox the tool refuses, unless the operator opts out (VERONICA_COMMAND_SANDBOX=none)."""
+    from django.conf import settings
+
+    if settings.COMMAND_SANDBOX == "none":
+        return ["/bin/sh", "-c", command], str(root)
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise ToolError("run_command needs bubblewrap to stay inside the workspace (apt-get install bubblewrap); "
+                        "an operator may set VERONICA_COMMAND_SANDBOX=none to run commands unconfined")
+    argv = [bwrap, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--bind", str(root), SANDBOX_ROOT, "--chdir", SANDBOX_ROOT, "--unshare-all", "--die-with-parent"]
+    if Path("/etc/alternatives").is_dir():
+        argv += ["--ro-bind", "/etc/alternatives", "/etc/alternatives"]
+    return argv + ["/bin/sh", "-c", command], SANDBOX_ROOT
+
+
 def run_command(ctx: ToolContext, args: dict) -> str:
     command = arg_str(args, "command", max_len=2000)
     timeout = arg_int(args, "timeout", default=20, minimum=1, maximum=COMMAND_TIMEOUT_MAX)
     root = root_of(ctx)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root), "LANG": "C.UTF-8"}
+    argv, home = sandboxed(root, command)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
     try:
-        proc = subprocess.run(["/bin/sh", "-c", command], cwd=root, env=env, capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=timeout,
                               start_new_session=True)
     except subprocess.TimeoutExpired:
         raise ToolError(f"command timed out after {timeout}s") from None
