@@ -2,13 +2,15 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
-from veronica import views
+from veronica import views, views_improve
 
 console = ([
     path("", views.home, name="home"),
     path("tokens/", views.tokens_page, name="tokens"),
     path("spaces/<slug:slug>/", views.space_page, name="space"),
     path("spaces/<slug:slug>/manage/", views.manage_page, name="manage"),
+    path("spaces/<slug:slug>/rules/", views_improve.rules_page, name="rules"),
+    path("spaces/<slug:slug>/waggles/", views_improve.waggles_page, name="waggles"),
     path("spaces/<slug:slug>/panels/<str:panel>/", views.space_panel, name="space-panel"),
     path("spaces/<slug:slug>/members/<str:name>/", views.member_page, name="member"),
     path("spaces/<slug:slug>/members/<str:name>/panels/<str:panel>/", views.member_panel, name="member-panel"),
