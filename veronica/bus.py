@@ -80,3 +80,20 @@ def mark_read(member: Member, message_ids: list[int]) -> int:
         if count:
             events.emit(member.space_id, "message.read", member=member, ids=sorted(message_ids), count=count)
     return count
+
+
+def accept_operator_mail(message: Message, *, user, body: str | None = None) -> Message:
+    """The operator accepts a member's mail, optionally editing it first (kept beside the original)."""
+    if message.recipient_name != OPERATOR:
+        raise RecipientError("only mail to the operator can be accepted", field="message_id")
+    edited = require_text(body, "body", max_len=MAX_BODY) if body is not None and body.strip() != message.body.strip() else ""
+    with transaction.atomic():
+        if not Message.objects.filter(pk=message.pk, accepted_at__isnull=True).update(
+                accepted_at=timezone.now(), accepted_by=user, accepted_body=edited, read_at=timezone.now()):
+            from veronica.errors import Conflict
+
+            raise Conflict(f"message #{message.pk} was already accepted", field="message_id")
+        events.emit(message.space_id, "message.accepted", id=message.pk, edited=bool(edited),
+                    by=getattr(user, "username", str(user)))
+    message.refresh_from_db()
+    return message

@@ -9,7 +9,7 @@ from typing import Iterable
 from django.db import transaction
 
 from learning.sources import Correction, OutboxItem, SessionItem
-from veronica.models import Approval, ApprovalStatus, Member, MemoryFile, Session
+from veronica.models import Approval, ApprovalStatus, Member, MemoryFile, Message, Session
 
 MAX_SESSIONS = 200
 
@@ -28,7 +28,10 @@ class VeronicaSource:
                                   domains=list(session.member.rule_domains), text="\n".join(lines))
 
     def outbox_items(self) -> Iterable[OutboxItem]:
-        return []  # the console has no edit-before-accept outbox yet
+        edited = Message.objects.filter(recipient_name="operator", accepted_at__isnull=False).exclude(accepted_body="")
+        for msg in edited.select_related("sender").order_by("id"):
+            domains = list(msg.sender.rule_domains) if msg.sender_id else []
+            yield OutboxItem(key=f"outbox:{msg.pk}", domains=domains, original=msg.body, edited=msg.accepted_body)
 
     def corrections(self) -> Iterable[Correction]:
         denied = Approval.objects.filter(status=ApprovalStatus.DENIED).exclude(reason="").select_related("member")

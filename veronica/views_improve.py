@@ -137,3 +137,28 @@ def waggles_page(request: HttpRequest, slug: str) -> HttpResponse:
     saved = waggle.saved_tokens_per_day(key)
     return render(request, "console/waggles.html", _context(space, role, library=library, ledger=ledger, page="waggles",
                                                             saved=saved, saved_total=sum(t for _, t in saved)))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def inbox_page(request: HttpRequest, slug: str) -> HttpResponse:
+    """Mail the team sent the operator. Accepting (optionally after an edit) files it; an edit is
+    a lesson the learning app's outbox ledger mines."""
+    from veronica import bus
+    from veronica.models import Message
+
+    space, role = access.space_for(request.user, slug)
+    if request.method == "POST":
+        try:
+            if not access.allows(role, OPERATOR):
+                raise VeronicaError("accepting mail needs the operator role", field="action")
+            message = Message.objects.filter(space=space, pk=_int(request.POST.get("message_id"), "message_id")).first()
+            if message is None:
+                raise VeronicaError("no such message in this space", field="message_id")
+            accepted = bus.accept_operator_mail(message, user=request.user, body=request.POST.get("body"))
+            messages.success(request, f"accepted #{accepted.pk}{' with your edit' if accepted.accepted_body else ''}")
+        except VeronicaError as exc:
+            messages.error(request, f"{exc.field}: {exc.message}")
+        return redirect("console:inbox", slug=space.slug)
+    mail = Message.objects.filter(space=space, recipient_name=bus.OPERATOR).order_by("-id")[:100]
+    return render(request, "console/inbox.html", _context(space, role, mail=mail, page="inbox"))

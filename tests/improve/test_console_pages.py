@@ -78,3 +78,37 @@ def test_waggle_library_lists_and_toggles(client, django_user_model, routed):
     client.post(reverse("console:waggles", args=[routed.slug]), {"name": "ls-read", "scope": "space", "action": "disable"})
     assert Waggle.objects.get(name="ls-read").disabled
     assert viewer
+
+
+def test_operator_accepts_mail_with_an_edit_and_learning_mines_it(client, django_user_model, routed):
+    from veronica import bus
+    from veronica.learning_bridge import VeronicaSource
+    from veronica.models import Message
+
+    bus.send(routed, "w1", "operator", "Report: <script>alert(1)</script> all good")
+    msg = Message.objects.get(recipient_name="operator")
+    login_as(client, django_user_model, routed, AccessRole.VIEWER, "viewer")
+    html = client.get(reverse("console:inbox", args=[routed.slug])).content.decode()
+    assert "<script>alert(1)</script>" not in html and "all good" in html
+    client.post(reverse("console:inbox", args=[routed.slug]), {"message_id": msg.pk, "body": "edited"})
+    assert Message.objects.get(pk=msg.pk).accepted_at is None, "viewers cannot accept"
+    client.logout()
+    login_as(client, django_user_model, routed, AccessRole.OPERATOR, "op")
+    client.post(reverse("console:inbox", args=[routed.slug]), {"message_id": msg.pk, "body": "Report: all good, 3 files checked"})
+    msg.refresh_from_db()
+    assert msg.accepted_body == "Report: all good, 3 files checked" and msg.body.startswith("Report: <script>")
+    items = list(VeronicaSource().outbox_items())
+    assert [(i.key, i.domains, i.edited) for i in items] == [(f"outbox:{msg.pk}", ["ops"], "Report: all good, 3 files checked")]
+
+
+def test_accepting_unedited_mail_is_not_a_lesson(client, django_user_model, routed):
+    from veronica import bus
+    from veronica.learning_bridge import VeronicaSource
+    from veronica.models import Message
+
+    bus.send(routed, "w1", "operator", "fine as is")
+    login_as(client, django_user_model, routed, AccessRole.OPERATOR, "op")
+    msg = Message.objects.get(recipient_name="operator")
+    client.post(reverse("console:inbox", args=[routed.slug]), {"message_id": msg.pk, "body": "fine as is"})
+    assert Message.objects.get(pk=msg.pk).accepted_at is not None
+    assert list(VeronicaSource().outbox_items()) == []

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -16,6 +17,11 @@ class Message(models.Model):
     task = models.ForeignKey("veronica.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
     broadcast = models.BooleanField(default=False)
     read_at = models.DateTimeField(null=True, blank=True)
+    # Mail to the operator is accepted in the console, optionally edited first; an edit is a
+    # lesson the learning app mines (its outbox ledger).
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    accepted_body = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
