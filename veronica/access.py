@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
 
@@ -75,15 +75,13 @@ def space_id_for(user, slug: str) -> int | None:
     return space.pk if space is not None and role_in(user, space) is not None else None
 
 
-def still_allowed(user, space_id: int) -> bool:
-    """Re-checked by long-lived sockets: access can be revoked while one is open."""
-    space = Space.objects.filter(pk=space_id).first()
-    return space is not None and role_in(_fresh_user(user), space) is not None
-
-
-def _fresh_user(user):
-    # the user on a socket's scope was loaded at connect; is_active / is_staff may have changed
-    return get_user_model().objects.filter(pk=user.pk).first() if user is not None and user.is_authenticated else None
+def users_still_allowed(space_id: int, user_ids: set[int]) -> set[int]:
+    """Of these users, those who may still watch the space (one query; for long-lived sockets,
+    whose user was loaded at connect: access, is_active and is_staff may have changed since)."""
+    if not user_ids or not Space.objects.filter(pk=space_id).exists():
+        return set()
+    users = get_user_model().objects.filter(pk__in=user_ids, is_active=True)
+    return set(users.filter(Q(is_staff=True) | Q(space_access__space_id=space_id)).values_list("pk", flat=True).distinct())
 
 
 # --- granting access (owners) --------------------------------------------------------------------

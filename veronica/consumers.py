@@ -7,22 +7,26 @@ The Event table is the truth; the channel layer is only a doorbell ("look again"
   every event after the client's `after`, say {"type": "ready", "seq": n}, then stream live.
 * live: one Feed per space per process looks at the table when rung (a ring from this process, or
   from any process when the layer is channels-redis) and at least every POLL_SECONDS (the embedded
-  default's layer is in-memory, so a worker process's ring never reaches the web process). It reads
-  each new batch once and fans it out to this process's sockets on that space.
+  default's layer is in-memory, so a worker process's ring never reaches the web process). The
+  feed, not each socket, is the group member; it reads each new batch once and fans it out to
+  this process's sockets on that space.
 * each socket tracks last_sent: it never sends a seq twice, and on a gap (a batch starting past
   last_sent + 1) it backfills from the table first. A reconnect with after=<last seq seen> resumes
-  exactly. The socket is read-only (steering goes through the API); access is re-checked every
-  RECHECK_SECONDS and a revoked user is disconnected with 4404.
+  exactly. The socket is read-only (steering goes through the API); the feed re-checks its
+  sockets' access every RECHECK_SECONDS (one query) and closes a revoked user's socket with 4404.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import DatabaseError, connections
 
 from veronica import access
 from veronica.events import group_name
@@ -44,27 +48,54 @@ def _events_after(space_id: int, after: int, upto: int | None = None, limit: int
     return [e.as_wire() for e in qs.order_by("seq")[:limit]]
 
 
+# The feeds read on a thread of their own that keeps its connection: with CONN_MAX_AGE=0 every
+# database_sync_to_async call opens a new one (a backend fork on PostgreSQL), and feed reads must
+# not queue behind sockets' connect-time queries on the shared thread either.
+_feed_thread = ThreadPoolExecutor(1, thread_name_prefix="veronica-feed-db")
+
+
+def _feed_db(fn, *args):
+    def guarded():
+        try:
+            return fn(*args)
+        except DatabaseError:
+            connections.close_all()  # a broken connection is replaced on the next look
+            raise
+
+    return asyncio.get_running_loop().run_in_executor(_feed_thread, guarded)
+
+
+def _feed_events_after(space_id: int, after: int) -> list[dict]:
+    return [e.as_wire() for e in Event.objects.filter(space_id=space_id, seq__gt=after).order_by("seq")[:BATCH]]
+
+
 @database_sync_to_async
 def _head(space_id: int) -> int:
     return Event.objects.filter(space_id=space_id).order_by("-seq").values_list("seq", flat=True).first() or 0
 
 
 _space_id_for = database_sync_to_async(access.space_id_for)
-_still_allowed = database_sync_to_async(access.still_allowed)
 _user_for_key = database_sync_to_async(access.user_for_key)
 
 
 class Feed:
-    """The per-process watcher of one space. Started by its first socket, stopped with its last."""
+    """The per-process watcher of one space. Started by its first socket, stopped with its last.
+
+    It alone joins the space's channel-layer group, so a ring costs one message per process, not
+    one per socket; and it alone reads new rows, once per batch, for all of its sockets.
+    """
 
     _feeds: dict[tuple[int, int], Feed] = {}
 
     def __init__(self, space_id: int, seen: int) -> None:
         self.space_id = space_id
-        self.seen = seen
+        self.seen = seen  # the highest seq read from the table and handed to the sockets
         self.sockets: set[SpaceConsumer] = set()
         self.rung = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.listener: asyncio.Task | None = None
+        self.channel = ""
+        self.stopping = False
 
     @classmethod
     async def join(cls, socket: SpaceConsumer) -> Feed:
@@ -83,10 +114,10 @@ class Feed:
         if not self.sockets:
             self.rung.set()  # let run() notice and exit
 
-    def ring(self) -> None:
-        self.rung.set()
-
     async def run(self, key: tuple[int, int]) -> None:
+        loop = asyncio.get_running_loop()
+        recheck_at = loop.time() + RECHECK_SECONDS
+        self.listener = asyncio.create_task(self.listen())
         try:
             while self.sockets:
                 try:
@@ -98,16 +129,82 @@ class Feed:
                     break
                 try:
                     await self.pump()
+                    if loop.time() >= recheck_at:
+                        recheck_at = loop.time() + RECHECK_SECONDS
+                        await self.recheck_access()
                 except Exception:  # a database hiccup must not kill the stream; the next look retries
                     log.warning("event feed for space %s failed; retrying", self.space_id, exc_info=True)
                     await asyncio.sleep(POLL_SECONDS)
         finally:
             if Feed._feeds.get(key) is self and not self.sockets:
                 del Feed._feeds[key]
+            if not Feed._feeds:
+                _feed_thread.submit(connections.close_all)  # an idle process holds no connection
+            await self.stop_listening()
+
+    async def listen(self) -> None:
+        """The doorbell: any ring for a seq we have not read makes run() look now."""
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        group = group_name(self.space_id)
+        try:
+            self.channel = await layer.new_channel("feed")
+            await layer.group_add(group, self.channel)
+            while True:
+                try:
+                    message = await layer.receive(self.channel)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # e.g. a Redis read timeout: rings meanwhile are covered by the poll
+                    log.debug("feed %s: channel layer receive failed; retrying", self.space_id, exc_info=True)
+                    await asyncio.sleep(POLL_SECONDS)
+                    continue
+                if self.stopping:
+                    return
+                if int(message.get("seq") or 0) > self.seen:
+                    self.rung.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # no doorbell at all: the poll still delivers, only later
+            log.warning("event feed for space %s has no channel layer; polling only", self.space_id, exc_info=True)
+        finally:
+            if self.channel:
+                try:
+                    await layer.group_discard(group, self.channel)
+                except Exception:
+                    pass
+
+    async def stop_listening(self) -> None:
+        """End the listener with a message to its own channel: cancelling a channels-redis receive
+        mid-read can stall for the length of its blocking read."""
+        self.stopping = True
+        listener = self.listener
+        if listener is None or listener.done():
+            return
+        try:
+            if self.channel:
+                await get_channel_layer().send(self.channel, {"type": "feed.stop"})
+            await asyncio.wait_for(asyncio.shield(listener), 2)
+        except Exception:
+            listener.cancel()
+
+    async def recheck_access(self) -> None:
+        """Access can be revoked while a socket is open: one query for all of them, every
+        RECHECK_SECONDS; a socket whose user lost access is closed with 4404."""
+        sockets = list(self.sockets)
+        allowed = await _feed_db(access.users_still_allowed, self.space_id, {s.user.pk for s in sockets})
+        for socket in sockets:
+            if socket.user.pk not in allowed:
+                self.leave(socket)
+                await socket.close(code=CLOSE_NO_ACCESS)
+        if self.channel:
+            # channels-redis forgets group members after its group_expiry (a day by default)
+            await get_channel_layer().group_add(group_name(self.space_id), self.channel)
 
     async def pump(self) -> None:
         while self.sockets:
-            batch = await _events_after(self.space_id, self.seen)
+            batch = await _feed_db(_feed_events_after, self.space_id, self.seen)
             if not batch:
                 return
             self.seen = batch[-1]["seq"]
@@ -118,13 +215,15 @@ class Feed:
 
 
 class SpaceConsumer(AsyncJsonWebsocketConsumer):
+    # No channel of its own: the space's Feed is the one group member in this process. (An alias
+    # that is not configured makes Channels skip the per-socket channel and its receive loop.)
+    channel_layer_alias = "veronica-socket-has-no-channel"
     space_id: int | None = None
     feed: Feed | None = None
 
     async def connect(self) -> None:
         self.last_sent = 0
         self.lock = asyncio.Lock()
-        self.recheck: asyncio.Task | None = None
         user = await self._user()
         if user is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
@@ -138,34 +237,24 @@ class SpaceConsumer(AsyncJsonWebsocketConsumer):
         if after is None:
             await self.close(code=CLOSE_BAD_REQUEST)
             return
-        self.space_id, self.last_sent = space_id, after
-        await self.channel_layer.group_add(group_name(space_id), self.channel_name)
+        # a client ahead of the table (a restored or reset database) resumes from the table's head
+        self.space_id, self.last_sent = space_id, min(after, await _head(space_id))
         await self.accept()
         await self.catch_up()
         self.feed = await Feed.join(self)
         await self.catch_up()  # whatever committed between the replay and joining the feed
         await self.send_json({"type": "ready", "seq": self.last_sent})
-        self.recheck = asyncio.create_task(self._recheck_access())
 
     async def disconnect(self, code: int) -> None:
-        if self.recheck is not None:
-            self.recheck.cancel()
         if self.feed is not None:
             self.feed.leave(self)
             self.feed = None
-        if self.space_id is not None:
-            await self.channel_layer.group_discard(group_name(self.space_id), self.channel_name)
 
     async def receive_json(self, content: object, **kwargs: object) -> None:
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong", "seq": self.last_sent})
             return
         await self.send_json({"type": "error", "error": "this stream is read-only; steer through /api/"})
-
-    async def space_event(self, message: dict) -> None:
-        """The doorbell. Its seq is a hint only; the feed reads the table."""
-        if self.feed is not None:
-            self.feed.ring()
 
     # --- delivery ------------------------------------------------------------------------------------
 
@@ -222,10 +311,3 @@ class SpaceConsumer(AsyncJsonWebsocketConsumer):
         except ValueError:
             return None
         return value if value >= 0 else None
-
-    async def _recheck_access(self) -> None:
-        while True:
-            await asyncio.sleep(RECHECK_SECONDS)
-            if not await _still_allowed(self.user, self.space_id):
-                await self.close(code=CLOSE_NO_ACCESS)
-                return

@@ -199,6 +199,7 @@
         let data;
         try { data = JSON.parse(msg.data); } catch (e) { return; }
         if (data.type === "ready") {
+          last = data.seq;  // the server's position (it clamps a client that is ahead of the table)
           backoff = 500;
           setStatus("live", "live");
           return;

@@ -6,6 +6,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.test import Client
 
 from tests.console.conftest import make_world
@@ -48,6 +49,19 @@ def socket(slug: str, *, user=None, after: int | None = None, headers: list | No
 emit = sync_to_async(events.emit)
 
 
+def run(scenario) -> None:
+    """Run a scenario, then let the feeds stop by themselves (their channel-layer listeners end
+    cooperatively; asyncio.run would cancel them mid-read instead)."""
+    async def main():
+        await scenario()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while loop.time() < deadline and any(t is not asyncio.current_task() for t in asyncio.all_tasks()):
+            await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+
+
 def head(space) -> int:
     return type(space).objects.get(pk=space.pk).event_seq
 
@@ -84,7 +98,7 @@ def test_replays_every_event_after_the_clients_seq_then_says_ready(world):
         assert replayed[0]["kind"] == "test.tick" and replayed[0]["payload"] == {"n": 2} and ready_seq == start + 5
         await comm.disconnect()
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_streams_live_events_in_order_without_repeats(world):
@@ -101,11 +115,12 @@ def test_streams_live_events_in_order_without_repeats(world):
         assert await comm.receive_nothing(timeout=0.8)  # a later poll repeats nothing
         await comm.disconnect()
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_an_event_that_never_rang_arrives_through_the_poll(world, monkeypatch):
     monkeypatch.setattr(events, "ring", lambda space_id, seq: None)  # as from a worker process
+    monkeypatch.setattr(consumers, "POLL_SECONDS", 0.3)
     start = head(world.space)
 
     async def scenario():
@@ -117,7 +132,7 @@ def test_an_event_that_never_rang_arrives_through_the_poll(world, monkeypatch):
         assert got[0]["seq"] == event.seq
         await comm.disconnect()
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_a_reconnect_with_the_last_seq_resumes_exactly(world):
@@ -142,7 +157,7 @@ def test_a_reconnect_with_the_last_seq_resumes_exactly(world):
         assert seqs == list(range(start + 1, start + 9))
         await again.disconnect()
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_other_spaces_users_anonymous_and_bad_input_are_refused(world):
@@ -158,7 +173,7 @@ def test_other_spaces_users_anonymous_and_bad_input_are_refused(world):
                                             (b"cookie", _cookies[world.viewer.pk])])
         assert not (await evil_origin.connect())[0]
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_a_bearer_token_opens_the_stream_for_scripts(world):
@@ -172,7 +187,7 @@ def test_a_bearer_token_opens_the_stream_for_scripts(world):
         refused = socket("beta", headers=[(b"authorization", f"Bearer {key}".encode())])
         assert (await refused.connect()) == (False, 4404)
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_the_stream_is_read_only_and_answers_pings(world):
@@ -188,11 +203,12 @@ def test_the_stream_is_read_only_and_answers_pings(world):
         assert "read-only" in (await comm.receive_json_from())["error"]
         await comm.disconnect()
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_revoking_access_closes_an_open_stream(world, monkeypatch):
     monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0.2)
+    monkeypatch.setattr(consumers, "POLL_SECONDS", 0.3)
 
     start = head(world.space)
 
@@ -202,12 +218,12 @@ def test_revoking_access_closes_an_open_stream(world, monkeypatch):
         await until_ready(comm)
         await sync_to_async(access.revoke)(world.space, "viewer", actor="test")
         while True:
-            out = await comm.receive_output(timeout=3)
+            out = await comm.receive_output(timeout=consumers.POLL_SECONDS * 3)
             if out["type"] == "websocket.close":
                 assert out["code"] == 4404
                 break
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_one_feed_serves_many_sockets_of_a_space(world):
@@ -222,9 +238,26 @@ def test_one_feed_serves_many_sockets_of_a_space(world):
         event = await emit(world.space.pk, "test.fanout")
         for comm in comms:
             assert (await receive_events(comm, 1))[0]["seq"] == event.seq
-        for comm in comms:
-            await comm.disconnect()
+        await asyncio.gather(*(comm.disconnect() for comm in comms))
         await asyncio.sleep(0.1)
         assert not [f for f in consumers.Feed._feeds.values() if f.space_id == world.space.pk]
 
-    asyncio.run(scenario())
+    run(scenario)
+
+
+def test_an_idle_stream_stays_open_and_still_rings(world):
+    """Longer than the Redis layer's 5 s blocking read: the socket must neither die nor go deaf."""
+    start = head(world.space)
+    idle = 6.5 if settings.REDIS_URL else 1.0  # the in-memory layer has no read timeout to outlast
+
+    async def scenario():
+        comm = socket("alpha", user=world.viewer, after=start)
+        assert (await comm.connect())[0]
+        await until_ready(comm)
+        assert await comm.receive_nothing(timeout=idle, interval=0.5)
+        event = await emit(world.space.pk, "test.after-idle")
+        got = await receive_events(comm, 1, timeout=consumers.POLL_SECONDS + 1)
+        assert got[0]["seq"] == event.seq
+        await comm.disconnect()
+
+    run(scenario)
