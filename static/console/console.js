@@ -161,7 +161,7 @@
     li.className = "ev kind-" + ev.kind.replace(/[^a-z0-9_-]/gi, "-") + (ev.kind === "ops.alert" ? " alert" : "");
     const time = document.createElement("time");
     const when = ev.created_at ? new Date(ev.created_at) : new Date();
-    time.textContent = when.toLocaleTimeString();
+    time.textContent = when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
     time.dateTime = ev.created_at || "";
     const kind = document.createElement("span");
     kind.className = "kind";
@@ -207,7 +207,10 @@
         if (data.type !== "event" || data.seq <= last) return;  // never apply an event twice
         last = data.seq;
         addToTimeline(data);
-        if (data.seq > pageSeq) refresh(panelsFor(data));  // older ones are already on the page
+        if (data.seq > pageSeq) {  // older ones are already on the page
+          refresh(panelsFor(data));
+          if (data.kind === "ops.alert") toast(summary(data), "error");
+        }
         window.veronicaLastSeq = last;
       };
       sock.onclose = function () {
@@ -273,6 +276,7 @@
     }
   });
 
+  document.querySelectorAll(".chat-log, .transcript-wrap").forEach(function (el) { el.scrollTop = el.scrollHeight; });
   tickAges();
   setInterval(tickAges, 1000);
   if (slug && (page === "space" || page === "member")) startStream();

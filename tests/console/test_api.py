@@ -250,3 +250,54 @@ def test_usage_and_spaces(world, op):
     assert spaces == [{"slug": "alpha", "name": "Alpha", "description": "", "role": "operator", "event_seq": seq(world.space),
                        "members": 3, "open_tasks": 0, "pending_approvals": 0}]
     assert op.get("/api/me/").json() == {"username": "operator", "is_staff": False, "token": False}
+
+
+def test_compaction_runs_through_the_api(world, op):
+    w1 = supervisor.get_member(world.space, "w1")
+    session = Session.objects.create(member=w1)
+    for i in range(10):
+        Turn.objects.create(session=session, seq=i + 1, role="tool", content=f"output {i}", tool_name="grep")
+    body = call(op, "POST", f"{API}/members/w1/compact/", {"kind": "micro"}).json()
+    assert body["result"]["mode"] == "micro" and body["result"]["elided"] == 4
+    assert Turn.objects.filter(session=session, elided=True).count() == 4
+
+
+def test_tool_calls_of_any_provider_shape_render_in_the_transcript(world, op):
+    w1 = supervisor.get_member(world.space, "w1")
+    session = Session.objects.create(member=w1)
+    Turn.objects.create(session=session, seq=1, role="assistant", content="",
+                        tool_calls=[{"id": "a", "name": "grep", "args": {"pattern": "TODO"}},
+                                    {"id": "b", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "x"}'}}])
+    turn = op.get(f"{API}/members/w1/transcript/").json()["turns"][0]
+    assert turn["calls"] == [{"name": "grep", "args_text": '{"pattern": "TODO"}'}, {"name": "read_file", "args_text": '{"path": "x"}'}]
+    page = op.get("/spaces/alpha/members/w1/panels/transcript/").content.decode()
+    assert "grep" in page and "read_file" in page
+
+
+def test_hot_reads_take_the_same_number_of_queries_for_3_or_12_members(world, op):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def counts() -> list[int]:
+        out = []
+        for url in (f"{API}/", "/spaces/alpha/panels/roster/", "/spaces/alpha/panels/tasks/", "/spaces/alpha/", "/api/spaces/"):
+            with CaptureQueriesContext(connection) as ctx:
+                assert op.get(url).status_code == 200
+            out.append(len(ctx.captured_queries))
+        return out
+
+    w1 = supervisor.get_member(world.space, "w1")
+    ledger.create_task(world.space, "boss", "t0", assignee=w1)
+    few = counts()
+    for i in range(9):
+        member = supervisor.add_member(world.space, f"extra{i}", actor="t")
+        budget.meter(member, input_tokens=10, output_tokens=1)
+        ledger.create_task(world.space, "boss", f"t{i + 1}", assignee=member)
+    assert counts() == few
+    # auth/session + access + the reads themselves; pinned as ceilings so a new N+1 shows up
+    assert all(n <= limit for n, limit in zip(few, [12, 7, 7, 18, 5])), few
+
+
+def test_the_api_index_lists_the_endpoints(world, op):
+    assert any("/events/?after=" in e for e in op.get("/api/").json()["endpoints"])
+    assert world.client(None).get("/api/").status_code == 401

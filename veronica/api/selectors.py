@@ -4,6 +4,7 @@ Markdown fields carry an `html` twin rendered by render_markdown (sanitized). No
 """
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime
 
@@ -210,9 +211,22 @@ def transcript(member: Member, *, session_id: int | None = None, after: int | No
         "session": _session_dict(session),
         "sessions": [_session_dict(s) for s in sessions],
         "turns": [{"seq": t.seq, "role": t.role, "content": t.content, "html": render_markdown(t.content),
-                   "tool_calls": t.tool_calls, "tool_name": t.tool_name, "tool_call_id": t.tool_call_id,
+                   "tool_calls": t.tool_calls, "calls": _calls(t.tool_calls), "tool_name": t.tool_name, "tool_call_id": t.tool_call_id,
                    "elided": t.elided, "created_at": iso(t.created_at)} for t in turns],
     }
+
+
+def _calls(tool_calls: object) -> list[dict]:
+    """Tool calls as {name, args_text} whatever shape the provider stored them in."""
+    out = []
+    for call in tool_calls if isinstance(tool_calls, list) else []:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        args = call.get("args", call.get("arguments", function.get("arguments", {})))
+        text = args if isinstance(args, str) else json.dumps(args, sort_keys=True, default=str)
+        out.append({"name": str(call.get("name") or function.get("name") or "tool"), "args_text": text[:2000]})
+    return out
 
 
 def _session_dict(session: dict | None) -> dict | None:

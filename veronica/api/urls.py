@@ -8,6 +8,7 @@ S = "spaces/<slug:slug>/"
 M = S + "members/<str:name>/"
 
 urlpatterns = [
+    path("", views.index, name="index"),
     path("me/", views.me, name="me"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:token_id>/", views.token_detail, name="token"),

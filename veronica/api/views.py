@@ -27,6 +27,29 @@ def _actor(request: HttpRequest) -> str:
 
 # --- who am I, tokens -----------------------------------------------------------------------------------
 
+ENDPOINTS = [
+    "GET /api/me/", "GET|POST /api/tokens/", "DELETE /api/tokens/<id>/", "GET /api/spaces/",
+    "GET /api/spaces/<slug>/", "GET /api/spaces/<slug>/usage/", "POST /api/spaces/<slug>/halt/",
+    "GET|POST(owner) /api/spaces/<slug>/members/", "GET|DELETE(owner) /api/spaces/<slug>/members/<name>/",
+    "GET /api/spaces/<slug>/members/<name>/transcript/?session=&after=&limit=",
+    "GET /api/spaces/<slug>/members/<name>/skills/", "GET /api/spaces/<slug>/members/<name>/memory/",
+    "GET|PUT|DELETE /api/spaces/<slug>/members/<name>/schedule/",
+    "POST /api/spaces/<slug>/members/<name>/(suspend|resume|freeze|unfreeze|clear|compact|permission)/",
+    "GET /api/spaces/<slug>/tasks/?status=&assignee=&limit=", "GET|POST /api/spaces/<slug>/messages/?member=&before=&limit=",
+    "GET /api/spaces/<slug>/events/?after=&limit=", "GET|PUT /api/spaces/<slug>/blackboard/",
+    "GET /api/spaces/<slug>/approvals/?status=", "POST /api/spaces/<slug>/approvals/<id>/(approve|deny)/",
+    "GET /api/spaces/<slug>/questions/?all=1", "POST /api/spaces/<slug>/questions/<id>/answer/",
+    "GET|POST(owner) /api/spaces/<slug>/access/", "DELETE(owner) /api/spaces/<slug>/access/<username>/",
+    "WS /ws/spaces/<slug>/?after=<seq>",
+]
+
+
+@endpoint("GET")
+def index(request: HttpRequest) -> dict:
+    return {"endpoints": ENDPOINTS, "auth": "session (CSRF on writes) or 'Authorization: Bearer <token>'",
+            "errors": '{"error": "...", "field": "..."} with 400 / 401 / 403 / 404 / 405 / 409'}
+
+
 @endpoint("GET")
 def me(request: HttpRequest) -> dict:
     return {"username": request.user.get_username(), "is_staff": request.user.is_staff, "token": request.auth_by_token}
