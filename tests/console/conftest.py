@@ -77,6 +77,16 @@ def live_web(live_env):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def live_workers(live_env, live_web):
+    """The django-q2 cluster (the run engine's workers) on the same database and queue as live_web."""
+    from tests.console.servers import ServerProcess
+
+    workers = ServerProcess.qcluster(live_env)
+    yield workers
+    workers.stop()
+
+
 @pytest.fixture
 def live_world(transactional_db, tmp_path) -> World:
     return make_world(tmp_path)

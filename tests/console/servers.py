@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 from django.db import connection
@@ -39,6 +40,9 @@ def server_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["DJANGO_SETTINGS_MODULE"] = "console_test_settings"
     env["VERONICA_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
+    # a queue of our own: daphne enqueues wakes on it and our qcluster (if any) takes them, never
+    # another test run's cluster on the same Redis
+    env.setdefault("VERONICA_Q_NAME", f"console-{uuid.uuid4().hex[:8]}")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("LOG_LEVEL", "WARNING")
     env.update(extra)
@@ -63,8 +67,10 @@ class ServerProcess:
         return server
 
     @classmethod
-    def qcluster(cls, env: dict[str, str]) -> ServerProcess:
-        return cls([sys.executable, "manage.py", "qcluster"], env, "qcluster")
+    def qcluster(cls, env: dict[str, str], workers: int = 2) -> ServerProcess:
+        server = cls([sys.executable, "manage.py", "qcluster"], {**env, "VERONICA_Q_WORKERS": str(workers)}, "qcluster")
+        time.sleep(2.5)  # the cluster forks its workers; wakes enqueued meanwhile wait in the broker
+        return server
 
     @classmethod
     def python(cls, code: str, env: dict[str, str], *args: str, name: str = "python") -> ServerProcess:
@@ -103,8 +109,12 @@ class ServerProcess:
             try:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(grace)
+                pass
+        try:  # its own session: this reaches only its children (q2 workers), safe as runs are leased
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(grace)
         self.log.close()
 
     def __enter__(self) -> ServerProcess:

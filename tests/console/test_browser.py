@@ -1,7 +1,8 @@
 """The console in headless Chromium against a real daphne: live chat, phase chips, approvals, roles.
 
 Fixtures: `live_web` (daphne on the test DB, module scope) and `browser` (one Chromium per module);
-`login(user)` opens a logged-in page. A qcluster can join with `ServerProcess.qcluster(live_env)`.
+`login(user)` opens a logged-in page; a test that needs the run engine also takes `live_workers`
+(a django-q2 cluster on the same database and queue as the daphne).
 """
 from __future__ import annotations
 
@@ -144,3 +145,18 @@ def test_a_viewer_gets_no_controls_and_the_server_refuses_them(login, live_world
     response = page.request.post("/api/spaces/alpha/members/w1/suspend/", headers={"X-CSRFToken": token}, data={})
     assert response.status == 403
     assert supervisor.get_member(live_world.space, "w1").run_status == "idle"
+
+
+@pytest.mark.cluster
+def test_a_goal_to_the_leader_moves_tasks_live_with_the_real_engine(login, live_world, live_workers):
+    page = login(live_world.operator)
+    open_space(page)
+    page.select_option("#chat-to", "boss")
+    page.fill("#chat-body", "Goal: survey the workspace and report back.")
+    page.click("#chat-send")
+    # the offline team plans, delegates and finishes; every step reaches the page through the stream
+    expect(page.locator('.column[data-status="done"] .taskcard').first).to_be_visible(timeout=30000)
+    expect(page.locator("#timeline")).to_contain_text("executing:", timeout=30000)  # phases went by live
+    expect(page.locator("#timeline")).to_contain_text("run.ended", timeout=30000)
+    expect(page.locator(".chat-log .message.to-me").first).to_be_visible(timeout=30000)
+    expect(page.locator('[data-member-chip="boss"]')).to_have_text("ready", timeout=30000)
