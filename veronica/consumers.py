@@ -209,7 +209,12 @@ class Feed:
                 return
             self.seen = batch[-1]["seq"]
             for socket in list(self.sockets):
-                await socket.deliver(batch)
+                try:
+                    await socket.deliver(batch)
+                except Exception:  # one broken socket must not cost the others this batch
+                    log.info("dropping a socket of space %s that failed to take events", self.space_id, exc_info=True)
+                    self.leave(socket)
+                    await socket.close(code=1011)
             if len(batch) < BATCH:
                 return
 
