@@ -1,7 +1,7 @@
 """One settings module for every mode. The environment picks the mode:
 
 * embedded default (no variables): SQLite (WAL, busy timeout, IMMEDIATE transactions), django-q2's
-  ORM broker and the in-memory-free SQLite channel layer bridge (see veronica.channel_layers);
+  ORM broker, an in-memory channel layer (sockets also poll the Event table, see veronica.consumers);
 * hosted: DATABASE_URL (PostgreSQL) + REDIS_URL switch the database, channels-redis and django-q2's
   Redis broker. Nothing exists only in production.
 """
@@ -118,7 +118,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("VERONICA_CHANNEL_PREFIX", "veronica")},
+            # redis-py's default 5 s socket timeout equals channels-redis's blocking-read timeout, so an
+            # idle receive would fail with "Timeout reading"; give the socket more room than the read.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                       "prefix": env_str("VERONICA_CHANNEL_PREFIX", "veronica")},
         }
     }
 else:
