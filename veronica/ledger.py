@@ -121,7 +121,7 @@ def assign(task: Task, member: Member, *, actor: str, auto: bool = False) -> Tas
     is engine-managed and dispatched by the tick once its dependencies and not-before allow."""
     if member.space_id != task.space_id or member.removed_at is not None:
         raise VeronicaError(f"{member.name} is not a member of this space", field="assignee")
-    if task.status in TERMINAL or task.status in (S.RUNNING, S.VERIFYING) and task.assignee_id not in (None, member.pk):
+    if task.status in TERMINAL or (task.status in (S.RUNNING, S.VERIFYING) and task.assignee_id not in (None, member.pk)):
         raise IllegalTransition(f"task #{task.pk} is {task.status}; it cannot be (re)assigned now", field="task_id")
     with transaction.atomic():
         Task.objects.filter(pk=task.pk).update(assignee=member)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from veronica import blackboard, bus
+from veronica import blackboard
 from veronica.models import Member, Message, Task, TaskStatus
 from veronica.skills import skills_for
 
@@ -70,6 +70,3 @@ def wake_brief(member: Member, source: str, unread: list[Message]) -> str:
         lines.append(f"\n## Blackboard (updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n{board.content}")
     return "\n".join(lines)
 
-
-def operator_name() -> str:
-    return bus.OPERATOR
