@@ -75,7 +75,7 @@ def unread_for(member: Member):
 
 def mark_read(member: Member, message_ids: list[int]) -> int:
     """Explicit, per member: only the recipient's own unread rows change."""
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         count = Message.objects.filter(recipient=member, pk__in=message_ids, read_at__isnull=True).update(read_at=timezone.now())
         if count:
             events.emit(member.space_id, "message.read", member=member, ids=sorted(message_ids), count=count)

@@ -30,7 +30,8 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
     """Persist one event with the space's next seq; signal listeners after the commit."""
     if member is not None:
         payload.setdefault("member_name", member.name)
-    with transaction.atomic():
+    # No savepoint: an emit is part of its caller's write and fails with it (saves two queries).
+    with transaction.atomic(savepoint=False):
         Space.objects.filter(pk=space_id).update(event_seq=F("event_seq") + 1)
         seq = Space.objects.filter(pk=space_id).values_list("event_seq", flat=True).get()
         event = Event.objects.create(space_id=space_id, seq=seq, kind=kind, member=member, payload=payload)

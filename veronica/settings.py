@@ -82,7 +82,10 @@ SQLITE_BUSY_TIMEOUT_MS = env_int("SQLITE_BUSY_TIMEOUT_MS", 20000, minimum=100)
 HOSTED = bool(DATABASE_URL) and not DATABASE_URL.startswith("sqlite")
 
 if HOSTED:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    # Persistent connections (with a health check) spare every wake task and request a new
+    # PostgreSQL connection; 0 turns that off.
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0),
+                                                  conn_health_checks=True)}
     DATABASES["default"].setdefault("TEST", {})
 else:
     # VERONICA_SQLITE_PATH lets a worker process join a given file (the engine tests point their

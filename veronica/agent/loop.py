@@ -61,15 +61,17 @@ def run_member(member: Member, ctx: RunContext) -> str:
     system = system_prompt(member)
     specs = [t.spec() for t in tools.values()]
     for _ in range(member.max_iterations):
-        ctx.check()
-        ctx.phase(Phase.THINKING)
+        with transaction.atomic():  # one commit: heartbeat + phase
+            ctx.check()
+            ctx.phase(Phase.THINKING)
         rows = transcript.turns(session)
         try:
             reply = provider.complete(system, transcript.to_messages(rows), specs, should_stop=ctx.should_stop)
         except ProviderCancelled:
             raise Cancelled("model call aborted") from None
-        record_usage(member, ctx.run, member.model, reply.usage)
-        answer_turn(member, session, rows, reply)
+        with transaction.atomic():  # one commit: the model's turn, its usage, mail read
+            record_usage(member, ctx.run, member.model, reply.usage)
+            answer_turn(member, session, rows, reply)
         if not reply.tool_calls:
             ctx.phase(Phase.READY)
             return RunOutcome.DONE
@@ -88,7 +90,7 @@ def run_member(member: Member, ctx: RunContext) -> str:
 def answer_turn(member: Member, session, rows, reply) -> None:
     """Persist the model's turn; the mail its brief carried is read from this moment on."""
     calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         transcript.append(session, TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total)
         brief = next((t for t in reversed(rows) if t.role == TurnRole.USER), None)
         if brief is not None and brief.mail_ids:
@@ -100,7 +102,7 @@ def answer_turn(member: Member, session, rows, reply) -> None:
 def record_usage(member: Member, run: Run, model: str, usage) -> None:
     from django.db.models import F
 
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
                      cache_write=usage.cache_write, usd=usd_for(model, usage))
         Run.objects.filter(pk=run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
@@ -127,7 +129,7 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
     mode = Member.objects.filter(pk=member.pk).values_list("permission_mode", flat=True).first()  # read per call
     if tool.needs_approval and mode == PermissionMode.DEFAULT:
         return hold_for_approval(member, ctx, call)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         ctx.phase(Phase.EXECUTING, tool.name)
         events.emit(member.space_id, "tool.called", member=member, tool=tool.name, args=_short(args))
     try:
@@ -143,7 +145,7 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
 
 
 def persist_result(member: Member, tctx: ToolContext, call: dict, result: str) -> None:
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         transcript.append(tctx.session, TurnRole.TOOL, result, tool_call_id=call["id"], tool_name=call["name"])
         events.emit(member.space_id, "tool.result", member=member, tool=call["name"], ok=not result.startswith("error:"),
                     chars=len(result), preview=result[:200])

@@ -46,7 +46,7 @@ def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: 
     increments = dict(input_tokens=F("input_tokens") + input_tokens, output_tokens=F("output_tokens") + output_tokens,
                       cache_read_tokens=F("cache_read_tokens") + cache_read, cache_write_tokens=F("cache_write_tokens") + cache_write,
                       usd=F("usd") + usd, model_calls=F("model_calls") + model_calls)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         if not UsageDay.objects.filter(member=member, day=today()).update(**increments):
             usage_today(member)
             UsageDay.objects.filter(member=member, day=today()).update(**increments)

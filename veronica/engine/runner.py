@@ -73,7 +73,7 @@ def set_phase(member: Member, phase: str, tool: str = "") -> None:
     if member.phase == phase and member.phase_tool == tool:
         return
     now = timezone.now()
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         Member.objects.filter(pk=member.pk).update(phase=phase, phase_tool=tool, phase_since=now)
         events.emit(member.space_id, "member.phase", member=member, phase=phase, tool=tool)
     member.phase, member.phase_tool, member.phase_since = phase, tool, now
