@@ -36,3 +36,17 @@ def space(db, tmp_path):
 @pytest.fixture
 def demo_manifest() -> Path:
     return DEMO_MANIFEST
+
+
+@pytest.fixture(scope="session", autouse=True)
+def close_stray_connections(django_db_setup, django_db_blocker):
+    """Threads that keep a persistent PostgreSQL connection (the socket feed) would otherwise block
+    dropping the test database at the end of the session."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE datname = current_database() AND pid <> pg_backend_pid()")
