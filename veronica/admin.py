@@ -59,7 +59,7 @@ class SpaceAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(
             _members=Count("members", filter=Q(members__removed_at__isnull=True), distinct=True),
-            _open=Count("tasks", filter=Q(tasks__status__in=["pending", "ready", "running", "verifying", "blocked"]), distinct=True),
+            _open=Count("tasks", filter=Q(tasks__status__in=ledger.OPEN), distinct=True),
         )
 
     @admin.display(description="members", ordering="_members")

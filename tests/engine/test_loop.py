@@ -27,7 +27,10 @@ def test_a_duplicate_wake_while_busy_coalesces(space, scripted):
     Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="held")
     bus.send(space, "boss", "w1", "hi")
     assert runner.wake(w1.pk, "message") == "coalesced"
-    assert not Run.objects.exists() and Wake.objects.filter(member=w1).count() == 1
+    assert not Run.objects.exists() and list(Wake.objects.filter(member=w1).values_list("claimed", flat=True)) == [False]
+    Member.objects.filter(pk=w1.pk).update(run_status="idle", lease_token="")
+    runner.wake(w1.pk, "message")
+    assert list(Wake.objects.filter(member=w1).order_by("id").values_list("claimed", flat=True)) == [False, True]
 
 
 def test_the_loop_runs_tools_until_a_final_answer_and_persists_every_turn(space, scripted, tmp_path):
@@ -226,6 +229,15 @@ def test_the_offline_team_finishes_the_demo_goal(db, demo_manifest):
     assert "FIXME" in Task.objects.get(title__startswith="Find TODO").result
     assert Message.objects.filter(space=space, recipient_name="operator", subject="Goal complete").exists()
     assert blackboard.read(space).content.startswith("# Summary")
+
+
+def test_listing_members_writes_nothing(space):
+    from veronica.agent.tools import ToolContext, tools_for
+
+    ctx = ToolContext(member=w1_of(space), space=space)
+    listing = tools_for("worker")["list_members"].fn(ctx, {})
+    assert "w1 (worker, active, ready) today 0/" in listing
+    assert not UsageDay.objects.exists()
 
 
 def test_an_idle_team_costs_nothing(space, monkeypatch):

@@ -31,6 +31,12 @@ def usage_today(member: Member) -> UsageDay:
     return day
 
 
+def tokens_today(member: Member) -> int:
+    """A read that never writes a row (the roster tool lists every member on every call)."""
+    day = UsageDay.objects.filter(member=member, day=today()).first()
+    return day.total_tokens if day else 0
+
+
 def space_today(space: Space) -> dict:
     agg = UsageDay.objects.filter(space=space, day=today()).aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"), usd=Sum("usd"))
     return {"tokens": (agg["i"] or 0) + (agg["o"] or 0), "usd": agg["usd"] or Decimal(0)}

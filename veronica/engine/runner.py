@@ -102,7 +102,7 @@ def wake(member_id: int, source: str) -> str:
     member = Member.objects.filter(pk=member_id).select_related("space").first()
     if member is None:
         return "gone"
-    Wake.objects.create(member=member, source=source)
+    received = Wake.objects.create(member=member, source=source)
     if not member.is_active or member.run_status == RunStatus.SUSPENDED:
         return "not-active"
     if budget.is_tripped(member):
@@ -110,6 +110,7 @@ def wake(member_id: int, source: str) -> str:
     token = claim(member_id)
     if token is None:
         return "coalesced"
+    Wake.objects.filter(pk=received.pk).update(claimed=True)  # the metrics split wakes by claimed / coalesced
     member.refresh_from_db()
     run = Run.objects.create(member=member, source=source, lease_token=token, started_at=timezone.now())
     events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)

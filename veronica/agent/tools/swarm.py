@@ -28,10 +28,9 @@ def send_message(ctx: ToolContext, args: dict) -> str:
 def list_members(ctx: ToolContext, args: dict) -> str:
     lines = []
     for m in Member.objects.filter(space=ctx.space, removed_at__isnull=True).order_by("role", "name"):
-        day = budget.usage_today(m)
         cap = budget.effective_budget(m)
         sched = f" schedule '{m.schedule}' ({m.schedule_origin}{', set ' + m.schedule_set_at.date().isoformat() if m.schedule_set_at else ''})" if m.schedule else ""
-        lines.append(f"- {m.name} ({m.role}, {m.membership}, {m.display_phase}) today {day.total_tokens}/{cap or '∞'} tokens{sched}"
+        lines.append(f"- {m.name} ({m.role}, {m.membership}, {m.display_phase}) today {budget.tokens_today(m)}/{cap or '∞'} tokens{sched}"
                      + (f" — {m.when_to_use}" if m.when_to_use else ""))
     return "\n".join(lines)
 
