@@ -1,4 +1,15 @@
-"""The provider interface: neutral messages in, one Reply out, usage read from the response."""
+"""The provider interface: neutral messages in, one Reply out, usage read from the response.
+
+The engine's failure model (DESIGN §3) reads three things off a provider:
+* `ProviderError.permanent`: transient errors (429, 5xx, 529, timeouts, malformed bodies) were
+  already retried inside the call; the engine re-wakes with backoff. Permanent ones (401, 403,
+  404, 400 / context overflow, missing key) park the member in phase `error` until an operator acts.
+* `Reply.finish_reason`: "stop", "tool_calls", "length" (cut off at the token limit), "content_filter",
+  or "" when the vendor said nothing. A "length" reply or an empty one is never a final answer.
+* `Usage.estimated`: the vendor sent no usage and the figures are an estimate (never zero).
+`on_event` (optional) receives live progress while a call is in flight: {"type": "text", "delta": str}
+for streamed text and {"type": "retry", "delay": float, "reason": str} before a retry.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,7 +17,17 @@ from typing import Callable, Protocol
 
 
 class ProviderError(Exception):
-    """A provider failed for good (after retries) or is misconfigured. The run ends in phase error."""
+    """A provider failed after its own retries, or is misconfigured.
+
+    permanent: retrying will not help (auth, not found, bad request, context overflow, missing key).
+    usage: what the failed call cost, when the vendor reported it (it is metered all the same).
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False, status: int | None = None,
+                 request_id: str = "", retry_after: float | None = None, usage: "Usage | None" = None) -> None:
+        super().__init__(message)
+        self.permanent, self.status, self.request_id = permanent, status, request_id
+        self.retry_after, self.usage = retry_after, usage
 
 
 class Cancelled(Exception):
@@ -38,13 +59,24 @@ class Reply:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    finish_reason: str = ""
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    @property
+    def empty(self) -> bool:
+        return not self.text.strip() and not self.tool_calls
 
 
 # Messages are dicts: {"role": "user"|"assistant"|"tool", "content": str, "tool_calls": [...], "tool_call_id": str, "name": str}
 CancelCheck = Callable[[], bool]
+EventSink = Callable[[dict], None]
 
 
 class Provider(Protocol):
     label: str
 
-    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop: CancelCheck) -> Reply: ...
+    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop: CancelCheck,
+                 on_event: EventSink | None = None) -> Reply: ...
