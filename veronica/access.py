@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
 
@@ -75,15 +75,6 @@ def space_id_for(user, slug: str) -> int | None:
     return space.pk if space is not None and role_in(user, space) is not None else None
 
 
-def users_still_allowed(space_id: int, user_ids: set[int]) -> set[int]:
-    """Of these users, those who may still watch the space (one query; for long-lived sockets,
-    whose user was loaded at connect: access, is_active and is_staff may have changed since)."""
-    if not user_ids or not Space.objects.filter(pk=space_id).exists():
-        return set()
-    users = get_user_model().objects.filter(pk__in=user_ids, is_active=True)
-    return set(users.filter(Q(is_staff=True) | Q(space_access__space_id=space_id)).values_list("pk", flat=True).distinct())
-
-
 # --- granting access (owners) --------------------------------------------------------------------
 
 def grant(space: Space, username: str, role: str, *, actor: str) -> SpaceAccess:
@@ -141,8 +132,9 @@ def revoke_token(user, token_id: int) -> ApiToken:
     return token
 
 
-def user_for_key(key: str):
-    """The active user a bearer key belongs to, or None for an unknown, revoked or disabled one."""
+def token_for_key(key: str) -> ApiToken | None:
+    """The live token a bearer key names (its user loaded), or None for an unknown, revoked or
+    disabled one. Sockets keep the token's id to re-check it while they stay open."""
     if not key or not key.startswith(TOKEN_PREFIX) or len(key) > 200:
         return None
     token = ApiToken.objects.filter(key_hash=hash_key(key), revoked_at__isnull=True).select_related("user").first()
@@ -151,7 +143,13 @@ def user_for_key(key: str):
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at > TOKEN_TOUCH_EVERY:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+    return token
+
+
+def user_for_key(key: str):
+    """The active user a bearer key belongs to, or None for an unknown, revoked or disabled one."""
+    token = token_for_key(key)
+    return token.user if token is not None else None
 
 
 def tokens_of(user) -> QuerySet[ApiToken]:

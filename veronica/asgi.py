@@ -8,13 +8,14 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from veronica.routing import websocket_urlpatterns  # noqa: E402
+from veronica.stream_auth import OriginCheckedUnlessBearer  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # cookie sockets need an allowed Origin (their CSRF check); bearer-token sockets do not
+        "websocket": OriginCheckedUnlessBearer(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

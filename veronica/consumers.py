@@ -2,9 +2,10 @@
 
 The Event table is the truth; the channel layer is only a doorbell ("look again", at-most-once).
 
-* connect: authenticate (session cookie through AuthMiddlewareStack, or `Authorization: Bearer`
-  for scripts), check SpaceAccess (none -> close 4404 before accept; anonymous -> 4401), replay
-  every event after the client's `after`, say {"type": "ready", "seq": n}, then stream live.
+* connect: authenticate (`Authorization: Bearer <token>` for scripts, no Origin needed; else the
+  session cookie through AuthMiddlewareStack, with an allowed Origin: see veronica.stream_auth),
+  check SpaceAccess (none -> close 4404 before accept; no valid credential -> 4401), replay every
+  event after the client's `after`, say {"type": "ready", "seq": n}, then stream live.
 * live: one Feed per space per process looks at the table when rung (a ring from this process, or
   from any process when the layer is channels-redis) and at least every POLL_SECONDS (the embedded
   default's layer is in-memory, so a worker process's ring never reaches the web process). The
@@ -12,8 +13,12 @@ The Event table is the truth; the channel layer is only a doorbell ("look again"
   this process's sockets on that space.
 * each socket tracks last_sent: it never sends a seq twice, and on a gap (a batch starting past
   last_sent + 1) it backfills from the table first. A reconnect with after=<last seq seen> resumes
-  exactly. The socket is read-only (steering goes through the API); the feed re-checks its
-  sockets' access every RECHECK_SECONDS (one query) and closes a revoked user's socket with 4404.
+  exactly. The socket is read-only (steering goes through the API): a ping gets a pong, any other
+  frame (not JSON, binary, too deep) an error frame, and the socket stays open.
+* re-check: every RECHECK_SECONDS (VERONICA_SOCKET_RECHECK_SECONDS; a close lands within that
+  plus POLL_SECONDS) the feed re-validates all its sockets at once in at most three queries: a
+  revoked token, a logged-out or invalidated session, a disabled or deleted user -> close 4401;
+  access revoked -> close 4404.
 """
 from __future__ import annotations
 
@@ -28,16 +33,16 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from veronica import access
+from veronica import access, stream_auth
 from veronica.events import group_name
 from veronica.models import Event
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS: float = getattr(settings, "VERONICA_STREAM_POLL_SECONDS", 2.0 if settings.REDIS_URL else 0.5)
-RECHECK_SECONDS: float = getattr(settings, "VERONICA_STREAM_RECHECK_SECONDS", 10.0)
+RECHECK_SECONDS: float = getattr(settings, "VERONICA_STREAM_RECHECK_SECONDS", 5.0)
 BATCH = 500
-CLOSE_BAD_REQUEST, CLOSE_UNAUTHENTICATED, CLOSE_NO_ACCESS = 4400, 4401, 4404
+CLOSE_BAD_REQUEST, CLOSE_UNAUTHENTICATED, CLOSE_NO_ACCESS = 4400, stream_auth.CLOSE_CREDENTIALS_GONE, stream_auth.CLOSE_ACCESS_GONE
 
 
 @database_sync_to_async
@@ -75,7 +80,7 @@ def _head(space_id: int) -> int:
 
 
 _space_id_for = database_sync_to_async(access.space_id_for)
-_user_for_key = database_sync_to_async(access.user_for_key)
+_token_user = database_sync_to_async(stream_auth.token_user)
 
 
 class Feed:
@@ -131,7 +136,7 @@ class Feed:
                     await self.pump()
                     if loop.time() >= recheck_at:
                         recheck_at = loop.time() + RECHECK_SECONDS
-                        await self.recheck_access()
+                        await self.recheck()
                 except Exception:  # a database hiccup must not kill the stream; the next look retries
                     log.warning("event feed for space %s failed; retrying", self.space_id, exc_info=True)
                     await asyncio.sleep(POLL_SECONDS)
@@ -189,15 +194,17 @@ class Feed:
         except Exception:
             listener.cancel()
 
-    async def recheck_access(self) -> None:
-        """Access can be revoked while a socket is open: one query for all of them, every
-        RECHECK_SECONDS; a socket whose user lost access is closed with 4404."""
+    async def recheck(self) -> None:
+        """Credentials and access can end while a socket is open: all of this feed's sockets are
+        re-validated together (at most three queries), each one that no longer holds is closed
+        with its code (4401 credentials gone, 4404 access gone)."""
         sockets = list(self.sockets)
-        allowed = await _feed_db(access.users_still_allowed, self.space_id, {s.user.pk for s in sockets})
+        verdicts = await _feed_db(stream_auth.recheck, self.space_id, [s.credential for s in sockets])
         for socket in sockets:
-            if socket.user.pk not in allowed:
+            code = verdicts.get(socket.credential)
+            if code is not None:
                 self.leave(socket)
-                await socket.close(code=CLOSE_NO_ACCESS)
+                await socket.close(code=code)
         if self.channel:
             # channels-redis forgets group members after its group_expiry (a day by default)
             await get_channel_layer().group_add(group_name(self.space_id), self.channel)
@@ -229,11 +236,11 @@ class SpaceConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.last_sent = 0
         self.lock = asyncio.Lock()
-        user = await self._user()
-        if user is None:
+        found = await self._authenticate()
+        if found is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        self.user = user
+        user, self.credential = found
         space_id = await _space_id_for(user, self.scope["url_route"]["kwargs"]["slug"])
         if space_id is None:
             await self.close(code=CLOSE_NO_ACCESS)
@@ -254,6 +261,19 @@ class SpaceConsumer(AsyncJsonWebsocketConsumer):
         if self.feed is not None:
             self.feed.leave(self)
             self.feed = None
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
+        """A frame that is not JSON text gets an error frame; it must not end the stream (the
+        base class would raise, and the server would close with 1011)."""
+        if text_data is None:
+            await self.send_json({"type": "error", "field": "frame", "error": "frames must be JSON text, not binary"})
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except (ValueError, RecursionError):
+            await self.send_json({"type": "error", "field": "frame", "error": 'a frame must be JSON, e.g. {"type": "ping"}'})
+            return
+        await self.receive_json(content)
 
     async def receive_json(self, content: object, **kwargs: object) -> None:
         if isinstance(content, dict) and content.get("type") == "ping":
@@ -298,16 +318,12 @@ class SpaceConsumer(AsyncJsonWebsocketConsumer):
 
     # --- helpers -------------------------------------------------------------------------------------------
 
-    async def _user(self):
-        user = self.scope.get("user")
-        if user is not None and user.is_authenticated and user.is_active:
-            return user
-        for name, value in self.scope.get("headers", []):
-            if name == b"authorization":
-                scheme, _, key = value.decode("latin1").partition(" ")
-                if scheme.lower() == "bearer":
-                    return await _user_for_key(key.strip())
-        return None
+    async def _authenticate(self):
+        """(user, Credential), or None. An Authorization header decides alone (no cookie fall-back)."""
+        header = stream_auth.authorization(self.scope)
+        if header is not None:
+            return await _token_user(header)
+        return stream_auth.session_user(self.scope)
 
     def _after(self) -> int | None:
         raw = parse_qs(self.scope.get("query_string", b"").decode("latin1")).get("after", ["0"])[-1]

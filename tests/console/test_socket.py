@@ -261,3 +261,119 @@ def test_an_idle_stream_stays_open_and_still_rings(world):
         await comm.disconnect()
 
     run(scenario)
+
+
+# --- credentials end while a socket is open (issue 9 item 3) ---------------------------------------
+
+async def closed_with(comm: WebsocketCommunicator) -> int:
+    """The close code, within a few poll periods (events before it are skipped)."""
+    while True:
+        out = await comm.receive_output(timeout=consumers.POLL_SECONDS * 4)
+        if out["type"] == "websocket.close":
+            return out["code"]
+
+
+@pytest.fixture
+def fast_recheck(monkeypatch):
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0.2)
+    monkeypatch.setattr(consumers, "POLL_SECONDS", 0.3)
+
+
+def bearer(key: str) -> list:
+    return [(b"authorization", f"Bearer {key}".encode())]
+
+
+def test_revoking_a_token_closes_its_socket_with_4401(world, fast_recheck):
+    token, key = access.create_token(world.viewer, "script")
+    _, other_key = access.create_token(world.viewer, "other script")
+
+    async def scenario():
+        doomed, kept = socket("alpha", headers=bearer(key)), socket("alpha", headers=bearer(other_key))
+        for comm in (doomed, kept):
+            assert (await comm.connect())[0]
+            await until_ready(comm)
+        await sync_to_async(access.revoke_token)(world.viewer, token.pk)
+        assert await closed_with(doomed) == 4401
+        await kept.send_json_to({"type": "ping"})
+        assert (await kept.receive_json_from())["type"] == "pong"  # the other token's socket lives on
+        await kept.disconnect()
+
+    run(scenario)
+
+
+def test_logging_out_closes_the_session_socket_with_4401(world, fast_recheck):
+    def log_out(user):
+        client = Client()
+        client.cookies["sessionid"] = _cookies[user.pk].decode().split("=", 1)[1]
+        assert client.post("/logout/").status_code == 302
+
+    async def scenario():
+        mine, theirs = socket("alpha", user=world.viewer), socket("alpha", user=world.operator)
+        for comm in (mine, theirs):
+            assert (await comm.connect())[0]
+            await until_ready(comm)
+        await sync_to_async(log_out)(world.viewer)
+        assert await closed_with(mine) == 4401
+        assert await theirs.receive_nothing(timeout=consumers.POLL_SECONDS * 3)
+        await theirs.disconnect()
+
+    run(scenario)
+
+
+def test_a_password_change_or_a_disabled_user_closes_the_socket(world, fast_recheck):
+    def change_password(user):
+        user.set_password("a new one entirely")
+        user.save()
+
+    def disable(user):
+        type(user).objects.filter(pk=user.pk).update(is_active=False)
+
+    async def scenario():
+        moved, disabled = socket("alpha", user=world.viewer), socket("alpha", user=world.operator)
+        for comm in (moved, disabled):
+            assert (await comm.connect())[0]
+            await until_ready(comm)
+        await sync_to_async(change_password)(world.viewer)  # the session's auth hash no longer matches
+        await sync_to_async(disable)(world.operator)
+        assert await closed_with(moved) == 4401
+        assert await closed_with(disabled) == 4401
+
+    run(scenario)
+
+
+def test_a_bearer_token_needs_no_origin_but_a_cookie_does(world):
+    _, key = access.create_token(world.viewer, "script")
+    cookie = (b"cookie", _cookies[world.viewer.pk])
+
+    async def scenario():
+        script = WebsocketCommunicator(application, "/ws/spaces/alpha/", headers=bearer(key))  # no Origin at all
+        assert (await script.connect())[0]
+        await until_ready(script)
+        await script.disconnect()
+        browser = WebsocketCommunicator(application, "/ws/spaces/alpha/", headers=[cookie])
+        assert not (await browser.connect())[0]
+        # an Authorization header decides alone: a bad token never falls back to the cookie
+        forged = WebsocketCommunicator(application, "/ws/spaces/alpha/", headers=[cookie, *bearer("vrn_not-a-token")])
+        assert (await forged.connect()) == (False, 4401)
+        basic = WebsocketCommunicator(application, "/ws/spaces/alpha/", headers=[cookie, (b"authorization", b"Basic dTpw")])
+        assert (await basic.connect()) == (False, 4401)
+
+    run(scenario)
+
+
+def test_a_frame_that_is_not_json_gets_an_error_frame_and_the_socket_stays_open(world):
+    async def scenario():
+        comm = socket("alpha", user=world.viewer)
+        assert (await comm.connect())[0]
+        await until_ready(comm)
+        for frame in ("not json", "[" * 100000, "{"):
+            await comm.send_to(text_data=frame)
+            answer = await comm.receive_json_from()
+            assert answer["type"] == "error" and answer["field"] == "frame", frame[:10]
+        await comm.send_to(bytes_data=b"\x00\x01")
+        assert "binary" in (await comm.receive_json_from())["error"]
+        await comm.send_json_to({"type": "ping"})
+        assert (await comm.receive_json_from())["type"] == "pong"
+        await comm.disconnect()
+
+    run(scenario)
