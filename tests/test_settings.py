@@ -39,11 +39,37 @@ def _manage(args, **extra):
     return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=environ, capture_output=True, text=True)
 
 
+HOSTED = dict(DATABASE_URL="postgres://postgres@127.0.0.1:5432/test", REDIS_URL="redis://127.0.0.1:6379/0",
+              SECRET_KEY="x" * 20 + "-a-long-random-secret-key-for-deploy-checks", ALLOWED_HOSTS="veronica.example.com",
+              SECURE_SSL="1")
+
+
 def test_check_deploy_is_clean_under_hosted_settings(tmp_path):
-    result = _manage(["check", "--deploy", "--fail-level", "WARNING"], DATABASE_URL="postgres://postgres@127.0.0.1:5432/test",
-                     REDIS_URL="redis://127.0.0.1:6379/0", SECRET_KEY="x" * 20 + "-a-long-random-secret-key-for-deploy-checks",
-                     ALLOWED_HOSTS="veronica.example.com", SECURE_SSL="1", VERONICA_DATA_DIR=str(tmp_path))
+    result = _manage(["check", "--deploy", "--fail-level", "WARNING"], **HOSTED, VERONICA_DATA_DIR=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+LOGIN_PAGE_HEADERS = """
+import json
+from django.test import Client
+r = Client(HTTP_HOST="veronica.example.com").get("/login/", secure=True)
+print(json.dumps({"status": r.status_code, **{k: r.get(k, "") for k in (
+    "Content-Security-Policy", "Permissions-Policy", "Cache-Control", "Strict-Transport-Security")}}))
+"""
+
+
+def test_hosted_pages_carry_the_hardening_headers(tmp_path):
+    """The deployed configuration as a whole (no database needed for an anonymous login page)."""
+    import json
+
+    result = _manage(["shell", "-c", LOGIN_PAGE_HEADERS], **HOSTED, VERONICA_DATA_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    headers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert headers["status"] == 200
+    assert "script-src 'self'" in headers["Content-Security-Policy"] and "unsafe" not in headers["Content-Security-Policy"]
+    assert "camera=()" in headers["Permissions-Policy"]
+    assert {"private", "no-store"} <= {d.strip() for d in headers["Cache-Control"].split(",")}
+    assert headers["Strict-Transport-Security"].startswith("max-age=31536000")
 
 
 def test_hosted_mode_without_redis_is_refused(tmp_path):

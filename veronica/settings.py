@@ -213,3 +213,41 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
+
+# --- web hardening: login throttling, CSP, private caching, Permissions-Policy, socket re-checks ----
+# django-axes throttles /login/ and /admin/login/ alike (both go through authenticate(request)):
+# after VERONICA_LOGIN_FAILURE_LIMIT bad passwords for one username from one address, that pair is
+# locked for VERONICA_LOGIN_COOLOFF_MINUTES (HTTP 429). Username + address, not the address alone:
+# behind a proxy every client has the proxy's address. Attempts live in the database (both modes);
+# staff unlock early with `manage.py axes_reset` or in the admin.
+INSTALLED_APPS += ["axes", "csp"]
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("VERONICA_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_int("VERONICA_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# django-csp: scripts and styles only from our own files (no inline script, handler or style
+# attribute anywhere in the console); the socket is same-origin, which CSP3's 'self' covers for ws(s).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+MIDDLEWARE += [
+    "csp.middleware.CSPMiddleware",
+    "veronica.web_headers.PrivateResponseHeaders",
+    "axes.middleware.AxesMiddleware",  # last, as axes asks
+]
+# An open socket re-validates its token or session and its access this often (seconds).
+VERONICA_STREAM_RECHECK_SECONDS = env_int("VERONICA_SOCKET_RECHECK_SECONDS", 5, minimum=1)
+# axes logs every successful login's reset at INFO; its failures and lockouts are warnings
+LOGGING["loggers"] = {**LOGGING.get("loggers", {}), "axes": {"level": "WARNING"}}
