@@ -7,17 +7,24 @@ pass can), learned rules with their strength, and proposals waiting for review w
 """
 from __future__ import annotations
 
+import logging
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from learning.api import LeaseLost, LockBusy, OpError, ReviewError, RuleInputError
 from veronica import access
 from veronica.access import OPERATOR, OWNER
 from veronica.errors import VeronicaError
 from veronica.models import Member, Space
 from veronica.views import _context
+
+log = logging.getLogger(__name__)
+# learning's own refusals: their text is written for people and names the field and the limit
+LEARNING_INPUT_ERRORS = (RuleInputError, OpError, ReviewError, LockBusy, LeaseLost)
 
 
 def routed_domains(space: Space) -> list[str]:
@@ -89,8 +96,11 @@ def rules_page(request: HttpRequest, slug: str) -> HttpResponse:
             messages.success(request, _rules_action(request, space, role))
         except VeronicaError as exc:
             messages.error(request, f"{exc.field + ': ' if exc.field else ''}{exc.message}")
-        except Exception as exc:  # learning's own input errors (length, gate, stale proposal) read as text
+        except LEARNING_INPUT_ERRORS as exc:  # learning's own messages (length, gate, stale proposal) name the field
             messages.error(request, str(exc))
+        except Exception:  # never an internal's text (a database's or the ORM's) on the page
+            log.exception("rules page: %s failed in space %s", request.POST.get("action", ""), space.slug)
+            messages.error(request, f"action: {request.POST.get('action', '')[:40]} could not be done (an internal error, logged for the administrator)")
         return redirect("console:rules", slug=space.slug)
     domains = routed_domains(space)
     rules = list(Rule.objects.filter(domain__in=domains).order_by("domain", "-source", "id"))
