@@ -94,6 +94,7 @@ def recheck(space_id: int, credentials: list[Credential]) -> dict[Credential, in
     users = _users(space_id, {c.user_id for c in credentials})
     live_tokens = _live_tokens({c.token_id for c in credentials if c.token_id is not None})
     sessions = _session_data({c.session_key for c in credentials if c.session_key})
+    hashes: dict[int, list[str]] = {}  # per user, not per socket: many tabs share one session
     verdicts: dict[Credential, int] = {}
     for cred in credentials:
         user = users.get(cred.user_id)
@@ -101,7 +102,7 @@ def recheck(space_id: int, credentials: list[Credential]) -> dict[Credential, in
             verdicts[cred] = CLOSE_CREDENTIALS_GONE
         elif cred.token_id is not None and live_tokens.get(cred.token_id) != cred.user_id:
             verdicts[cred] = CLOSE_CREDENTIALS_GONE
-        elif cred.session_key is not None and not _session_holds(sessions.get(cred.session_key), user):
+        elif cred.session_key is not None and not _session_holds(sessions.get(cred.session_key), user, hashes):
             verdicts[cred] = CLOSE_CREDENTIALS_GONE
         elif not (user.space_exists and (user.is_staff or user.has_access)):
             verdicts[cred] = CLOSE_ACCESS_GONE
@@ -140,11 +141,12 @@ def _session_data(keys: set[str]) -> dict[str, dict]:
     return found
 
 
-def _session_holds(data: dict | None, user) -> bool:
+def _session_holds(data: dict | None, user, hashes: dict[int, list[str]]) -> bool:
     """The session still logs this user in: not flushed, same user, auth hash still valid (a
     password change elsewhere invalidates it, as Django does on every request)."""
     if not data or str(data.get(SESSION_KEY)) != str(user.pk):
         return False
+    if user.pk not in hashes:
+        hashes[user.pk] = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
     stored = data.get(HASH_SESSION_KEY) or ""
-    hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
-    return any(constant_time_compare(stored, h) for h in hashes)
+    return any(constant_time_compare(stored, h) for h in hashes[user.pk])

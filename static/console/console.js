@@ -213,7 +213,10 @@
         }
         window.veronicaLastSeq = last;
       };
-      sock.onclose = function () {
+      sock.onclose = function (e) {
+        // the server ended this socket's credential (4401: logged out, token revoked) or access (4404)
+        if (e.code === 4401) { setStatus("closed", "signed out: reload to log in"); return; }
+        if (e.code === 4404) { setStatus("closed", "no access to this space any more"); return; }
         setStatus("reconnecting", "reconnecting…");
         setTimeout(connect, backoff);
         backoff = Math.min(backoff * 2, 15000);

@@ -17,7 +17,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.console.conftest import PASSWORD
 from tests.console.helpers import pending_approval
-from veronica import bus, events
+from veronica import access, bus, events
 from veronica.engine import supervisor
 from veronica.models import Approval, Member
 
@@ -201,3 +201,12 @@ def test_the_console_runs_under_its_csp_and_the_watch_would_see_a_violation(logi
         page.wait_for_timeout(100)
     assert any("script-src" in v for v in csp_violations), csp_violations
     csp_violations.clear()  # seen; the fixture's own check is for everything else
+
+
+def test_revoked_access_ends_the_live_view_instead_of_reconnecting(login, live_world):
+    page = login(live_world.viewer)
+    open_space(page)
+    elsewhere(access.revoke, live_world.space, "viewer", actor="test")
+    # the server re-checks within VERONICA_SOCKET_RECHECK_SECONDS (+ a poll) and closes with 4404
+    expect(page.locator("#stream-status")).to_have_text("no access to this space any more", timeout=20000)
+    expect(page.locator("#stream-status")).to_have_attribute("data-state", "closed")
