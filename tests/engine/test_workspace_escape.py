@@ -233,6 +233,8 @@ def test_over_long_names_and_paths_are_a_tool_error(ctx, root):
         ws.write_file(ctx, {"path": "ab/" * 2000, "content": "x"})
     assert ws.write_file(ctx, {"path": "n" * 255, "content": "x"}) == f"wrote 1 characters to {'n' * 255}"
     assert sorted(os.listdir(root)) == ["n" * 255, "src"]
+    with pytest.raises(ToolError, match="is more than 128 directories deep"):
+        ws.write_file(ctx, {"path": "d/" * 130 + "f.txt", "content": "x"})
 
 
 def test_text_that_is_not_utf8_is_a_tool_error(ctx):
@@ -251,6 +253,16 @@ def test_path_traversal_is_refused_for_every_file_tool(ctx, host, raw):
         with pytest.raises(ToolError, match="outside the workspace"):
             call()
     assert untouched(host)
+
+
+def test_a_refused_write_makes_no_directories(ctx, root):
+    for raw in ("new/../../x.txt", "new/deeper/../../../x.txt", "src/a.py/x.txt", "d/" * 130 + "f.txt"):
+        with pytest.raises(ToolError):
+            ws.write_file(ctx, {"path": raw, "content": "x"})
+    assert sorted(os.listdir(root)) == ["src"] and os.listdir(root / "src") == ["a.py"]
+    with pytest.raises(ToolError, match="'new/../made.txt': there is no directory 'new'"):  # as open(2) would say
+        ws.write_file(ctx, {"path": "new/../made.txt", "content": "x"})
+    assert ws.write_file(ctx, {"path": "src/../made.txt", "content": "x"}) == "wrote 1 characters to made.txt"
 
 
 def test_written_files_and_directories_get_sane_permissions(ctx, root):
@@ -282,13 +294,13 @@ def battery(host) -> list[tuple[str, list[tuple[str, dict]]]]:
         "out_file", "abs_link", "rel_link", "chain", "out_dir/new.txt", "out_dir/host.txt", "sub/up/host.txt",
         "../outside/new.txt", h, f"{host}/new.txt", "/workspace/../outside/new.txt", "dangling_out",
         "sub/up/new/x.txt", "loop", "src/../../outside/new.txt", "sub/new.txt", "rootpfx", "procroot", "sub/up",
-        "out_dir/", "src/a.py/../../outside/new.txt")]
+        "out_dir/", "src/a.py/../../outside/new.txt", "sibling")]
     edits = [("edit_file", {"path": p, "old": "HOST", "new": "pwned"}) for p in (
         "out_file", "abs_link", "rel_link", "chain", "out_dir/host.txt", "sub/up/host.txt", h, "../outside/host.txt")]
     reads = [("read_file", {"path": p}) for p in (
         "out_file", "abs_link", "rel_link", "chain", "out_dir/host.txt", "sub/up/host.txt", h, "../outside/host.txt",
         "/workspace/../outside/host.txt", "sub/../../outside/host.txt", "rootpfx", "procroot", "/proc/self/root" + h,
-        "//" + h)]
+        "//" + h, "sibling")]
     lists = [("list_dir", {"path": p}) for p in (".", "out_dir", "sub", "sub/up", "..", str(host), "abs_dir", "peek", "/")]
     greps = [("grep", {"pattern": "HOST", "path": p}) for p in (".", "out_file", "out_dir", "sub", "sub/up", "chain",
                                                                   "..", h)]
@@ -312,7 +324,9 @@ def plant(root, host) -> None:
              "chain": "chain2", "chain2": "out_file", "out_dir": str(host), "abs_dir": str(host), "loop": "loop",
              "dangling_out": f"{host}/new-file.txt", "sub/up": "../../outside", "peek/size_leak": f"{host}/host.txt",
              "rootpfx": f"{root}/../outside/host.txt", "procroot": f"/proc/self/root{host}/host.txt",
-             "sub/new.txt.veronica-tmp": f"{host}/host.txt"}
+             "sub/new.txt.veronica-tmp": f"{host}/host.txt", "sibling": f"{root}2/host.txt"}
+    if not os.path.lexists(f"{root}2"):  # a neighbour whose name starts with the workdir's (another space's)
+        os.symlink(host, f"{root}2")
     (root / "sub").mkdir(exist_ok=True)
     (root / "peek").mkdir(exist_ok=True)
     for name, target in links.items():

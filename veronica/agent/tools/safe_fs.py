@@ -72,6 +72,8 @@ def components(raw: str) -> list[str]:
     if size > PATH_MAX:
         raise Refused(f"path '{shown(raw)}' is {size} bytes; the limit is {PATH_MAX} bytes")
     parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if len(parts) > MAX_DEPTH:
+        raise Refused(f"path '{shown(raw)}' is more than {MAX_DEPTH} directories deep")
     for part in parts:
         if len(os.fsencode(part)) > NAME_MAX:
             raise Refused(f"path '{shown(raw)}' has a name of {len(os.fsencode(part))} bytes; "
@@ -147,7 +149,8 @@ class Tree:
                     return Place([n for n, _ in stack[1:]], os.dup(parent), name)
                 if len(stack) > MAX_DEPTH:
                     raise Refused(f"path '{shown(raw)}' is more than {MAX_DEPTH} directories deep")
-                stack.append((name, self._open_dir(raw, parent, name, create_dirs)))
+                # no directory is made for a path that climbs back out of it ('new/../..'): refused first
+                stack.append((name, self._open_dir(raw, parent, name, create_dirs and ".." not in pending)))
             # the path ends in a directory already held ('', 'src/..', a link to '.'): name it as '.'
             # of its own descriptor, so nothing is looked up by name again
             return Place([n for n, _ in stack[1:]], os.dup(stack[-1][1]), ".")
