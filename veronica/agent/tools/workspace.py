@@ -4,7 +4,6 @@ it from a descriptor of the workdir with no-follow semantics (safe_fs), so a sym
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import shutil
 import subprocess
