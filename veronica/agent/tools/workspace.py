@@ -1,20 +1,26 @@
-"""Workspace tools, confined to the space's folder: every path is resolved (symlinks included)
-and refused when it lands outside the workdir."""
+"""Workspace tools, confined to the space's folder. File tools never open a path by name: they walk
+it from a descriptor of the workdir with no-follow semantics (safe_fs), so a symlink a member plants
+(run_command can make any) cannot redirect a read, a write, a listing or a search out of it."""
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str, truncate
+from veronica.agent.tools.safe_fs import Missing, Place, Refused, Tree, printable, read_regular, shown
 
 MAX_READ_BYTES = 200_000
+MAX_EDIT_BYTES = 4 * MAX_READ_BYTES  # 200,000 characters are at most this many UTF-8 bytes
+MAX_GREP_FILE_BYTES = 10_000_000  # grep skips bigger files rather than load them whole
 COMMAND_TIMEOUT_MAX = 30
 COMMAND_OUTPUT_CAP = 8000
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv"}
+SANDBOX_ROOT = "/workspace"
 
 
 def root_of(ctx: ToolContext) -> Path:
@@ -24,43 +30,75 @@ def root_of(ctx: ToolContext) -> Path:
     return root
 
 
-def confine(ctx: ToolContext, raw: str) -> Path:
-    """Resolve a path inside the workdir or refuse it ('..', absolute paths and symlinks alike)."""
-    root = root_of(ctx)
-    candidate = (root / (raw or ".")).resolve()
-    if candidate != root and root not in candidate.parents:
-        raise ToolError(f"path '{raw}' is outside the workspace; use a path relative to the workspace root")
-    return candidate
+@contextmanager
+def workspace(ctx: ToolContext, raw: str) -> Iterator[Tree]:
+    """The workdir held open for one call; refusals and OS errors about `raw` become tool errors."""
+    from django.conf import settings
+
+    aliases = () if settings.COMMAND_SANDBOX == "none" else (SANDBOX_ROOT,)  # run_command's view of it
+    try:
+        with Tree(root_of(ctx), aliases) as tree:
+            yield tree
+    except Refused as exc:
+        raise ToolError(str(exc)) from None
+    except OSError as exc:
+        raise ToolError(f"'{shown(raw)}': {exc.strerror or exc}") from None
 
 
-def rel(ctx: ToolContext, path: Path) -> str:
-    return str(path.relative_to(root_of(ctx))) or "."
+def text_of(data: bytes) -> str:
+    """File bytes as tool-result text: bad UTF-8 and NUL (which no database text field takes) as U+FFFD."""
+    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
 def list_dir(ctx: ToolContext, args: dict) -> str:
-    path = confine(ctx, arg_str(args, "path", required=False, default="."))
-    if not path.is_dir():
-        raise ToolError(f"'{arg_str(args, 'path', required=False, default='.')}' is not a directory")
-    entries = sorted(path.iterdir(), key=lambda p: (not p.is_dir(), p.name))
-    lines = [f"{p.name}/" if p.is_dir() else f"{p.name} ({p.stat().st_size} bytes)" for p in entries if p.name not in SKIP_DIRS]
+    raw = arg_str(args, "path", required=False, default=".")
+    with workspace(ctx, raw) as tree:
+        try:
+            place = tree.locate(raw)
+        except Missing:
+            raise ToolError(f"'{shown(raw)}' is not a directory") from None
+        with place:
+            if not place.is_dir():
+                raise ToolError(f"'{shown(raw)}' is not a directory")
+            entries = place.entries()
+    lines = []
+    for entry in sorted(entries, key=lambda e: (e.kind != "dir", e.name)):
+        name = printable(entry.name)
+        if entry.name in SKIP_DIRS:
+            continue
+        if entry.kind == "dir":
+            lines.append(f"{name}/")
+        elif entry.kind == "file":
+            lines.append(f"{name} ({entry.size} bytes)")
+        elif entry.kind == "symlink":  # never followed here: its target's size is nobody's business
+            lines.append(f"{name} -> {printable(entry.target)} (symlink)")
+        else:
+            lines.append(f"{name} (not a regular file)")
     return "\n".join(lines) or "(empty directory)"
 
 
 def read_file(ctx: ToolContext, args: dict) -> str:
     raw = arg_str(args, "path")
-    path = confine(ctx, raw)
-    if not path.is_file():
-        raise ToolError(f"'{raw}' is not a file")
-    data = path.read_bytes()[:MAX_READ_BYTES]
-    text = data.decode("utf-8", errors="replace")
+    with workspace(ctx, raw) as tree:
+        try:
+            place = tree.locate(raw)
+        except Missing:
+            raise ToolError(f"'{shown(raw)}' is not a file") from None
+        with place:
+            data = place.read(MAX_READ_BYTES)
+    if data is None:
+        raise ToolError(f"'{shown(raw)}' is not a file")
+    text = text_of(data)
     return "\n".join(f"{i:>4}  {line}" for i, line in enumerate(text.splitlines(), 1)) or "(empty file)"
 
 
-def _walk(base: Path):
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for name in sorted(filenames):
-            yield Path(dirpath) / name
+def _files(tree: Tree, place: Place) -> Iterator[tuple[str, int, str]]:
+    """(workspace-relative path, directory fd, name) of each regular file at or below `place`."""
+    if place.is_dir():
+        for parts, dir_fd, name in tree.walk(place, SKIP_DIRS):
+            yield "/".join([*parts, name]), dir_fd, name
+    elif place.size() is not None:
+        yield place.path, place.dir_fd, place.name
 
 
 def grep(ctx: ToolContext, args: dict) -> str:
@@ -69,58 +107,91 @@ def grep(ctx: ToolContext, args: dict) -> str:
         regex = re.compile(pattern)
     except re.error as exc:
         raise ToolError(f"pattern is not a valid regular expression: {exc}") from None
-    base = confine(ctx, arg_str(args, "path", required=False, default="."))
-    files = [base] if base.is_file() else list(_walk(base))
-    hits = []
-    for file in files:
+    raw = arg_str(args, "path", required=False, default=".")
+    hits, too_big = [], 0
+    with workspace(ctx, raw) as tree:
         try:
-            if file.resolve() != file and root_of(ctx) not in file.resolve().parents:
-                continue  # a symlink pointing out of the workspace is not followed
-            for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1):
-                if regex.search(line):
-                    hits.append(f"{rel(ctx, file)}:{number}: {line.strip()}")
-        except OSError:
-            continue
-        if len(hits) >= 200:
-            hits.append("… (stopped at 200 matches)")
-            break
+            place = tree.locate(raw)
+        except Missing:
+            return "(no matches)"
+        with place:
+            for path, dir_fd, name in _files(tree, place):
+                try:
+                    data = read_regular(dir_fd, name, MAX_GREP_FILE_BYTES + 1)
+                except OSError:
+                    continue
+                if data is None:
+                    continue
+                if len(data) > MAX_GREP_FILE_BYTES:
+                    too_big += 1
+                    continue
+                for number, line in enumerate(text_of(data).splitlines(), 1):
+                    if regex.search(line):
+                        hits.append(f"{printable(path)}:{number}: {line.strip()}")
+                if len(hits) >= 200:
+                    hits.append("… (stopped at 200 matches)")
+                    break
+    if too_big:
+        hits.append(f"(skipped {too_big} files over {MAX_GREP_FILE_BYTES} bytes)")
     return "\n".join(hits) or "(no matches)"
 
 
 def glob_files(ctx: ToolContext, args: dict) -> str:
     pattern = arg_str(args, "pattern", max_len=300)
-    root = root_of(ctx)
-    matches = [rel(ctx, p) for p in _walk(root) if fnmatch.fnmatch(rel(ctx, p), pattern)]
-    return "\n".join(matches[:500]) or "(no files match)"
+    matches = []
+    with workspace(ctx, ".") as tree, tree.locate(".") as top:
+        for path, _, _ in _files(tree, top):
+            if fnmatch.fnmatch(path, pattern):
+                matches.append(printable(path))
+                if len(matches) >= 500:
+                    break
+    return "\n".join(matches) or "(no files match)"
+
+
+def encoded(content: str) -> bytes:
+    try:
+        return content.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ToolError(f"content is not valid UTF-8 text (character {exc.start})") from None
 
 
 def write_file(ctx: ToolContext, args: dict) -> str:
     raw = arg_str(args, "path")
     content = arg_str(args, "content", max_len=MAX_READ_BYTES)
-    path = confine(ctx, raw)
-    if path.is_dir():
-        raise ToolError(f"'{raw}' is a directory")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".veronica-tmp")
-    tmp.write_text(content)
-    tmp.replace(path)  # atomic: a reader never sees half a file
-    return f"wrote {len(content)} characters to {rel(ctx, path)}"
+    data = encoded(content)
+    with workspace(ctx, raw) as tree, tree.locate(raw, create_dirs=True) as place:
+        if place.is_dir():
+            raise ToolError(f"'{shown(raw)}' is a directory")
+        place.write(data)  # atomic: a reader never sees half a file
+    return f"wrote {len(content)} characters to {printable(place.path)}"
 
 
 def edit_file(ctx: ToolContext, args: dict) -> str:
     raw = arg_str(args, "path")
     old, new = arg_str(args, "old"), arg_str(args, "new", max_len=MAX_READ_BYTES)
-    path = confine(ctx, raw)
-    if not path.is_file():
-        raise ToolError(f"'{raw}' is not a file")
-    text = path.read_text()
-    count = text.count(old)
-    if count != 1:
-        raise ToolError(f"'old' must occur exactly once in {raw}; it occurs {count} times")
-    return write_file(ctx, {"path": raw, "content": text.replace(old, new)}).replace("wrote", "edited; wrote")
-
-
-SANDBOX_ROOT = "/workspace"
+    with workspace(ctx, raw) as tree:
+        try:
+            place = tree.locate(raw)
+        except Missing:
+            raise ToolError(f"'{shown(raw)}' is not a file") from None
+        with place:
+            data = place.read(MAX_EDIT_BYTES + 1)
+            if data is None:
+                raise ToolError(f"'{shown(raw)}' is not a file")
+            if len(data) > MAX_EDIT_BYTES:
+                raise ToolError(f"'{shown(raw)}' is over {MAX_EDIT_BYTES} bytes; edit_file edits files up to that size")
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ToolError(f"'{shown(raw)}' is not UTF-8 text; edit_file only edits text files") from None
+            count = text.count(old)
+            if count != 1:
+                raise ToolError(f"'old' must occur exactly once in {shown(raw)}; it occurs {count} times")
+            edited = text.replace(old, new)
+            if len(edited) > MAX_READ_BYTES:
+                raise ToolError(f"the edited file would be {len(edited)} characters; the limit is {MAX_READ_BYTES}")
+            place.write(encoded(edited))  # the same directory descriptor: no second lookup of the path
+    return f"edited; wrote {len(edited)} characters to {printable(place.path)}"
 
 
 def sandboxed(root: Path, command: str) -> tuple[list[str], str]:
@@ -152,11 +223,11 @@ def run_command(ctx: ToolContext, args: dict) -> str:
     argv, home = sandboxed(root, command)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
     try:
-        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=timeout,
-                              start_new_session=True)
+        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, timeout=timeout, start_new_session=True)
     except subprocess.TimeoutExpired:
         raise ToolError(f"command timed out after {timeout}s") from None
-    output = (proc.stdout + ("\n[stderr]\n" + proc.stderr if proc.stderr else "")).strip()
+    stdout, stderr = text_of(proc.stdout), text_of(proc.stderr)  # `cat` of a binary file is still a result
+    output = (stdout + ("\n[stderr]\n" + stderr if stderr else "")).strip()
     return truncate(f"exit {proc.returncode}\n{output}", COMMAND_OUTPUT_CAP)
 
 
