@@ -105,6 +105,15 @@ class Record:
     usage: dict | None = None
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (cancel, timeout) is part of the script, not a server error."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):
+            super().handle_error(request, client_address)
+
+
 class ClientGone(Exception):
     """The client closed the connection (cancel); the server stops generating."""
 
@@ -119,7 +128,7 @@ class MockVendor:
         self.script: list[dict] = []
         self.requests: list[Record] = []
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer((host, port), self._handler())
+        self.httpd = _Server((host, port), self._handler())
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread: threading.Thread | None = None
@@ -142,12 +151,15 @@ class MockVendor:
         return [r for r in self.requests if r.method == "POST" and not r.path.startswith("/_mock")]
 
     def start(self) -> "MockVendor":
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name=f"mock-{self.dialect}", daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name=f"mock-{self.dialect}", daemon=True)
         self.thread.start()
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        if self.thread is not None:
+            self.httpd.shutdown()
+            self.thread = None
         self.httpd.server_close()
 
     def __enter__(self) -> "MockVendor":
