@@ -230,7 +230,7 @@ def classify(exc: BaseException, vendor: str) -> ProviderError:
     if status is None:  # APIConnectionError / APITimeoutError and the transport errors under them
         timed_out = "timeout" in type(exc).__name__.lower() or "timed out" in str(exc).lower()
         return ProviderError(f"{vendor}: {'timeout' if timed_out else 'connection error'} ({exc})", status=None)
-    label = _label(exc)
+    label = "overloaded" if status == 529 else _label(exc)  # 529 is Anthropic's; proxies pass it through
     reason = f"HTTP {status}" + (f" {label}" if label else "")
     should = headers.get("x-should-retry") if headers is not None else None
     transient = status in RETRYABLE_STATUSES or status >= 500 or (status == 200 and _label_type(exc) in TRANSIENT_TYPES)
