@@ -117,6 +117,15 @@ def abort_thread_socket(thread_id: int | None) -> bool:
     return True
 
 
+def track_sockets(http: httpx2.Client) -> None:
+    """httpx2 takes no network backend argument: swap ours into its pools (the direct one and any
+    proxy from HTTPS_PROXY / ALL_PROXY, which a custom transport= would silently drop)."""
+    for transport in [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]:
+        pool = getattr(transport, "_pool", None)
+        if pool is not None and hasattr(pool, "_network_backend"):
+            pool._network_backend = _TrackingBackend()
+
+
 _CLIENTS: dict[tuple, object] = {}
 _CLIENTS_LOCK = threading.Lock()
 
@@ -127,12 +136,8 @@ def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(full_key)
         if client is None:
-            transport = httpx2.HTTPTransport()
-            pool = getattr(transport, "_pool", None)
-            if hasattr(pool, "_network_backend"):  # httpx2 takes no backend argument; swap it in
-                pool._network_backend = _TrackingBackend()
-            http = httpx2.Client(transport=transport, timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
-                                 follow_redirects=True)
+            http = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)), follow_redirects=True)
+            track_sockets(http)
             client = _CLIENTS[full_key] = make(http)
         return client
 
@@ -280,7 +285,10 @@ def call(attempt: Attempt, *, vendor: str, cfg: CallConfig, should_stop: CancelC
         streamed = [0]
         try:
             return run_attempt(attempt, should_stop=should_stop, on_event=on_event, streamed=streamed)
-        except (Cancelled, ProviderError):
+        except Cancelled as exc:  # what was generated before the hang-up is billed: say so
+            exc.usage = Usage(input=input_estimate, output=max(streamed[0] // 4, 1), estimated=True) if streamed[0] else None
+            raise
+        except ProviderError:
             raise
         except Exception as exc:  # noqa: BLE001 - every SDK failure is classified below
             if not _is_vendor_failure(exc):
