@@ -133,13 +133,14 @@ TRANSIENT = {
     "hang past the read timeout": (f.hang(5), "timeout"),
     "malformed body": (f.malformed(), "malformed response"),
     "malformed stream": (f.malformed(stream_after=2), "malformed response"),
+    "error event mid-stream": (f.stream_error(after=2), "stream error"),
 }
 
 
 @pytest.mark.parametrize("fault", list(TRANSIENT), ids=list(TRANSIENT))
 def test_transient_faults_are_retried_with_visible_state(vendor, fault, stream):
     behaviour, reason = TRANSIENT[fault]
-    if fault == "malformed stream" and not stream:
+    if fault in ("malformed stream", "error event mid-stream") and not stream:
         pytest.skip("a stream fault needs a stream")
     vendor.mock.push(behaviour, f.text("recovered"))
     events: list[dict] = []

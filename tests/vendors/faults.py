@@ -12,6 +12,7 @@ A behaviour is a plain dict (so a test in another process can post it as JSON to
     hang(seconds=30)                   read the request, send nothing (until the client disconnects)
     malformed(stream_after=0)          a 200 whose body is not the vendor's JSON (or a broken SSE event
                                        after `stream_after` good chunks)
+    stream_error(after=1)              a stream that ends in the vendor's in-stream error event (overloaded)
     empty()                            a 200 with no text and no tool calls
     max_tokens(text)                   an answer cut at the token limit
     unauthorized()                     401
@@ -62,6 +63,11 @@ def hang(seconds: float = 30) -> dict:
 
 def malformed(stream_after: int = 0) -> dict:
     return {"kind": "malformed", "stream_after": stream_after}
+
+
+def stream_error(after: int = 1) -> dict:
+    """A 200 stream that breaks off with the vendor's in-stream error event (overloaded) after `after` chunks."""
+    return {"kind": "stream_error", "after": after}
 
 
 def empty() -> dict:
@@ -244,6 +250,8 @@ class Handler(BaseHTTPRequestHandler):
                                                                       behaviour.get("overflow", False)), extra)
             elif behaviour["kind"] == "hang":
                 self.wait_for_disconnect(record, behaviour["seconds"])
+            elif behaviour["kind"] == "stream_error" and not (body or {}).get("stream"):
+                self.send_json(529, vendor.error_body(529, "Overloaded"))
             elif behaviour["kind"] == "malformed" and not (body or {}).get("stream"):
                 self.send_raw(200, b'{"id": "broken", "choices": [', "application/json")
             else:

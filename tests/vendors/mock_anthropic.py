@@ -147,6 +147,13 @@ class MockAnthropic(MockVendor):
             send("content_block_delta", '{"type": "content_block_delta", "index": 0, "delta": {')
             handler.end_stream()
             return
+        if behaviour["kind"] == "stream_error":
+            send("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            for i in range(behaviour.get("after", 1)):
+                send("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": f"part{i} "}})
+            send("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+            handler.end_stream()
+            return
         send("ping", {"type": "ping"})
         for index, block in enumerate(message["content"]):
             if block["type"] == "text":

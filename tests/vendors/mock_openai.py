@@ -123,6 +123,13 @@ class MockOpenAI(MockVendor):
             handler.send_event(record, '{"id": "broken", "choices": [{"delta": ')
             handler.end_stream()
             return
+        elif behaviour["kind"] == "stream_error":
+            for i in range(behaviour.get("after", 1)):
+                handler.send_event(record, chunk({"content": f"part{i} "}))
+            handler.send_event(record, json.dumps({"error": {"message": "The server is overloaded", "type": "server_error",
+                                                             "param": None, "code": None}}))
+            handler.end_stream()
+            return
         else:
             pieces = max(int(behaviour.get("chunks", 1)), 1)
             step = max(len(content) // pieces, 1)

@@ -73,8 +73,9 @@ class AnthropicProvider:
                 push("user", {"type": "text", "text": m["content"]})
         if wire:
             wire[-1]["content"][-1] = {**wire[-1]["content"][-1], "cache_control": CACHE}
-        body = {"model": self.model, "max_tokens": self.cfg.max_tokens,
-                "system": [{"type": "text", "text": system, "cache_control": CACHE}], "messages": wire}
+        body = {"model": self.model, "max_tokens": self.cfg.max_tokens, "messages": wire}
+        if system:  # the API refuses an empty text block
+            body["system"] = [{"type": "text", "text": system, "cache_control": CACHE}]
         if tools:
             body["tools"] = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in tools]
             body["tools"][-1]["cache_control"] = CACHE

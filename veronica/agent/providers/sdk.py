@@ -32,7 +32,6 @@ from veronica.agent.providers.base import CancelCheck, Cancelled, EventSink, Pro
 POLL_SECONDS = 0.05
 MAX_INLINE_WAIT = 60.0  # a longer Retry-After is handed to the engine's re-wake backoff instead
 RETRYABLE_STATUSES = {408, 409, 429}
-TRANSIENT_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "server_error", "timeout_error"}
 
 
 class Malformed(Exception):
@@ -232,13 +231,17 @@ def classify(exc: BaseException, vendor: str) -> ProviderError:
     headers = getattr(response, "headers", None)
     if isinstance(exc, (Malformed, json.JSONDecodeError)) or type(exc).__name__ in ("ValidationError", "APIResponseValidationError"):
         return ProviderError(f"{vendor}: malformed response ({exc})", status=status, request_id=request_id)
+    if status in (None, 200) and isinstance(getattr(exc, "body", None), dict):  # an error event inside a 200 stream
+        label = _label(exc) or "error"
+        return ProviderError(f"{vendor}: stream error {label}: {_api_message(exc)}", status=None, request_id=request_id,
+                             permanent=_label_type(exc) in ("invalid_request_error", "authentication_error", "permission_error"))
     if status is None:  # APIConnectionError / APITimeoutError and the transport errors under them
         timed_out = "timeout" in type(exc).__name__.lower() or "timed out" in str(exc).lower()
         return ProviderError(f"{vendor}: {'timeout' if timed_out else 'connection error'} ({exc})", status=None)
     label = "overloaded" if status == 529 else _label(exc)  # 529 is Anthropic's; proxies pass it through
     reason = f"HTTP {status}" + (f" {label}" if label else "")
     should = headers.get("x-should-retry") if headers is not None else None
-    transient = status in RETRYABLE_STATUSES or status >= 500 or (status == 200 and _label_type(exc) in TRANSIENT_TYPES)
+    transient = status in RETRYABLE_STATUSES or status >= 500
     if should in ("true", "false"):
         transient = should == "true"
     message = f"{vendor}: {reason}: {_api_message(exc)}" + (f" (request id {request_id})" if request_id else "")
@@ -257,7 +260,9 @@ def _label_type(exc) -> str:
 def reason_of(error: ProviderError) -> str:
     """Short text for the console: 'HTTP 529 overloaded', 'timeout', 'malformed response'."""
     text = str(error).split(": ", 1)[-1]
-    return text.split(": ", 1)[0] if text.startswith("HTTP ") else text.split(" (", 1)[0]
+    if text.startswith(("HTTP ", "stream error")):
+        return text.split(": ", 1)[0]
+    return text.split(" (", 1)[0]
 
 
 # --- the call: attempts and visible retries --------------------------------------------------------------
