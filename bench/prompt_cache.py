@@ -1,6 +1,6 @@
 """Prompt caching on a 20-turn Anthropic scenario, against the mock Anthropic server.
 
-    .venv/bin/python bench/prompt_cache.py [--turns 20] [--model anthropic:claude-sonnet-4-5] [--min-cache 1024]
+    .venv/bin/python bench/prompt_cache.py [--turns 20] [--model anthropic:claude-sonnet-4-5] [--min-cache 1024] [--role leader]
 
 A worker with the real tool set (every schema the loop sends) and a ~1 kB system prompt works a
 task: each turn the model calls read_file / grep and gets a ~600-character result back, as in a
@@ -50,7 +50,7 @@ def tool_result(i: int) -> str:
     return "\n".join(f"{n:4d}  def handler_{i}_{n}(request):  # TODO: validate input {n}" for n in range(10))
 
 
-def run(layout: str, turns: int, model: str, min_cache: int) -> dict:
+def run(layout: str, turns: int, model: str, min_cache: int, role: str = "worker") -> dict:
     from tests.vendors.mock_anthropic import MockAnthropic
     from veronica.agent.providers import pricing
     from veronica.agent.providers.anthropic import AnthropicProvider
@@ -58,7 +58,7 @@ def run(layout: str, turns: int, model: str, min_cache: int) -> dict:
     from veronica.agent.providers.sdk import CallConfig
     from veronica.agent.tools import tools_for
 
-    specs = [t.spec() for t in tools_for("worker").values()]
+    specs = [t.spec() for t in tools_for(role).values()]
     system = ("You are w1, a worker in team Alpha. Teammates reach you by mail; use the tools to act. "
               "Your workspace tools only see the space's folder.\n# Skills\n") + "\n".join(
         f"## skill-{i}\nRead the task, orient in the workspace, report findings with file and line." for i in range(12))
@@ -106,11 +106,12 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--model", default="anthropic:claude-sonnet-4-5")
     parser.add_argument("--min-cache", type=int, default=1024, help="minimum cacheable prefix in tokens (Sonnet 1024)")
+    parser.add_argument("--role", default="worker", choices=("worker", "leader"), help="whose tool set is sent")
     args = parser.parse_args()
     setup()
-    rows = [run(layout, args.turns, args.model, args.min_cache) for layout in ("none", "stable prefix", "+ conversation")]
+    rows = [run(layout, args.turns, args.model, args.min_cache, args.role) for layout in ("none", "stable prefix", "+ conversation")]
     first = rows[0]
-    print(f"{args.turns}-turn Anthropic scenario, {args.model}, mock cache minimum {args.min_cache} tokens")
+    print(f"{args.turns}-turn Anthropic scenario, {args.model}, {args.role} tools, mock cache minimum {args.min_cache} tokens")
     print(f"first request: {first['request_bytes']} bytes, of which tool schemas {first['tools_bytes']} bytes")
     print(f"{'layout':<16} {'calls':>5} {'prompt tok':>10} {'cache read':>10} {'cache write':>11} {'uncached':>9} "
           f"{'cached share':>12} {'USD':>9}")
