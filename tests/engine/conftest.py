@@ -16,7 +16,7 @@ class ScriptedProvider:
         self.requests: list[list[dict]] = []
         self.on_call = None
 
-    def complete(self, system, messages, tools, *, should_stop):
+    def complete(self, system, messages, tools, *, should_stop, on_event=None):
         self.systems.append(system)
         self.requests.append(messages)
         if self.on_call:

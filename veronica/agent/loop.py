@@ -9,6 +9,7 @@ from django.db import transaction
 
 from veronica import bus, events
 from veronica.agent import transcript, waggle_bridge
+from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
 from veronica.agent.providers import get_provider
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
@@ -66,7 +67,8 @@ def run_member(member: Member, ctx: RunContext) -> str:
             ctx.phase(Phase.THINKING)
         rows = transcript.turns(session)
         try:
-            reply = provider.complete(system, transcript.to_messages(rows), specs, should_stop=ctx.should_stop)
+            reply = provider.complete(system, transcript.to_messages(rows), specs, should_stop=ctx.should_stop,
+                                      on_event=LiveSink(member, ctx))
         except ProviderCancelled:
             raise Cancelled("model call aborted") from None
         with transaction.atomic():  # one commit: the model's turn, its usage, mail read
