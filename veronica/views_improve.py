@@ -95,6 +95,8 @@ def _rules_action(request: HttpRequest, space: Space, role: str) -> str:
         if action == "remove_rule":
             learning.remove_user_rule(rule.pk, actor=user, scope=scope)
             return f"removed {rule.ref}"
+        if rule.source != "learned":
+            raise VeronicaError(f"{rule.ref} is a user rule; only learned rules are enabled or disabled", field="rule_id")
         learning.set_learned_enabled(rule.pk, not rule.enabled, actor=user, scope=scope)
         return f"{'disabled' if rule.enabled else 'enabled'} {rule.ref}"
     if action in ("approve", "reject"):
