@@ -14,13 +14,16 @@ from veronica.agent.prompt import rules_block
 from veronica.engine import supervisor
 from veronica.models import Approval, Member, Session
 
-BEFORE = [("learning", "0001_initial"), ("veronica", "0003_operator_accepts_mail")]
-AFTER = [("learning", "0004_domain_required"), ("veronica", "0004_rule_domains_per_space")]
+# Back to learning 0001 unapplies what depends on it (veronica 0004_rule_domains_per_space) and
+# nothing else; forward goes to every leaf, so other apps' later migrations are never left behind.
+BEFORE = [("learning", "0001_initial")]
+AFTER = None
 
 
 def _migrate(targets):
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
+    targets = targets or executor.loader.graph.leaf_nodes()
     executor.migrate(targets)
     return executor.loader.project_state(targets).apps
 
