@@ -303,3 +303,30 @@ def test_member_rule_domains_are_validated_at_every_door(db, tmp_path, django_us
     with pytest.raises(ManifestError) as exc:
         register(root)
     assert "rule_domains" in str(exc.value) and "member.toml" in str(exc.value)
+
+
+def test_the_admin_routes_a_members_domains_in_its_own_space(tenants, django_user_model):
+    import json as _json
+
+    from django.forms.models import model_to_dict
+
+    from veronica.admin import MemberAdminForm
+
+    a, b, _, cb, state = tenants
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    admin = _client(root)
+    response = admin.post(reverse("admin:veronica_member_add"), {
+        "space": a.pk, "name": "adminspy", "role": "worker", "model": "offline", "permission_mode": "bypass",
+        "max_iterations": 24, "rule_domains": '["conduct"]'})
+    assert response.status_code == 302, response.content.decode()[:1500]
+    assert rules_block(Member.objects.get(space=a, name="adminspy")) is None  # A's conduct: empty, not B's
+    bad = admin.post(reverse("admin:veronica_member_add"), {
+        "space": a.pk, "name": "adminspy2", "role": "worker", "model": "offline", "permission_mode": "bypass",
+        "max_iterations": 24, "rule_domains": '["global:nowhere"]'})
+    assert bad.status_code == 200 and b"no global domain" in bad.content
+    member = Member.objects.get(space=a, name="w2")
+    data = {k: v for k, v in model_to_dict(member).items() if v is not None}
+    data.update(rule_domains=_json.dumps(["global:nowhere"]))
+    form = MemberAdminForm(data=data, instance=member)
+    assert not form.is_valid() and "rule_domains" in form.errors
+    assert _b_unchanged(b, cb, state)
