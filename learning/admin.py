@@ -7,6 +7,7 @@ import json
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Count
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -76,9 +77,12 @@ class DomainAdmin(admin.ModelAdmin):
     def kind(self, obj):
         return "global (shared, staff-managed)" if obj.is_global else ("owned" if obj.owner else "unowned (staff only)")
 
-    @admin.display(description="rules")
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(n_rules=Count("rules"))
+
+    @admin.display(description="rules", ordering="n_rules")
     def rule_count(self, obj):
-        return obj.rules.count()
+        return obj.n_rules
 
     def save_model(self, request, obj, form, change):
         if not change:

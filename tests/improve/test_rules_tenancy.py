@@ -330,3 +330,31 @@ def test_the_admin_routes_a_members_domains_in_its_own_space(tenants, django_use
     form = MemberAdminForm(data=data, instance=member)
     assert not form.is_valid() and "rule_domains" in form.errors
     assert _b_unchanged(b, cb, state)
+
+
+def test_rules_page_and_domain_admin_queries_do_not_grow_with_rows(db, tmp_path, django_user_model,
+                                                                  django_assert_max_num_queries):
+    a = make_space(tmp_path, "alpha")
+    owner = django_user_model.objects.create_user("owner-a")
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    access.grant(a, "owner-a", "owner", actor="test")
+    Member.objects.filter(space=a, name="w1").update(rule_domains=["d0"])
+    learning.add_user_rule("d0", "First.", actor="o", owner=f"space:{a.pk}")
+    page, domains = _client(owner), _client(root)
+
+    def counts():
+        with django_assert_max_num_queries(100) as ctx:
+            assert page.get(reverse("console:rules", args=[a.slug])).status_code == 200
+        n_page = len(ctx.captured_queries)
+        with django_assert_max_num_queries(100) as ctx:
+            assert domains.get(reverse("admin:learning_domain_changelist")).status_code == 200
+        return n_page, len(ctx.captured_queries)
+
+    counts()  # warm the session and content types
+    before = counts()
+    names = [f"d{i}" for i in range(1, 8)]
+    Member.objects.filter(space=a, name="w1").update(rule_domains=["d0", *names])
+    for name in names:
+        for j in range(3):
+            learning.add_user_rule(name, f"Rule {j} of {name}.", actor="o", owner=f"space:{a.pk}")
+    assert counts() == before
