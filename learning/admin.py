@@ -7,6 +7,7 @@ import json
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Count
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -17,6 +18,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from . import people, store
 from .models import (
     MAX_ACTIVE_RULES_PER_DOMAIN,
+    Domain,
     MinedItem,
     PassRun,
     Proposal,
@@ -41,18 +43,59 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+# --- domains --------------------------------------------------------------------------------------
+
+class DomainForm(forms.ModelForm):
+    class Meta:
+        model = Domain
+        fields = ["name", "is_global", "owner", "note"]
+
+    def clean_name(self):
+        try:
+            return store.clean_domain(self.cleaned_data.get("name", ""))
+        except store.RuleInputError as exc:
+            raise ValidationError(exc.message) from None
+
+    def clean(self):
+        data = super().clean()
+        if data.get("is_global") and data.get("owner"):
+            raise ValidationError({"owner": "a global domain has no owner: every space that routes global:<name> reads it"})
+        return data
+
+
+@admin.register(Domain)
+class DomainAdmin(admin.ModelAdmin):
+    """Staff make global domains here (shared on purpose), and give unowned ones an owner."""
+
+    form = DomainForm
+    list_display = ("label", "name", "kind", "owner", "rule_count", "created_at", "created_by")
+    list_filter = ("is_global",)
+    search_fields = ("name", "owner", "note")
+    readonly_fields = ("created_at", "created_by")
+
+    @admin.display(description="kind")
+    def kind(self, obj):
+        return "global (shared, staff-managed)" if obj.is_global else ("owned" if obj.owner else "unowned (staff only)")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(n_rules=Count("rules"))
+
+    @admin.display(description="rules", ordering="n_rules")
+    def rule_count(self, obj):
+        return obj.n_rules
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.created_by = request.user.get_username()[:150]
+        super().save_model(request, obj, form, change)
+
+
 # --- rules ----------------------------------------------------------------------------------------
 
 class RuleForm(forms.ModelForm):
     class Meta:
         model = Rule
         fields = ["domain", "text", "enabled"]
-
-    def clean_domain(self):
-        try:
-            return store.clean_domain(self.cleaned_data.get("domain", ""))
-        except store.RuleInputError as exc:
-            raise ValidationError(exc.message) from None
 
     def clean_text(self):
         try:
@@ -65,8 +108,9 @@ class RuleForm(forms.ModelForm):
 class RuleAdmin(admin.ModelAdmin):
     form = RuleForm
     list_display = ("ref", "domain", "source", "enabled", "strength", "short_text", "updated_at", "updated_by")
-    list_filter = ("source", "enabled", "domain")
-    search_fields = ("text", "domain")
+    list_filter = ("source", "enabled", "domain__is_global", "domain")
+    list_select_related = ("domain",)
+    search_fields = ("text", "domain__name", "domain__owner")
     ordering = ("domain", "source", "-strength", "id")
 
     @admin.display(description="rule")
@@ -127,7 +171,8 @@ class RuleAdmin(admin.ModelAdmin):
 @admin.register(Proposal)
 class ProposalAdmin(admin.ModelAdmin):
     list_display = ("id", "domain", "status", "op_count", "created_at", "decided_by", "decided_at", "review_link")
-    list_filter = ("status", "domain")
+    list_filter = ("status", "domain__is_global", "domain")
+    list_select_related = ("domain",)
     change_list_template = "admin/learning/proposal/change_list.html"
 
     def has_add_permission(self, request):
@@ -157,14 +202,14 @@ class ProposalAdmin(admin.ModelAdmin):
     def _entries(self, proposals):
         entries = []
         for p in proposals:
-            current = store.learned_snapshot(p.domain)
+            current = store.learned_snapshot(p.domain_id)
             entry = {
                 "proposal": p,
                 "ops_json": json.dumps([{**op, "rule": f"L{op['rule']}"} if "rule" in op else op for op in p.ops],
                                        indent=1, ensure_ascii=False),
                 "reflections": list(p.reflections.all()[:50]),
                 "active_now": sum(1 for r in current if r["enabled"]),
-                "user_rules": store.user_snapshot(p.domain),
+                "user_rules": store.user_snapshot(p.domain_id),
             }
             if p.status == ProposalStatus.PENDING:
                 entry.update(people.preview(p))
@@ -184,7 +229,7 @@ class ProposalAdmin(admin.ModelAdmin):
             proposals = [get_object_or_404(Proposal, pk=int(object_id))]
             title = f"Review proposal #{object_id}"
         else:
-            proposals = list(Proposal.objects.filter(status=ProposalStatus.PENDING).order_by("id"))
+            proposals = list(Proposal.objects.filter(status=ProposalStatus.PENDING).select_related("domain").order_by("id"))
             title = "Rule review"
         context = {
             **self.admin_site.each_context(request),
@@ -236,7 +281,8 @@ class ProposalAdmin(admin.ModelAdmin):
 class RuleChangeAdmin(ReadOnlyAdmin):
     list_display = ("id", "created_at", "actor", "domain", "source", "action", "summary", "reverted")
     list_filter = ("source", "action", "domain")
-    search_fields = ("actor", "summary", "domain")
+    list_select_related = ("domain",)
+    search_fields = ("actor", "summary", "domain__name", "domain__owner")
     change_form_template = "admin/learning/rulechange/change_form.html"
     fields = ("created_at", "actor", "domain", "source", "action", "summary", "proposal", "reverts")
     readonly_fields = fields
@@ -282,6 +328,7 @@ class RuleChangeAdmin(ReadOnlyAdmin):
 class ReflectionAdmin(ReadOnlyAdmin):
     list_display = ("id", "domain", "kind", "item_key", "short_text", "consumed_at", "proposal")
     list_filter = ("domain", "kind")
+    list_select_related = ("domain",)
     search_fields = ("text", "item_key")
 
     @admin.display(description="text")

@@ -9,6 +9,12 @@ Write paths, in one place so they can be audited:
 
 `Rule.save()` / `Rule.delete()` refuse a user rule outside the people-write context, so a pass
 that tried to write one would fail loudly instead of silently rewriting the operator's rules.
+
+Every rule, proposal, reflection and history row belongs to one `Domain`. A domain is a name in an
+owner's namespace (`owner` is an opaque key the host sets, e.g. "space:12"; learning never reads
+meaning into it), so two owners naming "conduct" have two domains that never meet. A global domain
+(shared by every owner that routes `global:<name>`) is created deliberately by staff in the admin.
+A domain with no owner that is not global is unowned: routed to no one, visible to staff only.
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from django.db.models import Q
 MAX_ACTIVE_RULES_PER_DOMAIN = 25
 MAX_RULE_CHARS = 1000
 DOMAIN_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+GLOBAL_PREFIX = "global:"  # how a member routes a global domain: "global:<name>"
+MAX_OWNER_CHARS = 100
 
 _people_write: contextvars.ContextVar[bool] = contextvars.ContextVar("learning_people_write", default=False)
 
@@ -73,8 +81,51 @@ class RuleQuerySet(models.QuerySet):
         return super().bulk_update(objs, fields, *args, **kwargs)
 
 
+class Domain(models.Model):
+    name = models.CharField(max_length=64)
+    owner = models.CharField(max_length=MAX_OWNER_CHARS, blank=True, db_index=True,
+                             help_text='Opaque key of the owner (Veronica: "space:<id>"). Empty: global, or unowned.')
+    is_global = models.BooleanField(default=False, help_text="Shared by every owner that routes global:<name>. Staff only.")
+    note = models.TextField(blank=True, help_text="Where the domain came from (e.g. a migration split).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-is_global", "owner", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "is_global", "name"], name="learning_domain_owner_name_uniq"),
+            models.CheckConstraint(condition=Q(is_global=False) | Q(owner=""), name="learning_domain_global_has_no_owner"),
+        ]
+
+    @property
+    def ref(self) -> str:
+        """How a member routes it: the bare name in its owner's namespace, or global:<name>."""
+        return f"{GLOBAL_PREFIX}{self.name}" if self.is_global else self.name
+
+    @property
+    def label(self) -> str:
+        if self.is_global:
+            return f"{GLOBAL_PREFIX}{self.name}"
+        return f"{self.owner}/{self.name}" if self.owner else f"unowned/{self.name}"
+
+    def __str__(self) -> str:
+        return self.label
+
+    def save(self, *args, **kwargs):
+        from .store import bump_stamp  # ownership decides who reads the rules: cached blocks must go
+
+        bump_stamp()
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        from .store import bump_stamp
+
+        bump_stamp()
+        return super().delete(*args, **kwargs)
+
+
 class Rule(models.Model):
-    domain = models.CharField(max_length=64, db_index=True)
+    domain = models.ForeignKey(Domain, on_delete=models.PROTECT, related_name="rules")
     source = models.CharField(max_length=10, choices=RuleSource.choices)
     text = models.TextField()
     enabled = models.BooleanField(default=True, help_text="Learned rules only; user rules are always active.")
@@ -198,7 +249,7 @@ class ProposalStatus(models.TextChoices):
 
 
 class Proposal(models.Model):
-    domain = models.CharField(max_length=64, db_index=True)
+    domain = models.ForeignKey(Domain, on_delete=models.PROTECT, related_name="proposals")
     status = models.CharField(max_length=10, choices=ProposalStatus.choices, default=ProposalStatus.PENDING)
     ops = models.JSONField(default=list, help_text="Operations on the domain's learned rules.")
     original_ops = models.JSONField(null=True, blank=True, help_text="The pass's ops, when a reviewer edited them.")
@@ -223,7 +274,7 @@ class Reflection(models.Model):
     kind = models.CharField(max_length=12, choices=MinedKind.choices)
     item_key = models.CharField(max_length=255)
     member_key = models.CharField(max_length=150, blank=True)
-    domain = models.CharField(max_length=64, db_index=True)
+    domain = models.ForeignKey(Domain, on_delete=models.PROTECT, related_name="reflections")
     text = models.TextField()
     created_at = models.DateTimeField(auto_now_add=True)
     pass_run = models.ForeignKey(PassRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="reflections")
@@ -245,6 +296,7 @@ class ChangeAction(models.TextChoices):
     ENABLE = "enable"
     DISABLE = "disable"
     REVERT = "revert"
+    SPLIT = "split"  # a migration gave each owner of a shared domain its own copy
 
 
 class RuleChange(models.Model):
@@ -253,7 +305,7 @@ class RuleChange(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.CharField(max_length=150)
-    domain = models.CharField(max_length=64, db_index=True)
+    domain = models.ForeignKey(Domain, on_delete=models.PROTECT, related_name="changes")
     source = models.CharField(max_length=10, choices=RuleSource.choices)
     action = models.CharField(max_length=10, choices=ChangeAction.choices)
     summary = models.CharField(max_length=300, blank=True)

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Callable, Iterable
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -24,6 +25,7 @@ from . import store
 from .lock import LeaseLost, LockBusy, WriterLock
 from .models import (
     MAX_ACTIVE_RULES_PER_DOMAIN,
+    Domain,
     MinedItem,
     MinedKind,
     PassKind,
@@ -64,16 +66,18 @@ def default_domain() -> str:
     return getattr(settings, "LEARNING_DEFAULT_DOMAIN", "general")
 
 
-def item_domains(domains: Iterable[str] | None) -> list[str]:
-    out = []
-    for d in domains or ():
+def item_domains(domains: Iterable[str] | None, owner: str = "") -> list[Domain]:
+    """The domains an item's lessons go to: the item owner's own domains it routes (created on
+    first use) and the existing global domains it routes; the owner's default domain when none."""
+    out: list[Domain] = []
+    for ref in domains or ():
         try:
-            d = store.clean_domain(d)
+            d = store.domain_for(ref, owner)
         except store.RuleInputError:
             continue
-        if d not in out:
+        if d is not None and d not in out:
             out.append(d)
-    return out or [store.clean_domain(default_domain())]
+    return out or [store.domain_for(default_domain(), owner)]
 
 
 def max_item_chars() -> int:
@@ -180,7 +184,9 @@ def run_reflect(source: Source | None = None, complete: Complete | None = None, 
                     continue
                 mined.add(key)
                 where = f"{kind}:{key}"
-                domains = item_domains(getattr(item, "domains", None))
+                targets = item_domains(getattr(item, "domains", None), str(getattr(item, "owner", "") or ""))
+                by_ref = {d.ref: d for d in targets}
+                domains = list(by_ref)
                 if kind == MinedKind.OUTBOX:
                     prompt = reflect_prompt(kind, key, domains, original=str(item.original or ""),
                                             edited=str(item.edited or ""),
@@ -200,7 +206,7 @@ def run_reflect(source: Source | None = None, complete: Complete | None = None, 
                     MinedItem.objects.create(kind=kind, key=key, pass_run=r.run)
                     Reflection.objects.bulk_create([
                         Reflection(kind=kind, item_key=key, member_key=str(getattr(item, "member_key", "") or "")[:150],
-                                   domain=domain, text=text, pass_run=r.run)
+                                   domain=by_ref[domain], text=text, pass_run=r.run)
                         for domain, text in lessons
                     ])
                 r.count(f"mined_{kind}")
@@ -212,7 +218,7 @@ def run_reflect(source: Source | None = None, complete: Complete | None = None, 
 
 # --- learn ----------------------------------------------------------------------------------------
 
-def _auto_approve_for(auto_approve, domain: str) -> bool:
+def _auto_approve_for(auto_approve, domain: Domain) -> bool:
     if callable(auto_approve):
         return bool(auto_approve(domain))
     if isinstance(auto_approve, str):
@@ -220,25 +226,31 @@ def _auto_approve_for(auto_approve, domain: str) -> bool:
     return bool(auto_approve)
 
 
-def run_learn(domain: str | None = None, complete: Complete | None = None, auto_approve=False,
+def run_learn(domain=None, complete: Complete | None = None, auto_approve=False,
               progress: Progress = None, *, wait: float | None = None, lock_ttl: float | None = None) -> PassRun:
-    """Consolidate unconsumed reflections into a Proposal of ops per domain. `auto_approve`: a bool,
-    or a callable(domain) -> bool; an auto-approved proposal passes the same gate as a person's."""
+    """Consolidate unconsumed reflections into a Proposal of ops per domain. `domain`: only this
+    Domain, or only the domains a reference names (a bare name: that name in every owner's
+    namespace). `auto_approve`: a bool, or a callable(Domain) -> bool; an auto-approved proposal
+    passes the same gate as a person's."""
     complete = complete if complete is not None else get_complete()
-    only = store.clean_domain(domain) if domain else None
+    if isinstance(domain, Domain):
+        only = Q(domain_id=domain.pk)
+    elif domain:
+        is_global, name = store.clean_ref(domain)
+        only = Q(domain__name=name, domain__is_global=is_global)
+    else:
+        only = Q()
 
     def body(r: _Run) -> None:
-        pending = Reflection.objects.filter(consumed_at__isnull=True)
-        if only:
-            pending = pending.filter(domain=only)
-        domains = sorted(set(pending.values_list("domain", flat=True)))
-        for d in domains:
+        pending = Reflection.objects.filter(only, consumed_at__isnull=True)
+        ids = sorted(set(pending.values_list("domain_id", flat=True)))
+        for d in Domain.objects.filter(pk__in=ids).order_by("id"):
             reflections = list(Reflection.objects.filter(consumed_at__isnull=True, domain=d).order_by("id")[:100])
             if not reflections:
                 continue
             base = store.learned_snapshot(d)
             users = store.user_snapshot(d)
-            prompt = learn_prompt(d, users, base, [{"kind": x.kind, "text": x.text} for x in reflections],
+            prompt = learn_prompt(d.name, users, base, [{"kind": x.kind, "text": x.text} for x in reflections],
                                   max_active=MAX_ACTIVE_RULES_PER_DOMAIN)
             raw = r.ask(complete, LEARN_SYSTEM, prompt, f"domain:{d}")
             if raw is None:

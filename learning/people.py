@@ -1,16 +1,20 @@
 """What people do to the store (admin, console): user rules, review decisions, reverts, toggles.
 
 This module is the only writer of user rules. Passes (learning.passes) never import it except for
-`approve_proposal` when a space allows auto-approve, and that touches learned rules only."""
+`approve_proposal` when a space allows auto-approve, and that touches learned rules only.
+
+`scope` (every write that names a rule, proposal or change by id): the domains the caller may
+touch. A host passes the domains of the tenant acting, so an id from another tenant's domain is
+"not found", exactly like an id that does not exist. None (the admin, staff): every domain."""
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
 
 from . import store
-from .models import MAX_ACTIVE_RULES_PER_DOMAIN, ChangeAction, Proposal, ProposalStatus, Rule, RuleChange, RuleSource, people_write
+from .models import MAX_ACTIVE_RULES_PER_DOMAIN, ChangeAction, Domain, Proposal, ProposalStatus, Rule, RuleChange, RuleSource, people_write
 from .ops import OpError, apply_ops, normalize_ops, same_rules, snapshot_diff
-from .store import RuleInputError, actor_name, clean_domain, clean_rule_text
+from .store import RuleInputError, actor_name, as_domain, clean_rule_text, in_scope
 
 
 class ReviewError(RuntimeError):
@@ -19,17 +23,21 @@ class ReviewError(RuntimeError):
 
 # --- user rules ---------------------------------------------------------------------------------
 
-def _user_rule(rule_id) -> Rule:
+def _user_rule(rule_id, scope=None) -> Rule:
     try:
-        return Rule.objects.get(pk=rule_id, source=RuleSource.USER)
+        return in_scope(Rule.objects.select_related("domain"), scope).get(pk=rule_id, source=RuleSource.USER)
     except (Rule.DoesNotExist, ValueError, TypeError):
         raise RuleInputError("rule", f"no user rule with id {rule_id!r}") from None
 
 
-def add_user_rule(domain: str, text: str, *, actor, _reverts: RuleChange | None = None) -> Rule:
-    domain, text, who = clean_domain(domain), clean_rule_text(text), actor_name(actor)
+def add_user_rule(domain, text: str, *, actor, owner: str = "", _reverts: RuleChange | None = None) -> Rule:
+    """`domain`: a Domain, or a reference resolved in `owner`'s namespace (created on first use)."""
+    text, who = clean_rule_text(text), actor_name(actor)
+    if not isinstance(domain, Domain):
+        store.clean_ref(domain)  # a bad name is an input error before anything is written
     with people_write(), transaction.atomic():
         store.bump_stamp()
+        domain = as_domain(domain, owner, actor=who)
         rule = Rule(domain=domain, source=RuleSource.USER, text=text, created_by=who, updated_by=who)
         rule.save()
         action = ChangeAction.REVERT if _reverts else ChangeAction.ADD
@@ -38,16 +46,20 @@ def add_user_rule(domain: str, text: str, *, actor, _reverts: RuleChange | None 
     return rule
 
 
-def edit_user_rule(rule_id: int, text: str, *, actor, domain: str | None = None,
+def edit_user_rule(rule_id: int, text: str, *, actor, domain=None, owner: str = "", scope=None,
                    _reverts: RuleChange | None = None) -> Rule:
+    """`domain` (optional) moves the rule: a Domain, or a reference in `owner`'s namespace; with a
+    `scope`, the target must be in it too."""
     text, who = clean_rule_text(text), actor_name(actor)
-    new_domain = clean_domain(domain) if domain is not None else None
     with people_write(), transaction.atomic():
         store.bump_stamp()
-        rule = _user_rule(rule_id)
+        rule = _user_rule(rule_id, scope)
+        new_domain = as_domain(domain, owner, actor=who) if domain is not None else None
+        if new_domain is not None and scope is not None and new_domain.pk not in {store.domain_id(d) for d in scope}:
+            raise RuleInputError("domain", f"{new_domain.ref!r} is not one of your domains")
         before = store.snapshot([rule], with_domain=True)
         old_domain = rule.domain
-        if rule.text == text and (new_domain is None or new_domain == rule.domain):
+        if rule.text == text and (new_domain is None or new_domain.pk == rule.domain_id):
             return rule
         rule.text = text
         if new_domain:
@@ -55,32 +67,32 @@ def edit_user_rule(rule_id: int, text: str, *, actor, domain: str | None = None,
         rule.updated_by = who
         rule.save()
         action = ChangeAction.REVERT if _reverts else ChangeAction.EDIT
-        summary = f"edited U{rule.pk}" + (f" (moved from {old_domain})" if rule.domain != old_domain else "")
+        summary = f"edited U{rule.pk}" + (f" (moved from {old_domain.label})" if rule.domain_id != old_domain.pk else "")
         store._record(rule.domain, RuleSource.USER, action, who, before, store.snapshot([rule], with_domain=True), reverts=_reverts,
                       summary=summary if not _reverts else f"revert of change #{_reverts.pk}")
     return rule
 
 
-def remove_user_rule(rule_id: int, *, actor, _reverts: RuleChange | None = None) -> None:
+def remove_user_rule(rule_id: int, *, actor, scope=None, _reverts: RuleChange | None = None) -> None:
     who = actor_name(actor)
     with people_write(), transaction.atomic():
         store.bump_stamp()
-        rule = _user_rule(rule_id)
+        rule = _user_rule(rule_id, scope)
         before = store.snapshot([rule], with_domain=True)
-        domain, pk = rule.domain, rule.pk
+        domain, pk = rule.domain_id, rule.pk
         rule.delete()
         action = ChangeAction.REVERT if _reverts else ChangeAction.REMOVE
         store._record(domain, RuleSource.USER, action, who, before, [], reverts=_reverts,
                       summary=f"removed U{pk}" if not _reverts else f"revert of change #{_reverts.pk}")
 
 
-def set_learned_enabled(rule_id: int, enabled: bool, *, actor) -> RuleChange | None:
-    return store.set_learned_enabled(rule_id, enabled, actor=actor_name(actor))
+def set_learned_enabled(rule_id: int, enabled: bool, *, actor, scope=None) -> RuleChange | None:
+    return store.set_learned_enabled(rule_id, enabled, actor=actor_name(actor), scope=scope)
 
 
 # --- review ---------------------------------------------------------------------------------------
 
-def approve_proposal(proposal_id: int, *, actor, edited_ops=None) -> RuleChange:
+def approve_proposal(proposal_id: int, *, actor, edited_ops=None, scope=None) -> RuleChange:
     """Apply a pending proposal (or the reviewer's edit of its ops) to the domain's learned rules,
     in one transaction. Raises ReviewError when it cannot be applied; then nothing changes."""
     who = actor_name(actor)
@@ -90,7 +102,7 @@ def approve_proposal(proposal_id: int, *, actor, edited_ops=None) -> RuleChange:
         raise ReviewError(f"edited operations: {exc}") from None
     with transaction.atomic():
         store.bump_stamp()  # first: serializes rule writers (row lock on PostgreSQL)
-        proposal = Proposal.objects.select_for_update().filter(pk=proposal_id).first()
+        proposal = in_scope(Proposal.objects.select_for_update(), scope).filter(pk=proposal_id).first()
         if proposal is None:
             raise ReviewError(f"no proposal #{proposal_id}")
         if proposal.status != ProposalStatus.PENDING:
@@ -109,13 +121,13 @@ def approve_proposal(proposal_id: int, *, actor, edited_ops=None) -> RuleChange:
     return change
 
 
-def reject_proposal(proposal_id: int, *, actor, reason: str = "") -> Proposal:
+def reject_proposal(proposal_id: int, *, actor, reason: str = "", scope=None) -> Proposal:
     who = actor_name(actor)
     reason = (reason or "").strip()[:2000]
-    n = Proposal.objects.filter(pk=proposal_id, status=ProposalStatus.PENDING).update(
+    n = in_scope(Proposal.objects, scope).filter(pk=proposal_id, status=ProposalStatus.PENDING).update(
         status=ProposalStatus.REJECTED, decided_by=who, decided_at=timezone.now(), reason=reason
     )
-    proposal = Proposal.objects.filter(pk=proposal_id).first()
+    proposal = in_scope(Proposal.objects, scope).filter(pk=proposal_id).first()
     if proposal is None:
         raise ReviewError(f"no proposal #{proposal_id}")
     if not n:
@@ -125,7 +137,7 @@ def reject_proposal(proposal_id: int, *, actor, reason: str = "") -> Proposal:
 
 def preview(proposal: Proposal) -> dict:
     """The proposal's diff against the CURRENT learned rules (what approving would do now)."""
-    current = store.learned_snapshot(proposal.domain)
+    current = store.learned_snapshot(proposal.domain_id)
     stale = not _same_base(proposal.base, current)
     try:
         result = apply_ops(current, proposal.ops, max_active=MAX_ACTIVE_RULES_PER_DOMAIN)
@@ -141,15 +153,17 @@ def _same_base(a, b) -> bool:
 
 # --- history ------------------------------------------------------------------------------------
 
-def revert_change(history_id: int, *, actor) -> RuleChange:
+def revert_change(history_id: int, *, actor, scope=None) -> RuleChange:
     """Undo one recorded change. Refused when the rules it touched changed since (revert the later
     change first), so a revert never silently discards someone else's work."""
     who = actor_name(actor)
-    entry = RuleChange.objects.filter(pk=history_id).first()
+    entry = in_scope(RuleChange.objects.select_related("domain"), scope).filter(pk=history_id).first()
     if entry is None:
         raise ReviewError(f"no rule change #{history_id}")
     if entry.reverted_by.exists():
         raise ReviewError(f"change #{entry.pk} was already reverted")
+    if entry.action == ChangeAction.SPLIT:
+        raise ReviewError(f"change #{entry.pk} split a shared domain between its spaces; it is not reverted")
     if entry.source == RuleSource.LEARNED:
         try:
             return store.restore_learned(entry.domain, entry.after, entry.before, actor=who, reverts=entry)
@@ -161,14 +175,21 @@ def revert_change(history_id: int, *, actor) -> RuleChange:
     with transaction.atomic():
         if after is not None:
             current = Rule.objects.filter(pk=after["id"], source=RuleSource.USER).first()
-            if current is None or current.text != after["text"] or current.domain != after.get("domain", entry.domain):
+            if current is None or current.text != after["text"] or current.domain_id != after.get("domain_id", entry.domain_id):
                 raise ReviewError(f"user rule U{after['id']} changed after change #{entry.pk}; revert the later change first")
         if before is None and after is not None:
             remove_user_rule(after["id"], actor=who, _reverts=entry)
         elif before is not None and after is None:
-            add_user_rule(before.get("domain", entry.domain), before["text"], actor=who, _reverts=entry)
+            add_user_rule(_domain_of(before, entry), before["text"], actor=who, _reverts=entry)
         elif before is not None and after is not None:
-            edit_user_rule(after["id"], before["text"], actor=who, domain=before.get("domain"), _reverts=entry)
+            edit_user_rule(after["id"], before["text"], actor=who, domain=_domain_of(before, entry), _reverts=entry)
         else:
             raise ReviewError(f"change #{entry.pk} has nothing to revert")
     return RuleChange.objects.filter(reverts=entry).latest("id")
+
+
+def _domain_of(snapshot_item: dict, entry: RuleChange):
+    """Where a user rule lived in a history snapshot (its domain id; the change's own domain when
+    the snapshot predates ids)."""
+    found = Domain.objects.filter(pk=snapshot_item.get("domain_id", entry.domain_id)).first()
+    return found if found is not None else entry.domain

@@ -1,6 +1,8 @@
 """What the host hands the learning app: a Source of items to mine, and a `complete` callable.
 
-`learning` never imports the host. The host points two settings at its own code:
+`learning` never imports the host. Every item carries `owner`, the host's opaque key for the tenant
+it came from: its lessons go to that owner's domains (and to global domains it routes), never to
+another owner's. The host points two settings at its own code:
 
 * LEARNING_SOURCE   dotted path to a class or zero-argument factory returning a `Source`
                     (unset: an EmptySource, so passes find nothing to do);
@@ -24,6 +26,7 @@ class SessionItem:
     member_key: str  # passed back to Source.write_memory by distill
     domains: list[str]  # the member's routed rule domains
     text: str  # the transcript, rendered as text
+    owner: str = ""  # whose domains `domains` names (the host's opaque key, e.g. "space:12")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class OutboxItem:
     domains: list[str]
     original: str  # what the member wrote
     edited: str  # what the operator accepted after editing
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class Correction:
     key: str  # unique PER CORRECTION (a second correction of the same thing is a new key)
     domains: list[str]
     text: str  # e.g. "approval denied: run_command rm -rf build/; reason: ..."
+    owner: str = ""
 
 
 @runtime_checkable
@@ -55,8 +60,10 @@ class Source(Protocol):
     def write_memory(self, member_key: str, name: str, content: str) -> None:
         """Write (create or replace) one memory file of a member. Called by distill."""
 
-    def routed_domains(self) -> set[str]:
-        """Domains routed to at least one member (for the start-up check)."""
+    def routed_domains(self) -> set[tuple[str, str]]:
+        """(owner, reference) pairs routed to at least one member (for the start-up check); a
+        reference is a bare name in that owner's namespace or global:<name>. A bare string
+        stands for ("", string)."""
 
 
 class EmptySource:

@@ -18,6 +18,9 @@ from django.db.models import Count, Q
 from . import ops as ops_mod
 from .models import (
     DOMAIN_PATTERN,
+    GLOBAL_PREFIX,
+    MAX_OWNER_CHARS,
+    Domain,
     MAX_ACTIVE_RULES_PER_DOMAIN,
     MAX_RULE_CHARS,
     ChangeAction,
@@ -50,6 +53,90 @@ def clean_domain(domain: object) -> str:
             "domain", f"{domain!r} is not a domain name (lowercase letters, digits, . _ -; at most 64 characters)"
         )
     return value
+
+
+def clean_ref(ref: object) -> tuple[bool, str]:
+    """A routed domain reference: a bare name (the owner's own domain) or global:<name>."""
+    if isinstance(ref, str) and ref.strip().lower().startswith(GLOBAL_PREFIX):
+        return True, clean_domain(ref.strip()[len(GLOBAL_PREFIX):])
+    return False, clean_domain(ref)
+
+
+def clean_owner(owner: object) -> str:
+    if not isinstance(owner, str) or len(owner) > MAX_OWNER_CHARS or "\x00" in owner:
+        raise RuleInputError("owner", f"must be a string of at most {MAX_OWNER_CHARS} characters")
+    return owner
+
+
+def domain_for(ref: object, owner: str = "", *, create: bool = True, actor: str = "") -> Domain | None:
+    """The domain a reference names for this owner: its own domain of that name (created on first
+    use when `create`), or the global domain of that name. Never another owner's domain. Global
+    domains are never created here: staff create them in the admin. None when it does not exist."""
+    is_global, name = clean_ref(ref)
+    owner = clean_owner(owner)
+    if is_global:
+        return Domain.objects.filter(is_global=True, name=name).first()
+    found = Domain.objects.filter(owner=owner, is_global=False, name=name).first()
+    if found is not None or not create:
+        return found
+    try:
+        with transaction.atomic():
+            return Domain.objects.create(owner=owner, name=name, created_by=actor[:150])
+    except IntegrityError:  # created by someone else just now
+        return Domain.objects.get(owner=owner, is_global=False, name=name)
+
+
+def as_domain(domain: object, owner: str = "", *, actor: str = "") -> Domain:
+    """A Domain from a Domain, or a reference resolved in `owner`'s namespace (see domain_for)."""
+    if isinstance(domain, Domain):
+        return domain
+    found = domain_for(domain, owner, actor=actor)
+    if found is None:
+        raise RuleInputError("domain", f"no global domain {domain!r}; staff create global domains in the admin")
+    return found
+
+
+def resolve(owner: str, refs: Iterable[object]) -> list[Domain]:
+    """The existing domains `refs` name for this owner (own first, by name; globals by global:name),
+    in the order given. Bad references are skipped. Creates nothing."""
+    plain, shared = _split_refs(refs)
+    found = {}
+    if plain:
+        for d in Domain.objects.filter(owner=owner, is_global=False, name__in=plain):
+            found[d.name] = d
+    if shared:
+        for d in Domain.objects.filter(is_global=True, name__in=shared):
+            found[f"{GLOBAL_PREFIX}{d.name}"] = d
+    return [found[r] for r in _refs_in_order(plain, shared) if r in found]
+
+
+def _split_refs(refs: Iterable[object]) -> tuple[list[str], list[str]]:
+    plain: list[str] = []
+    shared: list[str] = []
+    for ref in refs or ():
+        try:
+            is_global, name = clean_ref(ref)
+        except RuleInputError:
+            continue
+        bucket = shared if is_global else plain
+        if name not in bucket:
+            bucket.append(name)
+    return plain, shared
+
+
+def _refs_in_order(plain: list[str], shared: list[str]) -> list[str]:
+    return plain + [f"{GLOBAL_PREFIX}{n}" for n in shared]
+
+
+def domain_id(domain: object) -> int | None:
+    """A Domain's id from a Domain, an id, or a reference in the unowned namespace (learning used
+    alone; a host always passes Domains or ids). None for a reference that names no domain."""
+    if isinstance(domain, Domain):
+        return domain.pk
+    if isinstance(domain, int):
+        return domain
+    found = domain_for(domain, "", create=False)
+    return found.pk if found is not None else None
 
 
 def clean_rule_text(text: object) -> str:
@@ -103,35 +190,34 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-def _build_block(domains: tuple[str, ...]) -> str | None:
+def _build_block(owner: str, plain: list[str], shared: list[str]) -> str | None:
+    mine = Q(domain__owner=owner, domain__is_global=False, domain__name__in=plain)
     rows = list(
-        Rule.objects.filter(domain__in=domains)
+        Rule.objects.filter(mine | Q(domain__is_global=True, domain__name__in=shared))
         .filter(Q(source=RuleSource.USER) | Q(source=RuleSource.LEARNED, enabled=True))
-        .values_list("domain", "source", "text", "strength", "id")
+        .values_list("domain__name", "domain__is_global", "source", "text", "strength", "id")
     )
-    order = {d: i for i, d in enumerate(domains)}
+    order = {r: i for i, r in enumerate(_refs_in_order(plain, shared))}
+    rows = [(f"{GLOBAL_PREFIX}{r[0]}" if r[1] else r[0], *r[2:]) for r in rows]
     user = sorted((r for r in rows if r[1] == RuleSource.USER), key=lambda r: (order[r[0]], r[4]))
     learned = sorted((r for r in rows if r[1] == RuleSource.LEARNED), key=lambda r: (order[r[0]], -r[3], r[4]))
     return render_block([(r[0], r[2]) for r in user], [(r[0], r[2]) for r in learned])
 
 
-def prompt_block(domains: Iterable[str]) -> str | None:
-    """The rules block for one run. Warm: one indexed single-row query (the stamp) and a dict
-    lookup. Cold or after any change: one more query. Never takes a lock or a transaction."""
-    key: list[str] = []
-    for d in domains or ():
-        if isinstance(d, str):
-            d = d.strip().lower()
-            if d and d not in key:
-                key.append(d)
-    if not key:
+def prompt_block(domains: Iterable[str], owner: str = "") -> str | None:
+    """The rules block for one run: the owner's own domains that `domains` names, plus the global
+    domains it names as global:<name>; no other owner's rules, whatever the names. Warm: one
+    indexed single-row query (the stamp) and a dict lookup. Cold or after any change: one more
+    query. Never takes a lock or a transaction."""
+    plain, shared = _split_refs(domains)
+    if not plain and not shared:
         return None
-    dkey = tuple(key)
+    dkey = (str(owner), *_refs_in_order(plain, shared))
     stamp = read_stamp()  # read BEFORE the rules, so a cached block is never older than its stamp
     hit = _cache.get(dkey)
     if hit is not None and stamp is not None and hit[0] == stamp:
         return hit[1]
-    block = _build_block(dkey)
+    block = _build_block(str(owner), plain, shared)
     if stamp is not None:
         if len(_cache) >= _CACHE_MAX:
             _cache.clear()
@@ -142,38 +228,41 @@ def prompt_block(domains: Iterable[str]) -> str | None:
 # --- snapshots ------------------------------------------------------------------------------------
 
 def snapshot(rules: Iterable[Rule], *, with_domain: bool = False) -> list[dict]:
+    rules = list(rules)
     out = [{"id": r.pk, "text": r.text, "strength": r.strength, "enabled": r.enabled} for r in rules]
-    if with_domain:
+    if with_domain:  # user-rule history: where the rule lived (a move's revert goes back there)
         for item, r in zip(out, rules):
-            item["domain"] = r.domain
+            item["domain_id"] = r.domain_id
+            item["domain"] = r.domain.label
     return out
 
 
-def learned_snapshot(domain: str) -> list[dict]:
-    return snapshot(Rule.objects.filter(domain=domain, source=RuleSource.LEARNED).order_by("id"))
+def learned_snapshot(domain) -> list[dict]:
+    return snapshot(Rule.objects.filter(domain_id=domain_id(domain), source=RuleSource.LEARNED).order_by("id"))
 
 
-def user_snapshot(domain: str) -> list[dict]:
-    return snapshot(Rule.objects.filter(domain=domain, source=RuleSource.USER).order_by("id"))
+def user_snapshot(domain) -> list[dict]:
+    return snapshot(Rule.objects.filter(domain_id=domain_id(domain), source=RuleSource.USER).order_by("id"))
 
 
-def active_learned_counts() -> dict[str, int]:
+def active_learned_counts() -> dict[int, int]:
+    """Domain id -> active learned rules."""
     rows = (
         Rule.objects.filter(source=RuleSource.LEARNED, enabled=True)
-        .values("domain").annotate(n=Count("id")).values_list("domain", "n")
+        .values("domain_id").annotate(n=Count("id")).values_list("domain_id", "n")
     )
     return dict(rows)
 
 
-def domains_with_active_rules() -> set[str]:
+def domains_with_active_rules() -> set[int]:
     return set(
         Rule.objects.filter(Q(source=RuleSource.USER) | Q(source=RuleSource.LEARNED, enabled=True))
-        .values_list("domain", flat=True).distinct()
+        .values_list("domain_id", flat=True).distinct()
     )
 
 
-def all_domains() -> list[str]:
-    return sorted(set(Rule.objects.values_list("domain", flat=True).distinct()))
+def all_domains() -> list[Domain]:
+    return list(Domain.objects.filter(rules__isnull=False).distinct())
 
 
 # --- learned-rule writes (only from an approved proposal, a person's revert or toggle) -------------
@@ -181,12 +270,12 @@ def all_domains() -> list[str]:
 def _record(domain, source, action, actor, before, after, *, proposal=None, reverts=None, summary="") -> RuleChange:
     diff = ops_mod.snapshot_diff(before, after, source=source)
     return RuleChange.objects.create(
-        actor=actor, domain=domain, source=source, action=action, before=before, after=after, diff=diff,
+        actor=actor, domain_id=domain_id(domain), source=source, action=action, before=before, after=after, diff=diff,
         proposal=proposal, reverts=reverts, summary=summary[:300],
     )
 
 
-def _write_learned(domain: str, current: list[dict], target: list[dict], actor: str) -> None:
+def _write_learned(domain: Domain, current: list[dict], target: list[dict], actor: str) -> None:
     """Make the domain's learned rules equal `target` (ids None = new rows). Learned rows only:
     every query is filtered on source=learned and this domain, so no id can reach a user rule."""
     existing = {r.pk: r for r in Rule.objects.filter(domain=domain, source=RuleSource.LEARNED)}
@@ -216,9 +305,11 @@ def _write_learned(domain: str, current: list[dict], target: list[dict], actor: 
             row.delete()
 
 
-def apply_ops(domain: str, ops: list[dict], *, actor: str, proposal: Proposal | None = None,
-              max_active: int = MAX_ACTIVE_RULES_PER_DOMAIN) -> RuleChange:
-    """Apply ops to the domain's current learned rules, all or nothing. Raises OpError / GateError."""
+def apply_ops(domain, ops: list[dict], *, actor: str, proposal: Proposal | None = None,
+              max_active: int = MAX_ACTIVE_RULES_PER_DOMAIN, owner: str = "") -> RuleChange:
+    """Apply ops to the domain's current learned rules, all or nothing. Raises OpError / GateError.
+    `domain`: a Domain, or a reference resolved in `owner`'s namespace."""
+    domain = as_domain(domain, owner, actor=actor)
     with transaction.atomic():
         bump_stamp()
         before = learned_snapshot(domain)
@@ -229,14 +320,14 @@ def apply_ops(domain: str, ops: list[dict], *, actor: str, proposal: Proposal | 
                        summary=f"proposal #{proposal.pk}" if proposal else "ops")
 
 
-def restore_learned(domain: str, expected: list[dict], target: list[dict], *, actor: str,
+def restore_learned(domain: Domain, expected: list[dict], target: list[dict], *, actor: str,
                     reverts: RuleChange) -> RuleChange:
     with transaction.atomic():
         bump_stamp()
         before = learned_snapshot(domain)
         if not ops_mod.same_rules(before, expected):
             raise ops_mod.OpError(
-                f"the learned rules of {domain!r} changed after change #{reverts.pk}; revert the later changes first"
+                f"the learned rules of {domain.label!r} changed after change #{reverts.pk}; revert the later changes first"
             )
         _write_learned(domain, before, target, actor)
         after = learned_snapshot(domain)
@@ -244,18 +335,23 @@ def restore_learned(domain: str, expected: list[dict], target: list[dict], *, ac
                        summary=f"revert of change #{reverts.pk}")
 
 
-def set_learned_enabled(rule_id: int, enabled: bool, *, actor: str) -> RuleChange | None:
+def in_scope(queryset, scope):
+    """Narrow a query of rules / proposals / changes to the domains a caller may touch (None: all)."""
+    return queryset if scope is None else queryset.filter(domain_id__in=[domain_id(d) for d in scope])
+
+
+def set_learned_enabled(rule_id: int, enabled: bool, *, actor: str, scope=None) -> RuleChange | None:
     with transaction.atomic():
         bump_stamp()
-        rule = Rule.objects.get(pk=rule_id, source=RuleSource.LEARNED)
+        rule = in_scope(Rule.objects, scope).get(pk=rule_id, source=RuleSource.LEARNED)
         if rule.enabled == bool(enabled):
             return None
-        before = learned_snapshot(rule.domain)
+        before = learned_snapshot(rule.domain_id)
         rule.enabled = bool(enabled)
         if rule.enabled and rule.strength == 0:
             rule.strength = 1
         rule.updated_by = actor
         rule.save(update_fields=["enabled", "strength", "updated_by", "updated_at"])
-        after = learned_snapshot(rule.domain)
-        return _record(rule.domain, RuleSource.LEARNED, ChangeAction.ENABLE if enabled else ChangeAction.DISABLE,
+        after = learned_snapshot(rule.domain_id)
+        return _record(rule.domain_id, RuleSource.LEARNED, ChangeAction.ENABLE if enabled else ChangeAction.DISABLE,
                        actor, before, after, summary=f"{'enabled' if enabled else 'disabled'} L{rule.pk}")

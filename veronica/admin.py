@@ -75,6 +75,12 @@ class SpaceAdmin(admin.ModelAdmin):
         _run_verb(self, request, queryset, supervisor.halt_all, "halted spaces")
 
 
+def clean_rule_domains(refs):
+    from veronica.learning_bridge import clean_rule_domains as clean
+
+    return clean(refs)
+
+
 class MemberAdminForm(forms.ModelForm):
     class Meta:
         model = Member
@@ -94,6 +100,11 @@ class MemberAdminForm(forms.ModelForm):
                 supervisor.validate_cron(data["schedule"])
             except VeronicaError as exc:
                 raise forms.ValidationError({"schedule": exc.message}) from None
+        if self.instance.pk is not None and "rule_domains" in data:
+            try:  # an edit routes names in the member's own space too (global:<name> must exist)
+                data["rule_domains"] = clean_rule_domains(data["rule_domains"])
+            except VeronicaError as exc:
+                raise forms.ValidationError({"rule_domains": exc.message}) from None
         return data
 
 

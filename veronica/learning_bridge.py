@@ -1,6 +1,10 @@
 """The host side of the learning app: what it may mine (finished transcripts, approval denials
 with a reason), where distilled notes go (member memory files), and which model its passes use.
-learning never imports veronica; settings point it here (LEARNING_SOURCE / LEARNING_COMPLETE)."""
+learning never imports veronica; settings point it here (LEARNING_SOURCE / LEARNING_COMPLETE).
+
+Tenancy: every space is one learning owner, "space:<id>". A member's `rule_domains` names are
+resolved in its own space's namespace (plus global:<name> for a global domain staff made), so the
+same name in two spaces is two domains, and no name reaches another space's rules."""
 from __future__ import annotations
 
 import os
@@ -9,9 +13,58 @@ from typing import Iterable
 from django.db import transaction
 
 from learning.sources import Correction, OutboxItem, SessionItem
-from veronica.models import Approval, ApprovalStatus, Member, MemoryFile, Message, Session
+from veronica.errors import VeronicaError
+from veronica.models import Approval, ApprovalStatus, Member, MemoryFile, Message, Session, Space
 
 MAX_SESSIONS = 200
+OWNER_PREFIX = "space:"
+
+
+def owner_key(space_or_id) -> str:
+    """The learning owner of a space (learning treats it as an opaque string)."""
+    return f"{OWNER_PREFIX}{getattr(space_or_id, 'pk', space_or_id)}"
+
+
+def space_id_of(owner: str) -> int | None:
+    if isinstance(owner, str) and owner.startswith(OWNER_PREFIX) and owner[len(OWNER_PREFIX):].isdigit():
+        return int(owner[len(OWNER_PREFIX):])
+    return None
+
+
+def clean_rule_domains(refs: object) -> list[str]:
+    """A member's rule domains as given by a person (API, console, admin, manifest): a list of
+    domain names (this space's own) and global:<name> references to global domains that exist.
+    Raises VeronicaError naming the field."""
+    from learning import api as learning
+
+    if refs is None:
+        return []
+    if not isinstance(refs, (list, tuple)):
+        raise VeronicaError("rule_domains must be a list of strings", field="rule_domains")
+    out: list[str] = []
+    for ref in refs:
+        if not isinstance(ref, str):
+            raise VeronicaError("rule_domains must be a list of strings", field="rule_domains")
+        if not ref.strip():
+            continue
+        try:
+            is_global, name = learning.clean_ref(ref)
+        except learning.RuleInputError as exc:
+            raise VeronicaError(f"rule_domains: {exc.message}", field="rule_domains") from None
+        if is_global and learning.domain_for(ref, create=False) is None:
+            raise VeronicaError(f"rule_domains: there is no global domain '{name}' (staff create global domains in the "
+                                "admin); a plain name is this space's own domain", field="rule_domains")
+        value = f"{learning.GLOBAL_PREFIX}{name}" if is_global else name
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def member_rules_block(member: Member) -> str | None:
+    """The rules block of one member's run: its own space's routed domains plus routed globals."""
+    from learning.api import prompt_block
+
+    return prompt_block(list(member.rule_domains or ()), owner=owner_key(member.space_id))
 
 
 class VeronicaSource:
@@ -25,26 +78,30 @@ class VeronicaSource:
                              + (f" (calls: {calls})" if calls else ""))
             if lines:
                 yield SessionItem(key=f"session:{session.pk}", member_key=str(session.member_id),
-                                  domains=list(session.member.rule_domains), text="\n".join(lines))
+                                  domains=list(session.member.rule_domains), text="\n".join(lines),
+                                  owner=owner_key(session.member.space_id))
 
     def outbox_items(self) -> Iterable[OutboxItem]:
         edited = Message.objects.filter(recipient_name="operator", accepted_at__isnull=False).exclude(accepted_body="")
         for msg in edited.select_related("sender").order_by("id"):
             domains = list(msg.sender.rule_domains) if msg.sender_id else []
-            yield OutboxItem(key=f"outbox:{msg.pk}", domains=domains, original=msg.body, edited=msg.accepted_body)
+            yield OutboxItem(key=f"outbox:{msg.pk}", domains=domains, original=msg.body, edited=msg.accepted_body,
+                             owner=owner_key(msg.space_id))
 
     def corrections(self) -> Iterable[Correction]:
         denied = Approval.objects.filter(status=ApprovalStatus.DENIED).exclude(reason="").select_related("member")
         for approval in denied.order_by("id"):
             yield Correction(key=f"approval:{approval.pk}", domains=list(approval.member.rule_domains),
-                             text=f"approval denied: {approval.tool_name} {approval.tool_args}; reason: {approval.reason}")
+                             text=f"approval denied: {approval.tool_name} {approval.tool_args}; reason: {approval.reason}",
+                             owner=owner_key(approval.member.space_id))
 
     def write_memory(self, member_key: str, name: str, content: str) -> None:
         with transaction.atomic():
             MemoryFile.objects.update_or_create(member_id=int(member_key), name=name, defaults={"content": content})
 
-    def routed_domains(self) -> set[str]:
-        return {d for domains in Member.objects.filter(removed_at__isnull=True).values_list("rule_domains", flat=True) for d in domains}
+    def routed_domains(self) -> set[tuple[str, str]]:
+        rows = Member.objects.filter(removed_at__isnull=True).values_list("space_id", "rule_domains")
+        return {(owner_key(space_id), d) for space_id, domains in rows for d in domains or ()}
 
 
 def make_complete():
@@ -63,8 +120,12 @@ def make_complete():
     return complete
 
 
-def auto_approve(domain: str) -> bool:
-    """A domain's proposals apply without review only if every space routing it allows that."""
-    # JSON containment lookups differ between SQLite and PostgreSQL; the member list is small.
-    spaces = [m.space for m in Member.objects.filter(removed_at__isnull=True).select_related("space") if domain in m.rule_domains]
-    return bool(spaces) and all(not s.rule_review_required for s in spaces)
+def auto_approve(domain) -> bool:
+    """A space's own domain applies proposals without review when that space does not require
+    review. Global and unowned domains always wait for a person (staff): they are nobody's to waive."""
+    if getattr(domain, "is_global", True):
+        return False
+    space_id = space_id_of(getattr(domain, "owner", ""))
+    if space_id is None:
+        return False
+    return Space.objects.filter(pk=space_id, rule_review_required=False).exists()

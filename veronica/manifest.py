@@ -114,6 +114,7 @@ def _member(folder: Path) -> MemberSpec:
     domains = cfg.get("rule_domains", [])
     if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
         raise ManifestError(cfg_path, "rule_domains", "must be a list of strings")
+    domains = _rule_domains(cfg_path, domains)
     budget = cfg.get("budget")
     if budget is not None and not isinstance(budget, int):
         raise ManifestError(cfg_path, "budget", "must be an integer (>0 caps, <0 unlimited)")
@@ -126,6 +127,16 @@ def _member(folder: Path) -> MemberSpec:
     return MemberSpec(name=folder.name, role=role, model=model, persona=persona_path.read_text().strip(),
                       when_to_use=str(cfg.get("when_to_use", "")), schedule=schedule, permission_mode=mode,
                       rule_domains=domains, budget=budget, max_iterations=iterations, skills=_skills(folder / "skills"))
+
+
+def _rule_domains(cfg_path: Path, domains: list[str]) -> list[str]:
+    """Domain names are this space's own (two spaces from one manifest never share one)."""
+    from veronica.learning_bridge import clean_rule_domains
+
+    try:
+        return clean_rule_domains(domains)
+    except VeronicaError as exc:
+        raise ManifestError(cfg_path, "rule_domains", exc.message.removeprefix("rule_domains: ")) from None
 
 
 def load(directory: str | Path) -> SpaceSpec:

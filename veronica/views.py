@@ -143,7 +143,8 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
         return f"{data.get('username')} no longer has access"
     if action == "add_member":
         member = supervisor.add_member(space, data.get("name", ""), role=data.get("role", Role.WORKER),
-                                       persona=data.get("persona", ""), model=data.get("model", "") or "offline", actor=actor)
+                                       persona=data.get("persona", ""), model=data.get("model", "") or "offline", actor=actor,
+                                       rule_domains=data.get("rule_domains", "").replace(",", " ").split())
         return f"added member {member.name}"
     if action == "remove_member":
         removed = supervisor.remove_member(supervisor.get_member(space, data.get("name", "")), actor=actor)

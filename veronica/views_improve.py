@@ -1,8 +1,9 @@
 """Console pages for the two self-improvement loops of one space.
 
-Rules: the learning domains routed to this space's members — user rules (owners edit them; no
-pass can), learned rules with their strength, and proposals waiting for review with their diff
-(operators approve or reject). Waggles: the space's library and the global one, with stats
+Rules: this space's own learning domains (a name routed here is this space's, even when another
+space uses the same name) and the global domains its members route, which only staff change —
+user rules (owners edit them; no pass can), learned rules with their strength, and proposals
+waiting for review with their diff (operators approve or reject). Waggles: the space's library and the global one, with stats
 (yields are estimates), steps, and enable / disable. Every write calls the app's own API.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from learning.api import LeaseLost, LockBusy, OpError, ReviewError, RuleInputErr
 from veronica import access
 from veronica.access import OPERATOR, OWNER
 from veronica.errors import VeronicaError
+from veronica.learning_bridge import owner_key
 from veronica.models import Member, Space
 from veronica.views import _context
 
@@ -28,8 +30,31 @@ LEARNING_INPUT_ERRORS = (RuleInputError, OpError, ReviewError, LockBusy, LeaseLo
 
 
 def routed_domains(space: Space) -> list[str]:
+    """The domain references this space's live members route (names, and global:<name>)."""
     domains = Member.objects.filter(space=space, removed_at__isnull=True).values_list("rule_domains", flat=True)
-    return sorted({d for row in domains for d in row})
+    return sorted({d for row in domains for d in row or ()})
+
+
+def space_domains(space: Space) -> list[dict]:
+    """What the rules page shows: this space's own domains (routed ones, even before their first
+    rule, and owned ones no member routes any more) and the global domains its members route.
+    Never another space's domain, whatever names its members carry."""
+    from learning import api as learning
+
+    key = owner_key(space)
+    members = list(Member.objects.filter(space=space, removed_at__isnull=True).values_list("name", "rule_domains"))
+    refs = routed_domains(space)
+    found = {d.ref: d for d in learning.resolve(key, refs)}
+    for d in learning.Domain.objects.filter(owner=key, is_global=False):
+        found.setdefault(d.ref, d)
+    rows = []
+    for ref in sorted(set(refs) | set(found)):
+        domain = found.get(ref)
+        if domain is None and ref.startswith(learning.GLOBAL_PREFIX):
+            continue  # staff removed that global domain; nothing to show or edit
+        rows.append({"ref": ref, "domain": domain, "is_global": bool(domain and domain.is_global),
+                     "members": [name for name, routed in members if ref in (routed or ())]})
+    return rows
 
 
 def _int(raw: str | None, field: str) -> int:
@@ -45,42 +70,52 @@ def _rules_action(request: HttpRequest, space: Space, role: str) -> str:
 
     data, user = request.POST, request.user
     action = data.get("action", "")
-    domains = routed_domains(space)
     need = OWNER if action in ("add_rule", "edit_rule", "remove_rule") else OPERATOR
     if not access.allows(role, need):
         raise VeronicaError(f"{action} needs the {need} role in this space", field="action")
+    rows = space_domains(space)
+    scope = [r["domain"] for r in rows if r["domain"] is not None]  # every id below is looked up inside it
 
-    def own_domain(domain: str) -> str:
-        if domain not in domains:
-            raise VeronicaError(f"domain '{domain}' is not routed to any member of this space ({', '.join(domains) or 'none'})",
-                                field="domain")
-        return domain
+    def may_change(domain) -> None:
+        if domain.is_global and not user.is_staff:
+            raise VeronicaError(f"'{domain.ref}' is a global domain shared by every space that routes it; only staff "
+                                "change it (in the admin)", field="domain")
 
     if action == "add_rule":
-        rule = learning.add_user_rule(own_domain(data.get("domain", "")), data.get("text", ""), actor=user)
-        return f"added user rule {rule.ref} to {rule.domain}"
+        ref = (data.get("domain") or "").strip().lower()
+        row = next((r for r in rows if r["ref"] == ref), None)
+        if row is None:
+            shown = ", ".join(r["ref"] for r in rows) or "none"
+            raise VeronicaError(f"domain '{ref}' is not one of this space's domains ({shown})", field="domain")
+        if row["domain"] is not None:
+            may_change(row["domain"])
+        rule = learning.add_user_rule(row["domain"] or ref, data.get("text", ""), actor=user, owner=owner_key(space))
+        return f"added user rule {rule.ref} to {row['ref']}"
     if action in ("edit_rule", "remove_rule", "toggle_learned"):
-        rule = Rule.objects.filter(pk=_int(data.get("rule_id"), "rule_id")).first()
-        if rule is None:
-            raise VeronicaError("no such rule", field="rule_id")
-        own_domain(rule.domain)
+        rule = Rule.objects.filter(pk=_int(data.get("rule_id"), "rule_id"), domain__in=scope).select_related("domain").first()
+        if rule is None:  # another space's rule reads exactly like one that does not exist
+            raise VeronicaError("no such rule in this space", field="rule_id")
+        may_change(rule.domain)
         if action == "edit_rule":
-            learning.edit_user_rule(rule.pk, data.get("text", ""), actor=user)
+            learning.edit_user_rule(rule.pk, data.get("text", ""), actor=user, scope=scope)
             return f"edited {rule.ref}"
         if action == "remove_rule":
-            learning.remove_user_rule(rule.pk, actor=user)
+            learning.remove_user_rule(rule.pk, actor=user, scope=scope)
             return f"removed {rule.ref}"
-        learning.set_learned_enabled(rule.pk, not rule.enabled, actor=user)
+        if rule.source != "learned":
+            raise VeronicaError(f"{rule.ref} is a user rule; only learned rules are enabled or disabled", field="rule_id")
+        learning.set_learned_enabled(rule.pk, not rule.enabled, actor=user, scope=scope)
         return f"{'disabled' if rule.enabled else 'enabled'} {rule.ref}"
     if action in ("approve", "reject"):
-        proposal = Proposal.objects.filter(pk=_int(data.get("proposal_id"), "proposal_id")).first()
+        proposal = Proposal.objects.filter(pk=_int(data.get("proposal_id"), "proposal_id"), domain__in=scope).select_related(
+            "domain").first()
         if proposal is None:
-            raise VeronicaError("no such proposal", field="proposal_id")
-        own_domain(proposal.domain)
+            raise VeronicaError("no such proposal in this space", field="proposal_id")
+        may_change(proposal.domain)
         if action == "approve":
-            learning.approve_proposal(proposal.pk, actor=user)
-            return f"approved proposal #{proposal.pk}; {proposal.domain} rules updated"
-        learning.reject_proposal(proposal.pk, actor=user, reason=data.get("reason", ""))
+            learning.approve_proposal(proposal.pk, actor=user, scope=scope)
+            return f"approved proposal #{proposal.pk}; {proposal.domain.ref} rules updated"
+        learning.reject_proposal(proposal.pk, actor=user, reason=data.get("reason", ""), scope=scope)
         return f"rejected proposal #{proposal.pk}"
     raise VeronicaError("unknown action", field="action")
 
@@ -102,16 +137,22 @@ def rules_page(request: HttpRequest, slug: str) -> HttpResponse:
             log.exception("rules page: %s failed in space %s", request.POST.get("action", ""), space.slug)
             messages.error(request, f"action: {request.POST.get('action', '')[:40]} could not be done (an internal error, logged for the administrator)")
         return redirect("console:rules", slug=space.slug)
-    domains = routed_domains(space)
-    rules = list(Rule.objects.filter(domain__in=domains).order_by("domain", "-source", "id"))
-    proposals = list(Proposal.objects.filter(domain__in=domains, status="pending").order_by("id"))
+    rows = space_domains(space)
+    ids = [r["domain"].pk for r in rows if r["domain"] is not None]
+    rules = list(Rule.objects.filter(domain_id__in=ids).order_by("domain", "-source", "id"))
+    proposals = list(Proposal.objects.filter(domain_id__in=ids, status="pending").order_by("id"))
+    staff = request.user.is_staff
     by_domain = [{
-        "name": d,
-        "members": [m.name for m in Member.objects.filter(space=space, removed_at__isnull=True) if d in m.rule_domains],
-        "user": [r for r in rules if r.domain == d and r.source == "user"],
-        "learned": [r for r in rules if r.domain == d and r.source == "learned"],
-        "proposals": [p for p in proposals if p.domain == d],
-    } for d in domains]
+        "name": r["ref"],
+        "anchor": r["ref"].replace(":", "-"),
+        "is_global": r["is_global"],
+        "members": r["members"],
+        "can_edit": access.allows(role, OWNER) and (staff or not r["is_global"]),
+        "can_steer": access.allows(role, OPERATOR) and (staff or not r["is_global"]),
+        "user": [x for x in rules if r["domain"] and x.domain_id == r["domain"].pk and x.source == "user"],
+        "learned": [x for x in rules if r["domain"] and x.domain_id == r["domain"].pk and x.source == "learned"],
+        "proposals": [p for p in proposals if r["domain"] and p.domain_id == r["domain"].pk],
+    } for r in rows]
     return render(request, "console/rules.html", _context(space, role, domains=by_domain, page="rules",
                                                            can_edit_rules=access.allows(role, OWNER)))
 

@@ -33,7 +33,7 @@ def test_a_user_without_access_gets_404(client, django_user_model, routed, page,
 def test_owner_adds_a_user_rule_and_it_renders_inert(client, django_user_model, routed):
     login_as(client, django_user_model, routed, AccessRole.OWNER)
     client.post(reverse("console:rules", args=[routed.slug]), {"action": "add_rule", "domain": "ops", "text": "<script>x()</script> be careful"})
-    assert Rule.objects.get(domain="ops", source="user").text.endswith("be careful")
+    assert Rule.objects.get(domain__name="ops", source="user").text.endswith("be careful")
     html = client.get(reverse("console:rules", args=[routed.slug])).content.decode()
     assert "<script>x()</script>" not in html and "&lt;script&gt;" in html
 
@@ -41,19 +41,21 @@ def test_owner_adds_a_user_rule_and_it_renders_inert(client, django_user_model, 
 def test_viewer_and_operator_cannot_write_user_rules(client, django_user_model, routed):
     login_as(client, django_user_model, routed, AccessRole.OPERATOR)
     client.post(reverse("console:rules", args=[routed.slug]), {"action": "add_rule", "domain": "ops", "text": "nope"})
-    assert not Rule.objects.filter(domain="ops").exists()
+    assert not Rule.objects.filter(domain__name="ops").exists()
 
 
 def test_a_domain_not_routed_here_is_refused(client, django_user_model, routed):
     login_as(client, django_user_model, routed, AccessRole.OWNER)
     client.post(reverse("console:rules", args=[routed.slug]), {"action": "add_rule", "domain": "elsewhere", "text": "x"})
-    assert not Rule.objects.filter(domain="elsewhere").exists()
+    assert not Rule.objects.filter(domain__name="elsewhere").exists()
 
 
 def test_operator_approves_a_proposal_from_the_console(client, django_user_model, routed):
     from learning.sources import Correction, StaticSource
 
-    learning.run_reflect(source=StaticSource(correction_items=[Correction(key="c1", domains=["ops"], text="approval denied: run_command rm -rf; reason: never delete build outputs")]))
+    learning.run_reflect(source=StaticSource(correction_items=[Correction(
+        key="c1", domains=["ops"], text="approval denied: run_command rm -rf; reason: never delete build outputs",
+        owner=f"space:{routed.pk}")]))
     learning.run_learn(domain="ops")
     proposal = Proposal.objects.get(status="pending")
     login_as(client, django_user_model, routed, AccessRole.OPERATOR)
@@ -61,7 +63,7 @@ def test_operator_approves_a_proposal_from_the_console(client, django_user_model
     assert f"proposal-{proposal.pk}" in html
     client.post(reverse("console:rules", args=[routed.slug]), {"action": "approve", "proposal_id": proposal.pk})
     assert Proposal.objects.get(pk=proposal.pk).status == "approved"
-    assert "never delete" in learning.prompt_block(["ops"])
+    assert "never delete" in learning.prompt_block(["ops"], owner=f"space:{routed.pk}")
 
 
 def test_waggle_library_lists_and_toggles(client, django_user_model, routed):

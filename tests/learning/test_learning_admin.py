@@ -5,7 +5,7 @@ import pytest
 from django.urls import reverse
 
 from learning import api, store
-from learning.models import Proposal, Rule, RuleChange, RuleSource
+from learning.models import Domain, Proposal, Rule, RuleChange, RuleSource
 from learning.sources import Correction, StaticSource
 
 pytestmark = pytest.mark.django_db
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 def pending(source):
     api.run_reflect(source)
     api.run_learn()
-    return Proposal.objects.get(domain="ops")
+    return Proposal.objects.get(domain__name="ops")
 
 
 def test_every_learning_admin_page_opens(admin_client, pending):
@@ -88,18 +88,34 @@ def test_reject_through_the_review_screen(admin_client, pending):
 
 
 def test_user_rule_add_edit_delete_in_admin_go_through_the_api(admin_client, admin_user):
-    response = admin_client.post(reverse("admin:learning_rule_add"), {"domain": "Ops", "text": "Ask before deleting."})
+    ops, writing = (store.domain_for(n, "space:1") for n in ("ops", "writing"))
+    response = admin_client.post(reverse("admin:learning_rule_add"), {"domain": ops.pk, "text": "Ask before deleting."})
     assert response.status_code == 302, response.content.decode()[:2000]
     rule = Rule.objects.get()
-    assert (rule.source, rule.domain, rule.created_by) == (RuleSource.USER, "ops", admin_user.username)
-    admin_client.post(reverse("admin:learning_rule_change", args=[rule.pk]), {"domain": "ops", "text": "Always ask before deleting."})
-    assert Rule.objects.get().text == "Always ask before deleting."
-    bad = admin_client.post(reverse("admin:learning_rule_add"), {"domain": "not a domain!", "text": "x"})
-    assert bad.status_code == 200 and "is not a domain name" in bad.content.decode()
+    assert (rule.source, rule.domain, rule.created_by) == (RuleSource.USER, ops, admin_user.username)
+    admin_client.post(reverse("admin:learning_rule_change", args=[rule.pk]), {"domain": writing.pk, "text": "Always ask before deleting."})
+    assert (Rule.objects.get().text, Rule.objects.get().domain) == ("Always ask before deleting.", writing)
+    bad = admin_client.post(reverse("admin:learning_rule_add"), {"domain": ops.pk, "text": " "})
+    assert bad.status_code == 200 and not Rule.objects.filter(domain=ops).exists()
     admin_client.post(reverse("admin:learning_rule_delete", args=[rule.pk]), {"post": "yes"})
     assert not Rule.objects.exists()
     assert [(c.action, c.actor) for c in RuleChange.objects.order_by("id")] == [
         ("add", admin_user.username), ("edit", admin_user.username), ("remove", admin_user.username)]
+
+
+def test_staff_create_global_domains_in_the_admin(admin_client, admin_user):
+    response = admin_client.post(reverse("admin:learning_domain_add"), {"name": "House-Style", "is_global": "on", "owner": ""})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    made = Domain.objects.get()
+    assert (made.name, made.is_global, made.owner, made.created_by, made.ref) == (
+        "house-style", True, "", admin_user.username, "global:house-style")
+    bad = admin_client.post(reverse("admin:learning_domain_add"), {"name": "not a domain!", "owner": "space:1"})
+    assert bad.status_code == 200 and "is not a domain name" in bad.content.decode()
+    owned_global = admin_client.post(reverse("admin:learning_domain_add"), {"name": "x", "is_global": "on", "owner": "space:1"})
+    assert owned_global.status_code == 200 and "a global domain has no owner" in owned_global.content.decode()
+    assert Domain.objects.count() == 1
+    listing = admin_client.get(reverse("admin:learning_domain_changelist")).content.decode()
+    assert "global (shared, staff-managed)" in listing
 
 
 def test_learned_rule_admin_only_toggles(admin_client):
@@ -151,7 +167,7 @@ def test_decide_never_redirects_off_site(admin_client, pending):
 def test_edit_box_shows_rule_refs(admin_client):
     store.apply_ops("ops", [{"op": "add", "text": "A."}], actor="t")
     rule = Rule.objects.get()
-    p = Proposal.objects.create(domain="ops", ops=[{"op": "agree", "rule": rule.pk}], base=store.learned_snapshot("ops"))
+    p = Proposal.objects.create(domain=store.domain_for("ops"), ops=[{"op": "agree", "rule": rule.pk}], base=store.learned_snapshot("ops"))
     page = admin_client.get(reverse("admin:learning_proposal_change", args=[p.pk])).content.decode()
     assert f"&quot;L{rule.pk}&quot;" in page
     admin_client.post(reverse("admin:learning_proposal_decide", args=[p.pk]),

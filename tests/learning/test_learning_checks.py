@@ -31,7 +31,7 @@ def test_warns_on_unrouted_domain_with_rules(settings):
     store.apply_ops("retired", [{"op": "add", "text": "Disabled only."}], actor="t")
     api.set_learned_enabled(store.learned_snapshot("retired")[0]["id"], False, actor="a")
     found = check_rule_domains()
-    assert ids(found) == [("learning.W001", "learning domain opz"), ("learning.W001", "learning domain triage")]
+    assert ids(found) == [("learning.W001", "learning domain unowned/opz"), ("learning.W001", "learning domain unowned/triage")]
     assert all(isinstance(m, checks.Warning) for m in found)
 
 
@@ -49,7 +49,7 @@ def test_warns_on_domain_over_25_active_learned_rules(settings):
 def test_no_source_means_no_routed_domains(settings):
     settings.LEARNING_SOURCE = None
     api.add_user_rule("ops", "Nobody reads me.", actor="a")
-    assert ids(check_rule_domains()) == [("learning.W001", "learning domain ops")]
+    assert ids(check_rule_domains()) == [("learning.W001", "learning domain unowned/ops")]
 
 
 def test_check_survives_a_broken_source(settings):

@@ -26,7 +26,7 @@ def test_correction_to_prompt_block(settings):
     assert api.run_reflect().status == "ok"  # source and complete from settings (offline default)
     assert api.run_learn().status == "ok"
     proposal = Proposal.objects.get(status="pending")
-    assert proposal.domain == "shell" and proposal.ops[0]["op"] == "add"
+    assert proposal.domain.name == "shell" and proposal.ops[0]["op"] == "add"
     assert api.prompt_block(["shell"]) == "## Rules\n\nOperator rules (set by people; always follow them, they override learned rules):\n- (shell) Stay inside the workdir."
 
     api.approve_proposal(proposal.pk, actor="operator")

@@ -41,7 +41,7 @@ def test_reflect_mines_each_item_once_into_reflections(source):
     run = api.run_reflect(source)
     assert run.status == "ok"
     assert set(MinedItem.objects.values_list("kind", "key")) == {("session", "s1"), ("outbox", "o1"), ("correction", "c1")}
-    texts = set(Reflection.objects.values_list("domain", "text"))
+    texts = set(Reflection.objects.values_list("domain__name", "text"))
     assert ("ops", "Do not run rm -rf (reason: it deletes the workspace).") in texts
     assert ("ops", "Never push to main.") in texts
     assert any(d == "writing" for d, _ in texts)
@@ -94,7 +94,7 @@ def test_crashed_pass_releases_lock_and_records_crash():
 
 def test_item_without_domains_goes_to_default_domain():
     api.run_reflect(StaticSource(correction_items=[Correction("c", [], "never do X")]))
-    assert Reflection.objects.get().domain == "general"
+    assert Reflection.objects.get().domain.name == "general"
 
 
 # --- learn ----------------------------------------------------------------------------------------
@@ -103,12 +103,12 @@ def test_learn_proposes_ops_and_consumes_reflections(source):
     api.run_reflect(source)
     run = api.run_learn()
     assert run.status == "ok" and run.stats["proposals"] == 2
-    p = Proposal.objects.get(domain="ops")
+    p = Proposal.objects.get(domain__name="ops")
     assert p.status == "pending"
     assert {op["op"] for op in p.ops} == {"add"}
     assert [line["sign"] for line in p.diff] == ["+", "+"]
     assert not Reflection.objects.filter(consumed_at__isnull=True).exists()
-    assert set(Reflection.objects.filter(domain="ops").values_list("proposal_id", flat=True)) == {p.pk}
+    assert set(Reflection.objects.filter(domain__name="ops").values_list("proposal_id", flat=True)) == {p.pk}
     assert api.prompt_block(["ops"]) is None  # nothing applied before review
     assert api.run_learn().stats == {}
 
@@ -125,8 +125,8 @@ def test_learn_agrees_instead_of_duplicating():
 def test_learn_domain_filter(source):
     api.run_reflect(source)
     api.run_learn(domain="writing")
-    assert list(Proposal.objects.values_list("domain", flat=True)) == ["writing"]
-    assert Reflection.objects.filter(domain="ops", consumed_at__isnull=True).exists()
+    assert list(Proposal.objects.values_list("domain__name", flat=True)) == ["writing"]
+    assert Reflection.objects.filter(domain__name="ops", consumed_at__isnull=True).exists()
 
 
 @pytest.mark.parametrize("answer", [
@@ -156,13 +156,13 @@ def test_learn_nothing_to_change_consumes_without_proposal(source):
 
 def test_learn_auto_approve_bool_and_callable(source):
     api.run_reflect(source)
-    run = api.run_learn(auto_approve=lambda domain: domain == "ops")
+    run = api.run_learn(auto_approve=lambda domain: domain.name == "ops")
     assert run.stats["auto_approved"] == 1
-    assert Proposal.objects.get(domain="ops").status == "approved" and Proposal.objects.get(domain="ops").auto_approved
-    assert Proposal.objects.get(domain="writing").status == "pending"
+    assert Proposal.objects.get(domain__name="ops").status == "approved" and Proposal.objects.get(domain__name="ops").auto_approved
+    assert Proposal.objects.get(domain__name="writing").status == "pending"
     assert "Do not run rm -rf" in api.prompt_block(["ops"])
     change = RuleChange.objects.get(source="learned")
-    assert change.actor == "auto-approve (learn pass)" and change.proposal.domain == "ops"
+    assert change.actor == "auto-approve (learn pass)" and change.proposal.domain.name == "ops"
 
 
 def test_learn_gate_refuses_growing_past_25():

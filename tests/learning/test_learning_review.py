@@ -18,11 +18,11 @@ def propose(domain, ops):
     from learning.ops import apply_ops, normalize_ops
 
     ops = normalize_ops(ops)
-    return Proposal.objects.create(domain=domain, ops=ops, base=base, diff=snapshot_diff(base, apply_ops(base, ops, max_active=25)))
+    return Proposal.objects.create(domain=store.as_domain(domain), ops=ops, base=base, diff=snapshot_diff(base, apply_ops(base, ops, max_active=25)))
 
 
 def learned(domain="ops"):
-    return [(r.text, r.strength, r.enabled) for r in Rule.objects.filter(domain=domain, source=RuleSource.LEARNED).order_by("id")]
+    return [(r.text, r.strength, r.enabled) for r in Rule.objects.filter(domain__name=domain, source=RuleSource.LEARNED).order_by("id")]
 
 
 def test_approve_applies_all_ops_and_records_history():

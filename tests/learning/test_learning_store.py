@@ -11,7 +11,7 @@ pytestmark = pytest.mark.django_db
 
 def learn(domain, *texts, actor="t"):
     store.apply_ops(domain, [{"op": "add", "text": t} for t in texts], actor=actor)
-    return list(Rule.objects.filter(domain=domain, source=RuleSource.LEARNED).order_by("id"))
+    return list(Rule.objects.filter(domain__name=domain, source=RuleSource.LEARNED).order_by("id"))
 
 
 # --- prompt block ---------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_prompt_block_takes_no_transaction():
 def test_user_rule_crud_records_history(django_user_model):
     user = django_user_model.objects.create_user("carol", password="x" * 12)
     rule = api.add_user_rule("Ops", "  Be careful.  ", actor=user)
-    assert (rule.domain, rule.text, rule.source, rule.created_by) == ("ops", "Be careful.", "user", "carol")
+    assert (rule.domain.name, rule.text, rule.source, rule.created_by) == ("ops", "Be careful.", "user", "carol")
     api.edit_user_rule(rule.pk, "Be very careful.", actor="dave")
     api.remove_user_rule(rule.pk, actor="erin")
     history = list(RuleChange.objects.order_by("id"))
@@ -116,7 +116,7 @@ def test_user_rule_needs_an_actor():
 
 def test_user_rules_cannot_be_written_outside_the_people_api():
     with pytest.raises(UserRuleWriteRefused):
-        Rule(domain="ops", source=RuleSource.USER, text="sneaky").save()
+        Rule(domain=store.domain_for("ops"), source=RuleSource.USER, text="sneaky").save()
     rule = api.add_user_rule("ops", "Mine.", actor="a")
     rule.text = "changed"
     with pytest.raises(UserRuleWriteRefused):
@@ -125,15 +125,15 @@ def test_user_rules_cannot_be_written_outside_the_people_api():
         rule.delete()
     # bulk paths too
     with pytest.raises(UserRuleWriteRefused):
-        Rule.objects.filter(domain="ops").update(text="bulk")
+        Rule.objects.filter(domain__name="ops").update(text="bulk")
     with pytest.raises(UserRuleWriteRefused):
         Rule.objects.all().delete()
     with pytest.raises(UserRuleWriteRefused):
-        Rule.objects.bulk_create([Rule(domain="ops", source=RuleSource.USER, text="bulk")])
+        Rule.objects.bulk_create([Rule(domain=rule.domain, source=RuleSource.USER, text="bulk")])
     with pytest.raises(UserRuleWriteRefused):
         Rule.objects.bulk_update([rule], ["text"])
     assert Rule.objects.get(pk=rule.pk).text == "Mine."
-    Rule(domain="ops", source=RuleSource.LEARNED, text="learned rows are fine").save()
+    Rule(domain=rule.domain, source=RuleSource.LEARNED, text="learned rows are fine").save()
     Rule.objects.filter(source=RuleSource.LEARNED).update(enabled=False)
 
 
@@ -164,9 +164,9 @@ def test_revert_user_rule_move_between_domains():
     rule = api.add_user_rule("ops", "Move me.", actor="a")
     api.edit_user_rule(rule.pk, "Move me.", domain="writing", actor="a")
     move = RuleChange.objects.latest("id")
-    assert move.domain == "writing" and move.before[0]["domain"] == "ops"
+    assert move.domain.name == "writing" and move.before[0]["domain"] == "unowned/ops"
     api.revert_change(move.pk, actor="b")
-    assert Rule.objects.get(pk=rule.pk).domain == "ops"
+    assert Rule.objects.get(pk=rule.pk).domain.name == "ops"
 
 
 def test_revert_learned_change_and_conflict():

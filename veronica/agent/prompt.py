@@ -20,15 +20,16 @@ WAKE_REASONS = {
 
 
 def rules_block(member: Member) -> str | None:
-    """The learning app's rules for this member's routed domains (never waits on a pass)."""
+    """The learning app's rules for this member's routed domains: its own space's domains and the
+    global ones it names, never another space's (never waits on a pass)."""
     if not member.rule_domains:
         return None
     try:
-        from learning.api import prompt_block
+        from veronica.learning_bridge import member_rules_block
     except ImportError:  # pragma: no cover
         return None
     try:
-        return prompt_block(list(member.rule_domains))
+        return member_rules_block(member)
     except Exception:  # a broken rule store must not stop a run
         log.exception("rules block failed for %s", member.name)
         return None

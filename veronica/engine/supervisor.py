@@ -131,7 +131,9 @@ def validate_new_member(space: Space, name: str, *, role: str, model: str, permi
     if role == Role.LEADER and Member.objects.filter(space=space, role=Role.LEADER, removed_at__isnull=True).exists():
         raise Conflict("this space already has a leader; a space has at most one", field="role")
     cron = validate_cron(schedule) if schedule else ""
-    domains = [d.strip() for d in (rule_domains or []) if isinstance(d, str) and d.strip()]
+    from veronica.learning_bridge import clean_rule_domains  # names resolve in this space only
+
+    domains = clean_rule_domains(rule_domains)
     return mode, cron, domains
 
 
