@@ -174,3 +174,16 @@ def test_edit_box_shows_rule_refs(admin_client):
                       {"action": "approve", "ops": json.dumps([{"op": "agree", "rule": f"L{rule.pk}"}])})
     rule.refresh_from_db()
     assert rule.strength == 2
+
+
+def test_review_and_change_screens_have_no_inline_styles(admin_client, pending):
+    """The CSP allows styles from 'self' only: the diff colours and layout come from learning/admin.css."""
+    from tests.console.test_web_hardening import inline_code
+
+    store.apply_ops("ops", [{"op": "add", "text": "A."}], actor="t")
+    change = RuleChange.objects.order_by("-pk").first()
+    for url in (reverse("admin:learning_proposal_review"), reverse("admin:learning_proposal_change", args=[pending.pk]),
+                reverse("admin:learning_rulechange_change", args=[change.pk])):
+        page = admin_client.get(url).content.decode()
+        assert inline_code(page) == [], url
+        assert "learning/admin.css" in page, url
