@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.console.test_browser import browser, elsewhere, login, open_space  # noqa: F401 - fixtures
+from tests.console.test_browser import browser, csp_violations, elsewhere, login, open_space  # noqa: F401 - fixtures
 from veronica import events
 from veronica.agent import transcript
 from veronica.engine import supervisor
