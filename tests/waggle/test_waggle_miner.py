@@ -76,7 +76,7 @@ def test_varying_values_become_params_and_equal_ones_share_a_param():
     by_name = {p.name: p for p in cand.params}
     assert set(by_name) == {"path", "rev"}
     assert by_name["path"].positions == ((0, "path"), (1, "path"))  # bound together
-    assert by_name["path"].values == ("m1", "m2", "m3")
+    assert by_name["path"].values == ('"m1"', '"m2"', '"m3"')  # canonical JSON text
     assert by_name["rev"].positions == ((2, "rev"),)
     assert cand.param_at(0, "pattern") is None  # "TODO" every time: literal
     assert cand.param_at(1, "mode") is None
