@@ -238,8 +238,8 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
         judged = 0
         for cand in candidates:
             route = Route.from_candidate(cand)
-            if route.name in known:
-                continue
+            if route.name in known or not route.replayable(cfg.min_prefix):
+                continue  # (cheap checks: only routes that reach the trigger test count below)
             judged += 1
             if judged > cfg.sweep_candidates:
                 break  # the rest wait for a later sweep: each sweep stays linear in the window

@@ -37,7 +37,8 @@ def clean_text(text: str) -> str:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        # via UTF-16: a split pair is joined back, a lone half becomes one U+FFFD
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def clean_json(value: Any) -> Any:
