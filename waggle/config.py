@@ -18,9 +18,16 @@ class WaggleConfig:
     max_len: int = 8                # longest route mined
     k: int = 3                      # non-overlapping occurrences needed (>= 2)
     min_prefix: int = 2             # leading steps that must match before a replay (>= 2)
-    min_confidence: float = 0.8     # a route is stored only if, in the mined calls, its trigger was
-                                    # followed by the rest of the route at least this often
-    mine_window: int = 2000         # newest calls of a space fed to one sweep
+    min_confidence: float = 0.75    # a route is stored only if the Wilson lower bound of the share of
+                                    # replayed steps the agent then made itself, over distinct
+                                    # contexts, reaches this (3 clean contexts at z=1 give 0.75)
+    confidence_z: float = 1.0       # that bound is one standard error (one-sided 84 %)
+    min_contexts: int = 3           # distinct contexts (argument values, else sessions) the trigger
+                                    # must be seen in before the route may fire
+    fanout_cap: int = 8             # calls one fan-out step may make in one replay
+    sweep_candidates: int = 32      # mined routes judged per sweep, best first (keeps a sweep linear)
+    mining: bool = True             # False: record and replay, never mine (a frozen library)
+    mine_window: int = 5000         # newest calls of a space fed to one sweep (all that is retained)
     retention_calls: int = 5000     # ForageCall rows kept per space
     retention_days: int = 30        # ForageCall / FiredPlan rows older than this are dropped by curation
     ignore_tools: frozenset[str] = DEFAULT_IGNORED_TOOLS  # never recorded (waggle's own tools)
@@ -34,6 +41,11 @@ class WaggleConfig:
             mine_period=max(2, int(self.mine_period)),
             min_prefix=max(2, int(self.min_prefix)),
             min_confidence=min(1.0, max(0.0, float(self.min_confidence))),
+            confidence_z=max(0.0, float(self.confidence_z)),
+            min_contexts=max(1, int(self.min_contexts)),
+            fanout_cap=max(1, int(self.fanout_cap)),
+            sweep_candidates=max(1, int(self.sweep_candidates)),
+            mining=bool(self.mining),
             mine_window=max(10, int(self.mine_window)),
             retention_calls=max(10, int(self.retention_calls)),
             retention_days=max(1, int(self.retention_days)),

@@ -181,7 +181,7 @@ def _mine(calls: Sequence[Call | None], cfg: MineConfig | None, limit: int | Non
     intern: dict[Shape, int] = {}
     id_list: list[int] = []
     for c in calls:
-        if c is None or c.mutates:
+        if c is None or c.barrier:
             id_list.append(-1)
         else:
             id_list.append(intern.setdefault(c.shape, len(intern)))

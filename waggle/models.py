@@ -18,10 +18,13 @@ class ForageCall(models.Model):
     member_key = models.CharField(max_length=64, blank=True, default="")
     seq = models.PositiveBigIntegerField(help_text="Position in the session's call stream.")
     tool = models.CharField(max_length=200)
-    args = models.JSONField(default=dict, blank=True, help_text="Arguments flattened to strings.")
+    args = models.JSONField(default=dict, blank=True, help_text="Arguments with their JSON types.")
     mutates = models.BooleanField(default=False)
-    replayed = models.BooleanField(default=False, help_text="Run by a waggle replay, not by the model.")
+    replayed = models.BooleanField(default=False, help_text="Run by a waggle replay, not by the model (never mined).")
+    oversized = models.BooleanField(default=False, help_text="An argument was too long to keep: only a barrier.")
     out_hash = models.CharField(max_length=16, blank=True, default="")
+    out_refs = models.JSONField(default=list, blank=True,
+                                help_text="Short scalar leaves of a JSON output as [path, value]: what later steps may bind to.")
     est_tokens = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(default=timezone.now, db_index=True)
 
@@ -67,7 +70,11 @@ class Waggle(models.Model):
 
 
 class LedgerEntry(models.Model):
-    """One reuse of a waggle. ``yield_tokens`` is an estimate (chars / 4), not a measurement."""
+    """One reuse of a waggle. ``yield_tokens`` is an estimate (chars / 4), not a measurement.
+
+    A replay is written unsettled; when the model's next reply arrives it is settled: each replayed
+    step the model relied on is *used* (``used_steps``), the others are misses. A replay none of
+    whose steps was used is a failure."""
 
     name = models.CharField(max_length=200)
     scope = models.CharField(max_length=10, choices=Waggle.SCOPES)
@@ -76,6 +83,8 @@ class LedgerEntry(models.Model):
     space_key = models.CharField(max_length=64, help_text="Where it was used.")
     session_key = models.CharField(max_length=64, blank=True, default="")
     steps = models.PositiveSmallIntegerField(default=0)
+    used_steps = models.PositiveSmallIntegerField(default=0, help_text="Replayed steps the model relied on.")
+    settled = models.BooleanField(default=True, help_text="False until the model's next reply judged the replay.")
     yield_tokens = models.PositiveIntegerField(default=0, verbose_name="estimated tokens saved")
     fail = models.BooleanField(default=False)
     on_demand = models.BooleanField(default=False)
@@ -99,6 +108,9 @@ class FiredPlan(models.Model):
     plan_key = models.CharField(max_length=64)
     space_key = models.CharField(max_length=64, blank=True, default="")
     name = models.CharField(max_length=200, blank=True, default="")
+    tail = models.JSONField(default=list, blank=True, help_text="The replayed calls, [tool, {key: JSON text}].")
+    ledger_id = models.BigIntegerField(null=True, blank=True)
+    settled = models.BooleanField(default=True)
     created = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
-from waggle.route import Route
-from waggle.trace import Call, describe_call, estimate_tokens
+from waggle.route import DEFAULT_FANOUT_CAP, ConcreteStep, Route, tail_of
+from waggle.trace import Call, args_json, describe_call, estimate_tokens
 
-ExecFn = Callable[[str, dict[str, str]], str]
-ConcreteStep = tuple[str, tuple[tuple[str, str], ...]]
+ExecFn = Callable[[str, dict[str, Any]], str]
 
 
 def clamp_prefix(min_prefix: int | None) -> int:
@@ -34,9 +33,10 @@ def clamp_prefix(min_prefix: int | None) -> int:
         return 2
 
 
-def plan_key(route_name: str, binding: Mapping[str, str]) -> str:
-    """Identity of a concrete plan: the route and its parameter values."""
-    blob = json.dumps([route_name, sorted(binding.items())], separators=(",", ":"), ensure_ascii=False)
+def plan_key(route_name: str, tail: Sequence[ConcreteStep]) -> str:
+    """Identity of a concrete plan: the route and the calls it would make."""
+    blob = json.dumps([route_name, [[t, list(map(list, a))] for t, a in tail]], separators=(",", ":"),
+                      ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
@@ -53,35 +53,22 @@ class Plan:
         return len(self.tail)
 
 
-def _match(route: Route, window: Sequence[Call]) -> dict[str, str] | None:
-    binding: dict[str, str] = {}
-    for step, call in zip(route.steps, window):
-        got = step.match(call, binding)
-        if got is None:
-            return None
-        binding = got
-    return binding
-
-
-def _alignments(route: Route, recent: Sequence[Call], min_prefix: int) -> Plan | None:
+def _alignments(route: Route, recent: Sequence[Call], min_prefix: int, cap: int = DEFAULT_FANOUT_CAP,
+                made: Collection = ()) -> Plan | None:
     """The longest alignment of ``route`` with the end of ``recent`` (m >= min_prefix and >= the
-    route's own trigger length, m <= len);
-    a full match yields a plan with an empty tail. None when the route does not match or its tail
-    is not fully determined."""
+    route's own trigger length, m <= len); a full match (or a tail the window already made)
+    yields a plan with an empty tail. None when the route does not match or its tail is not fully
+    determined."""
     top = min(len(route.steps), len(recent))
     lower = max(min_prefix, route.trigger)
     for m in range(top, lower - 1, -1):
-        binding = _match(route, recent[-m:])
-        if binding is None:
+        if m < len(route.steps) and not route.determined_at(m):
             continue
-        tail = []
-        for step in route.steps[m:]:
-            conc = step.concrete(binding)
-            if conc is None:
-                return None  # unbound tail parameter: this route never fires here
-            tail.append(conc)
-        return Plan(route=route, matched=m, binding=binding, tail=tuple(tail),
-                    key=plan_key(route.name, binding))
+        got = tail_of(route, recent[-m:], route.fanout_cap(cap), made)
+        if got is None:
+            continue
+        binding, tail = got
+        return Plan(route=route, matched=m, binding=binding, tail=tuple(tail), key=plan_key(route.name, tail))
     return None
 
 
@@ -90,18 +77,19 @@ def _is_prefix(a: Sequence[ConcreteStep], b: Sequence[ConcreteStep]) -> bool:
 
 
 def find_plan(recent: Sequence[Call], routes: Iterable[Route], min_prefix: int = 2,
-              fired: Collection[str] = ()) -> Plan | None:
+              fired: Collection[str] = (), cap: int = DEFAULT_FANOUT_CAP) -> Plan | None:
     """The plan to run now, or None. ``recent`` is the session's calls, oldest first; the last one
-    is the call that just completed."""
+    is the call that just completed. ``cap`` bounds the calls one fan-out step makes."""
     m0 = clamp_prefix(min_prefix)
-    if len(recent) < m0 or recent[-1].mutates:
+    if len(recent) < m0 or recent[-1].barrier:
         return None
     last_tool = recent[-1].tool
+    made = {c.invocation() for c in recent}  # a step the session already made is never replayed
     matches: list[Plan] = []
     for route in routes:
         if len(route.steps) < m0 or not any(s.tool == last_tool for s in route.steps[m0 - 1:]):
             continue
-        plan = _alignments(route, recent, m0)
+        plan = _alignments(route, recent, m0, cap, made)
         if plan is not None:
             matches.append(plan)
     if not matches:
@@ -155,7 +143,7 @@ def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: st
     outputs: list[str] = []
     for i, (tool, args) in enumerate(tail, 1):
         try:
-            out = exec(tool, dict(args))
+            out = exec(tool, args_json(args))
         except Exception as exc:  # noqa: BLE001 - a tool error is a divergence, not a crash
             return Outcome(ok=False, error=f"step {i} ({tool}) failed: {type(exc).__name__}: {exc}", outputs=outputs)
         if not isinstance(out, str) or not out.strip():
@@ -165,17 +153,45 @@ def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: st
     return Outcome(ok=True, block=format_block(name, tail, outputs, y, verb=verb), yield_tokens=y, outputs=outputs)
 
 
+def run_route(route: Route, params: Mapping[str, str], exec: ExecFn, *, cap: int = DEFAULT_FANOUT_CAP,
+              verb: str = "ran waggle") -> tuple[list[ConcreteStep], Outcome]:
+    """Run a whole route on demand, step by step: output refs (and fan-outs) resolve against the
+    outputs of the steps already run. ``params`` are JSON texts. Never raises."""
+    done: list[Call] = []
+    tail: list[ConcreteStep] = []
+    outputs: list[str] = []
+    for i, step in enumerate(route.steps, 1):
+        conc = step.concretes(params, done, cap)
+        if conc is None:
+            return tail, Outcome(ok=False, error=f"step {i} ({step.tool}) needs a value no earlier step gave",
+                                 outputs=outputs)
+        first_output = None
+        for tool, args in conc:
+            got = run_steps(route.name, [(tool, args)], exec, verb=verb)
+            if not got.ok:
+                return tail, Outcome(ok=False, error=f"step {i}: {got.error}", outputs=outputs)
+            tail.append((tool, args))
+            outputs.append(got.outputs[0])
+            first_output = got.outputs[0] if first_output is None else first_output
+        # a later ref to a fan-out step reads its first element's output
+        done.append(Call.make(step.tool, args_json(conc[0][1]) if conc else {}, output=first_output or ""))
+    y = estimate_yield(tail, outputs)
+    return tail, Outcome(ok=True, block=format_block(route.name, tail, outputs, y, verb=verb), yield_tokens=y,
+                         outputs=outputs)
+
+
 class Replayer:
     """Convenience wrapper holding routes and the fired-plan set of one session (in memory; the
     service keeps the fired set in the database instead)."""
 
-    def __init__(self, routes: Iterable[Route], min_prefix: int = 2) -> None:
+    def __init__(self, routes: Iterable[Route], min_prefix: int = 2, cap: int = DEFAULT_FANOUT_CAP) -> None:
         self.routes = list(routes)
         self.min_prefix = clamp_prefix(min_prefix)
+        self.cap = cap
         self.fired: set[str] = set()
 
     def plan(self, recent: Sequence[Call]) -> Plan | None:
-        return find_plan(recent, self.routes, self.min_prefix, self.fired)
+        return find_plan(recent, self.routes, self.min_prefix, self.fired, self.cap)
 
     def follow(self, recent: Sequence[Call], exec: ExecFn) -> Outcome | None:
         plan = self.plan(recent)

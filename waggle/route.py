@@ -1,53 +1,125 @@
 """A stored route (a waggle's body) and its human-readable script (pure Python, no ORM).
 
-A route is a list of steps. Each step names a tool and gives every argument either a literal value
-or a parameter name. Routes are stored as JSON (``Route.to_json`` / ``Route.from_json``); the name
-of a mined route is derived from its content, so the same route always gets the same name.
+A route is a list of steps. Each step names a tool and gives every argument one of:
+
+* a literal JSON value (the same in every occurrence; its type is kept: ``false`` stays false),
+* a parameter name (a value first seen as an argument of an earlier step, or given on demand),
+* a *ref*: the value at a JSON path in an earlier step's output (``get_user_details`` lists
+  ``reservations``; ``get_reservation_details(reservation_id=<step 1 output>.reservations[2])``).
+  The miner learns a ref when, in the occurrences it mined, the argument equalled that output leaf.
+
+The last step may *fan out* (``each``): it repeats for the element its ref names and every later
+element of the same list (``reservations[2]``, ``[3]``, ...), up to a cap. The miner marks a step so
+only when the occurrences walked that list element after element.
+
+Routes are stored as JSON (``Route.to_json`` / ``Route.from_json``); the name of a mined route is
+derived from its content, so the same route always gets the same name.
+
+Confidence: a route may fire only after the prefix that triggers it was seen in at least
+``min_contexts`` distinct contexts (different argument values: near-copies of one task count
+once) and the Wilson lower bound of "replayed steps the agent then made itself" over those
+sightings reaches ``min_confidence``. The sightings come from a pair index (the positions of
+each pair of consecutive call shapes), so judging a route never scans the whole trace.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from waggle.miner import Candidate
-from waggle.trace import Call
+from waggle.trace import Call, Path, decode_value, flatten_value, shown
 
-ROUTE_FORMAT = 1
+ROUTE_FORMAT = 2
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.]+")
+DEFAULT_FANOUT_CAP = 8
+
+Source = tuple[int, Path]  # (earlier step index, path in that step's output)
+ConcreteStep = tuple[str, tuple[tuple[str, str], ...]]
 
 
 class RouteFormatError(ValueError):
     """A stored route that cannot be read back."""
 
 
+def wilson_lower(successes: float, n: float, z: float) -> float:
+    """Wilson score lower bound of a proportion (0 when there is no evidence)."""
+    if n <= 0:
+        return 0.0
+    p = min(1.0, max(0.0, successes / n))
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    margin = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return max(0.0, (centre - margin) / (1 + z2 / n))
+
+
+def wilson_upper(successes: float, n: float, z: float) -> float:
+    """Wilson score upper bound of a proportion (1 when there is no evidence)."""
+    if n <= 0:
+        return 1.0
+    p = min(1.0, max(0.0, successes / n))
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    margin = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return min(1.0, (centre + margin) / (1 + z2 / n))
+
+
+def _last_index(path: Path) -> int | None:
+    """Position of the last list index in a path (where a fan-out iterates), or None."""
+    for i in range(len(path) - 1, -1, -1):
+        if isinstance(path[i], int):
+            return i
+    return None
+
+
+def _path_text(path: Path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path) or "."
+
+
 @dataclass(frozen=True)
 class Step:
-    """One step: a tool, its literal arguments and its parameter-bound arguments (key -> param)."""
+    """One step: a tool, its literal arguments (key -> JSON text), its parameter-bound arguments
+    (key -> param), its output-bound arguments (key -> (step, path)) and whether it fans out."""
 
     tool: str
     literals: tuple[tuple[str, str], ...] = ()
     binds: tuple[tuple[str, str], ...] = ()
+    refs: tuple[tuple[str, Source], ...] = ()
+    each: bool = False
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return tuple(sorted([k for k, _ in self.literals] + [k for k, _ in self.binds]))
+        return tuple(sorted([k for k, _ in self.literals] + [k for k, _ in self.binds] + [k for k, _ in self.refs]))
+
+    @property
+    def shape(self) -> tuple[str, tuple[str, ...]]:
+        return (self.tool, self.keys)
 
     @property
     def param_names(self) -> set[str]:
         return {p for _, p in self.binds}
 
-    def match(self, call: Call, binding: Mapping[str, str]) -> dict[str, str] | None:
-        """The binding extended by this call, or None if the call is not this step."""
-        if call.mutates or call.tool != self.tool:
+    @property
+    def ref_sources(self) -> set[int]:
+        return {src for _, (src, _) in self.refs}
+
+    def match(self, call: Call, binding: Mapping[str, str], prior: Sequence[Call] = ()) -> dict[str, str] | None:
+        """The binding extended by this call, or None if the call is not this step. ``prior`` are
+        the calls matched to the earlier steps (their outputs resolve refs)."""
+        if call.barrier or call.tool != self.tool:
             return None
         args = call.arg_dict
         if tuple(sorted(args)) != self.keys:
             return None
         for key, value in self.literals:
             if args[key] != value:
+                return None
+        for key, (src, path) in self.refs:
+            if src >= len(prior) or prior[src].ref_map().get(path) != args[key]:
                 return None
         out = dict(binding)
         for key, name in self.binds:
@@ -56,26 +128,68 @@ class Step:
                 return None
         return out
 
-    def concrete(self, binding: Mapping[str, str]) -> tuple[str, tuple[tuple[str, str], ...]] | None:
-        """(tool, sorted args) with parameters filled in, or None if one is unbound."""
-        args = dict(self.literals)
+    def concretes(self, binding: Mapping[str, str], prior: Sequence[Call], cap: int = DEFAULT_FANOUT_CAP
+                  ) -> list[ConcreteStep] | None:
+        """The concrete calls of this step (several when it fans out), or None when a parameter
+        or a referenced output value is missing."""
+        base: dict[str, str] = dict(self.literals)
         for key, name in self.binds:
             if name not in binding:
                 return None
-            args[key] = binding[name]
-        return (self.tool, tuple(sorted(args.items())))
+            base[key] = binding[name]
+        fan_key = None
+        for key, (src, path) in self.refs:
+            if src >= len(prior):
+                return None
+            value = prior[src].ref_map().get(path)
+            if value is None:
+                return None
+            base[key] = value
+            if self.each:
+                fan_key = (key, src, path)
+        if fan_key is None:
+            return [(self.tool, tuple(sorted(base.items())))]
+        key, src, path = fan_key
+        at = _last_index(path)
+        if at is None:
+            return [(self.tool, tuple(sorted(base.items())))]
+        refs = prior[src].ref_map()
+        out = []
+        i = int(path[at])
+        while len(out) < max(1, cap):
+            value = refs.get(path[:at] + (i,) + path[at + 1:])
+            if value is None:
+                break
+            args = dict(base)
+            args[key] = value
+            out.append((self.tool, tuple(sorted(args.items()))))
+            i += 1
+        return out
+
+    def concrete(self, binding: Mapping[str, str], prior: Sequence[Call] = ()) -> ConcreteStep | None:
+        """The first concrete call of this step (see :meth:`concretes`)."""
+        got = self.concretes(binding, prior, cap=1)
+        return got[0] if got else None
 
     def describe(self) -> str:
-        parts = [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in self.literals]
+        parts = [f"{k}={shown(v)}" for k, v in self.literals]
         parts += [f"{k}={{{p}}}" for k, p in self.binds]
+        for k, (src, path) in self.refs:
+            if self.each and (at := _last_index(path)) is not None:
+                tail = path[:at] + ("*",) + path[at + 1:]
+                text = "".join("[*]" if p == "*" else (f"[{p}]" if isinstance(p, int) else f".{p}") for p in tail)
+                parts.append(f"{k}={{step {src + 1} output{text} from [{path[at]}]}}")
+            else:
+                parts.append(f"{k}={{step {src + 1} output{_path_text(path)}}}")
         parts.sort()
-        return f"{self.tool}({', '.join(parts)})"
+        prefix = "for each: " if self.each else ""
+        return f"{prefix}{self.tool}({', '.join(parts)})"
 
 
 @dataclass(frozen=True)
 class Route:
-    """A replayable route. ``examples`` (param -> a value seen) and ``count`` are informative and
-    not part of the route's identity."""
+    """A replayable route. ``examples`` (param -> a value seen), ``count``, ``trigger``,
+    ``confidence`` and ``contexts`` are informative and not part of the route's identity."""
 
     steps: tuple[Step, ...]
     params: tuple[str, ...] = ()
@@ -84,17 +198,25 @@ class Route:
     examples: Mapping[str, str] = field(default_factory=dict, compare=False)
     count: int = field(default=0, compare=False)
     trigger: int = field(default=0, compare=False)  # leading steps needed before a replay (0: min_prefix)
-    confidence: float = field(default=0.0, compare=False)  # share of trigger sightings followed by the tail
+    confidence: float = field(default=0.0, compare=False)  # lower bound: replayed steps the agent made itself
+    contexts: int = field(default=0, compare=False)  # distinct contexts the trigger was seen in when judged
+    cap: int = field(default=0, compare=False)  # calls the fan-out step may make (learned; 0: the config's cap)
 
     def __len__(self) -> int:
         return len(self.steps)
 
     # -- identity ------------------------------------------------------------------------------
     def canonical(self) -> dict[str, Any]:
-        return {
-            "steps": [{"tool": s.tool, "args": dict(s.literals), "params": dict(s.binds)} for s in self.steps],
-            "params": list(self.params),
-        }
+        steps = []
+        for s in self.steps:
+            item: dict[str, Any] = {"tool": s.tool, "args": {k: decode_value(v) for k, v in s.literals},
+                                    "params": dict(s.binds)}
+            if s.refs:
+                item["refs"] = {k: [src, list(path)] for k, (src, path) in s.refs}
+            if s.each:
+                item["each"] = True
+            steps.append(item)
+        return {"steps": steps, "params": list(self.params)}
 
     def content_hash(self) -> str:
         blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -110,11 +232,11 @@ class Route:
 
     # -- replay helpers ------------------------------------------------------------------------
     def determined_at(self, m: int) -> bool:
-        """True when every parameter used by steps[m:] is bound by steps[:m]."""
+        """True when every parameter and output ref used by steps[m:] is given by steps[:m]."""
         bound: set[str] = set()
         for s in self.steps[:m]:
             bound |= s.param_names
-        return all(s.param_names <= bound for s in self.steps[m:])
+        return all(s.param_names <= bound and all(src < m for src in s.ref_sources) for s in self.steps[m:])
 
     def replayable(self, min_prefix: int) -> bool:
         """True when some prefix of at least ``min_prefix`` (>= 2) steps fully determines a
@@ -122,11 +244,20 @@ class Route:
         m0 = max(2, int(min_prefix))
         return any(self.determined_at(m) for m in range(m0, len(self.steps)))
 
-    def with_trigger(self, trigger: int, confidence: float) -> "Route":
-        return replace(self, trigger=trigger, confidence=confidence)
+    def with_trigger(self, trigger: int, confidence: float, contexts: int = 0, cap: int = 0) -> "Route":
+        return replace(self, trigger=trigger, confidence=confidence, contexts=contexts, cap=cap)
+
+    @property
+    def fans_out(self) -> bool:
+        return bool(self.steps) and self.steps[-1].each
+
+    def fanout_cap(self, limit: int) -> int:
+        """Calls the fan-out step may make: the route's learned cap, never above ``limit``."""
+        return max(1, min(self.cap, limit) if self.cap else limit)
 
     def bind_all(self, values: Mapping[str, str]) -> list[tuple[str, dict[str, str]]]:
-        """Every step as (tool, args) with ``values`` for the parameters (all must be present)."""
+        """Every step as (tool, args) with ``values`` for the parameters (all must be present).
+        Only for routes without output refs (those are run step by step: replay.run_route)."""
         out = []
         for s in self.steps:
             conc = s.concrete(values)
@@ -140,10 +271,12 @@ class Route:
     def to_json(self) -> dict[str, Any]:
         data = self.canonical()
         data["format"] = ROUTE_FORMAT
-        data["examples"] = dict(self.examples)
+        data["examples"] = {k: decode_value(v) for k, v in self.examples.items()}
         data["count"] = self.count
         data["trigger"] = self.trigger
         data["confidence"] = round(self.confidence, 4)
+        data["contexts"] = self.contexts
+        data["cap"] = self.cap
         return data
 
     @classmethod
@@ -151,29 +284,44 @@ class Route:
         try:
             if isinstance(data, str):
                 data = json.loads(data)
+            typed = int(data.get("format") or 1) >= 2  # format 1 stored every value as a string
+            lit = (lambda v: flatten_value(v)) if typed else (lambda v: flatten_value(str(v)))
             steps = []
             for raw in data["steps"]:
                 tool = raw["tool"]
                 if not isinstance(tool, str) or not tool:
                     raise RouteFormatError("step without a tool")
-                lits = tuple(sorted((str(k), str(v)) for k, v in (raw.get("args") or {}).items()))
+                lits = tuple(sorted((str(k), lit(v)) for k, v in (raw.get("args") or {}).items()))
                 binds = tuple(sorted((str(k), str(v)) for k, v in (raw.get("params") or {}).items()))
-                if {k for k, _ in lits} & {k for k, _ in binds}:
-                    raise RouteFormatError("an argument is both literal and a parameter")
-                steps.append(Step(tool=tool, literals=lits, binds=binds))
+                refs = []
+                for k, (src, path) in (raw.get("refs") or {}).items():
+                    src = int(src)
+                    if src < 0 or src >= len(steps):
+                        raise RouteFormatError("an output ref must name an earlier step")
+                    refs.append((str(k), (src, tuple(p if isinstance(p, int) else str(p) for p in path))))
+                keys = [k for k, _ in lits] + [k for k, _ in binds] + [k for k, _ in refs]
+                if len(keys) != len(set(keys)):
+                    raise RouteFormatError("an argument is given twice (literal, parameter or ref)")
+                each = bool(raw.get("each"))
+                if each and len(refs) != 1:
+                    raise RouteFormatError("a fan-out step needs exactly one output ref")
+                steps.append(Step(tool=tool, literals=lits, binds=binds, refs=tuple(sorted(refs)), each=each))
             if not steps:
                 raise RouteFormatError("route without steps")
+            if any(s.each for s in steps[:-1]):
+                raise RouteFormatError("only the last step may fan out")
             used = set().union(*(s.param_names for s in steps))
             params = tuple(str(p) for p in data.get("params") or sorted(used))
             if set(params) != used:
                 raise RouteFormatError("parameter list does not match the steps")
-            examples = {str(k): str(v) for k, v in (data.get("examples") or {}).items()}
+            examples = {str(k): lit(v) for k, v in (data.get("examples") or {}).items()}
             trigger = int(data.get("trigger") or 0)
             if trigger < 0 or trigger >= len(steps):
                 raise RouteFormatError("trigger must leave at least one step to replay")
             return cls(steps=tuple(steps), params=params, name=name, scope=scope, examples=examples,
                        count=int(data.get("count") or 0), trigger=trigger,
-                       confidence=float(data.get("confidence") or 0.0))
+                       confidence=float(data.get("confidence") or 0.0), contexts=int(data.get("contexts") or 0),
+                       cap=max(0, int(data.get("cap") or 0)))
         except RouteFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -181,28 +329,89 @@ class Route:
 
     @classmethod
     def from_candidate(cls, cand: Candidate, *, scope: str = "space") -> "Route":
-        """The route a mined candidate stands for, named by its content."""
-        param_at = {pos: p.name for p in cand.params for pos in p.positions}
+        """The route a mined candidate stands for, named by its content: varying arguments become
+        parameters, or output refs where an earlier output held the value (see derive_refs)."""
+        refs = derive_refs(cand)
+        param_at = {pos: p.name for p in cand.params if p.name not in refs for pos in p.positions}
+        ref_at = {pos: refs[p.name] for p in cand.params if p.name in refs for pos in p.positions}
         steps = []
         for j, call in enumerate(cand.steps):
-            lits, binds = [], []
+            lits, binds, srcs = [], [], []
             for key, value in call.args:
-                pname = param_at.get((j, key))
-                if pname is None:
-                    lits.append((key, value))
-                else:
+                if (j, key) in ref_at:
+                    srcs.append((key, ref_at[(j, key)]))
+                elif (pname := param_at.get((j, key))) is not None:
                     binds.append((key, pname))
-            steps.append(Step(tool=call.tool, literals=tuple(lits), binds=tuple(binds)))
-        params = tuple(p.name for p in cand.params)
-        examples = {p.name: p.values[-1] for p in cand.params if p.values}
+                else:
+                    lits.append((key, value))
+            steps.append(Step(tool=call.tool, literals=tuple(lits), binds=tuple(binds), refs=tuple(srcs)))
+        steps = _mark_fanout(steps)
+        params = tuple(p.name for p in cand.params if p.name not in refs)
+        examples = {p.name: p.values[-1] for p in cand.params if p.values and p.name not in refs}
         route = cls(steps=tuple(steps), params=params, scope=scope, examples=examples, count=cand.count)
-        return cls(steps=route.steps, params=params, name=route.stable_name(), scope=scope,
-                   examples=examples, count=cand.count)
+        return replace(route, name=route.stable_name())
+
+
+def derive_refs(cand: Candidate) -> dict[str, Source]:
+    """Parameters whose value, in most chosen occurrences (more than half, and at least two), was a
+    leaf of an earlier step's output: param name -> (step, path). The most frequent source wins;
+    ties go to the latest step, then the shortest path."""
+    trace, starts = cand.trace, cand.starts
+    if not trace or not starts:
+        return {}
+    out: dict[str, Source] = {}
+    for p in cand.params:
+        j, key = min(p.positions)
+        if j == 0:
+            continue
+        counts: Counter = Counter()
+        for s in starts:
+            call = trace[s + j]
+            if call is None:
+                continue
+            value = call.arg_dict.get(key)
+            found = set()
+            for i in range(j):
+                prev = trace[s + i]
+                if prev is None:
+                    continue
+                for path, v in prev.refs:
+                    if v == value:
+                        found.add((i, path))
+            counts.update(found)
+        if not counts:
+            continue
+        (src, path), hits = max(counts.items(), key=lambda kv: (kv[1], kv[0][0], -len(kv[0][1])))
+        if hits >= 2 and hits * 2 > len(starts):
+            out[p.name] = (src, path)
+    return out
+
+
+def _mark_fanout(steps: list[Step]) -> list[Step]:
+    """Mark the last step as a fan-out when it ends a run of >= 2 steps that walked one list
+    element after element (same tool and literals, one ref each, consecutive indexes)."""
+    if len(steps) < 3:
+        return steps
+    last = steps[-1]
+    if len(last.refs) != 1 or last.binds:
+        return steps
+    key, (src, path) = last.refs[0]
+    at = _last_index(path)
+    if at is None:
+        return steps
+    prev = steps[-2]
+    if (prev.tool != last.tool or prev.literals != last.literals or prev.binds or len(prev.refs) != 1):
+        return steps
+    pkey, (psrc, ppath) = prev.refs[0]
+    if (pkey != key or psrc != src or len(ppath) != len(path) or ppath[:at] != path[:at]
+            or ppath[at + 1:] != path[at + 1:] or ppath[at] != path[at] - 1):
+        return steps
+    return steps[:-1] + [replace(last, each=True)]
 
 
 def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
     """The human-readable script of a route, or None when the route cannot be crystallized
-    (no steps, or a step without a tool)."""
+    (no steps, or a step without a tool). Values are cut for display, so a script stays small."""
     if not route.steps or any(not s.tool for s in route.steps):
         return None
     lines = [f"# waggle {route.name}", f"# scope: {route.scope}"]
@@ -211,11 +420,11 @@ def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
         meta.append(f"seen {route.count}x when mined")
     lines.append("# " + ", ".join(meta))
     if route.params:
-        shown = []
+        shown_params = []
         for p in route.params:
             ex = route.examples.get(p)
-            shown.append(f"{{{p}}} (e.g. {json.dumps(ex, ensure_ascii=False)})" if ex is not None else f"{{{p}}}")
-        lines.append("# parameters: " + ", ".join(shown))
+            shown_params.append(f"{{{p}}} (e.g. {shown(ex)})" if ex is not None else f"{{{p}}}")
+        lines.append("# parameters: " + ", ".join(shown_params))
     else:
         lines.append("# parameters: none")
     m0 = max(2, int(min_prefix), route.trigger)
@@ -223,7 +432,10 @@ def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
     if trigger is None:
         lines.append("# replay: on demand only (its later steps need values the first steps do not give)")
     else:
-        conf = f" (when mined, {route.confidence:.0%} of these starts went on this way)" if route.confidence else ""
+        conf = ""
+        if route.confidence:
+            conf = (f" (lower bound {route.confidence:.0%} of replayed steps used, "
+                    f"over {route.contexts} distinct contexts)")
         lines.append(f"# replay: after the first {trigger} steps, the remaining {len(route.steps) - trigger} "
                      f"run automatically{conf}")
     lines.append("")
@@ -237,59 +449,156 @@ def steps_summary(route: Route) -> list[str]:
 
 
 class TraceIndex:
-    """Positions of each tool in a trace, so a route's starts are found without a full scan."""
+    """Positions of each pair of consecutive call shapes in a trace, so a route's sightings are
+    found without scanning the trace (or every call of its first tool). ``sessions`` gives the
+    session of each position (default: a new session after every ``None`` barrier)."""
 
-    def __init__(self, calls: Sequence[Call | None]) -> None:
+    def __init__(self, calls: Sequence[Call | None], sessions: Sequence[int] | None = None) -> None:
         self.calls = calls
-        self.by_tool: dict[str, list[int]] = {}
+        if sessions is None:
+            sessions, current = [], 0
+            for c in calls:
+                current += c is None
+                sessions.append(current)
+        self.sessions = sessions
+        self.by_pair: dict[tuple, list[int]] = {}
+        prev = None
         for i, c in enumerate(calls):
-            if c is not None and not c.mutates:
-                self.by_tool.setdefault(c.tool, []).append(i)
+            shape = None if c is None or c.barrier else c.shape
+            if prev is not None and shape is not None:
+                self.by_pair.setdefault((prev, shape), []).append(i - 1)
+            prev = shape
+        self.work = 0  # sightings examined, for tests pinning the cost
 
 
-def prefix_confidence(route: Route, index: TraceIndex, m: int) -> tuple[int, int]:
-    """In the trace: how often the first ``m`` steps occur (``seen``), and how often they are
-    followed by exactly the tail they determine (``followed``)."""
+def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = ()
+            ) -> tuple[dict[str, str], list[ConcreteStep]] | None:
+    """Match ``route`` against ``window`` (its first len(window) steps); return the binding and the
+    concrete tail (steps already made inside the window, or in ``made``, are left out), or None."""
+    binding: dict[str, str] = {}
+    for j, (step, call) in enumerate(zip(route.steps, window)):
+        got = step.match(call, binding, window[:j])
+        if got is None:
+            return None
+        binding = got
+    made = {c.invocation() for c in window} | set(made)
+    tail: list[ConcreteStep] = []
+    for step in route.steps[len(window):]:
+        conc = step.concretes(binding, window, cap)
+        if conc is None:
+            return None
+        tail.extend(c for c in conc if c not in made)
+    return binding, tail
+
+
+def used_steps(tail: Sequence[ConcreteStep], calls: Sequence[Call | None], start: int) -> int:
+    """How many of ``tail`` the agent made itself from ``start`` on, before its first call that is
+    none of them (a barrier or the end of the session ends the run)."""
+    remaining = Counter(tail)
+    used = 0
+    for c in calls[start:]:
+        if c is None or c.barrier:
+            break
+        inv = c.invocation()
+        if remaining.get(inv, 0) <= 0:
+            break
+        remaining[inv] -= 1
+        used += 1
+    return used
+
+
+HISTORY = 200  # earlier calls of the session a replay leaves out when already made (the ring's size)
+
+
+def context_of(route: Route, window: Sequence[Call], session: int) -> tuple:
+    """What makes two sightings of a prefix different evidence: the values at its varying
+    positions (parameters and refs). Near-copies of one task (the same user, the same ids) are one
+    context however often they recur. A prefix of literals only varies by session."""
+    values = tuple(window[j].arg_dict.get(k) for j, s in enumerate(route.steps[:len(window)])
+                   for k in [k for k, _ in s.binds] + [k for k, _ in s.refs])
+    return values if values else ("session", session)
+
+
+def _made_before(index: TraceIndex, p: int) -> set:
+    """The session's calls (at most HISTORY) before position ``p``."""
+    out = set()
+    for c in index.calls[max(0, p - HISTORY):p][::-1]:
+        if c is None:
+            break
+        out.add(c.invocation())
+    return out
+
+
+def prefix_evidence(route: Route, index: TraceIndex, m: int, cap: int = DEFAULT_FANOUT_CAP) -> tuple[int, int, int]:
+    """In the trace, over distinct contexts where the first ``m`` steps occur: (contexts, tail
+    steps a replay would have offered, of those the agent made itself). Only the first sighting of
+    each context (see :func:`context_of`) counts, so repeats cannot vouch for a route."""
+    return prefix_evidence_by_cap(route, index, m, (cap,))[cap][:3]
+
+
+def prefix_evidence_by_cap(route: Route, index: TraceIndex, m: int, caps: Sequence[int]
+                           ) -> dict[int, tuple[int, int, int]]:
+    """:func:`prefix_evidence` for several fan-out caps in one pass over the sightings."""
     calls = index.calls
     n = len(calls)
-    seen = followed = 0
-    first = route.steps[0]
-    for p in index.by_tool.get(first.tool, ()):
+    seen: set = set()
+    top = max(caps)
+    tallies = {c: [0, 0, 0.0] for c in caps}
+    if len(route.steps) < 2:
+        return {c: (0, 0, 0, 0.0) for c in caps}
+    key = (route.steps[0].shape, route.steps[1].shape)
+    for p in index.by_pair.get(key, ()):
         if p + m > n:
             break
-        binding: dict[str, str] | None = {}
-        for step, call in zip(route.steps[:m], calls[p:p + m]):
-            if call is None:
-                binding = None
-                break
-            binding = step.match(call, binding)
-            if binding is None:
-                break
-        if binding is None:
+        index.work += 1
+        window = calls[p:p + m]
+        if any(c is None for c in window):
             continue
-        seen += 1
-        end = p + len(route.steps)
-        if end > n:
+        got = tail_of(route, window, top, _made_before(index, p))  # type: ignore[arg-type]
+        if got is None or not got[1]:
             continue
-        ok = True
-        for step, call in zip(route.steps[m:], calls[p + m:end]):
-            conc = step.concrete(binding)
-            if call is None or call.mutates or conc is None or (call.tool, call.args) != conc:
-                ok = False
-                break
-        followed += ok
-    return seen, followed
+        ctx = context_of(route, window, index.sessions[p])  # type: ignore[arg-type]
+        if ctx in seen:
+            continue
+        seen.add(ctx)
+        tail = got[1]
+        fixed = len(tail) - _fanned(route, m, tail)
+        for c in caps:
+            part = tail[:fixed + c] if route.fans_out else tail
+            tallies[c][0] += len(part)
+            tallies[c][1] += used_steps(part, calls, p + m)
+            tallies[c][2] += used_steps(part, calls, p + m) / len(part)
+    return {c: (len(seen), off, used, share) for c, (off, used, share) in tallies.items()}
 
 
-def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confidence: float) -> Route | None:
+def _fanned(route: Route, m: int, tail: Sequence[ConcreteStep]) -> int:
+    """How many calls at the end of ``tail`` the fan-out step made."""
+    if not route.fans_out:
+        return 0
+    return max(0, len(tail) - (len(route.steps) - m - 1))
+
+
+def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confidence: float, *,
+                   z: float = 1.0, min_contexts: int = 3, cap: int = DEFAULT_FANOUT_CAP) -> Route | None:
     """The route with the shortest trigger (>= min_prefix leading steps, tail fully determined)
-    that, in the mined trace, was followed by the rest of the route at least ``min_confidence``
-    of the time; None when there is none."""
+    seen in at least ``min_contexts`` distinct contexts where the Wilson lower bound (``z``) of the
+    share of replayed steps the agent made itself, over contexts, is at least ``min_confidence``;
+    None when none does.
+    A fan-out also learns its cap: the largest (up to ``cap``) whose bound still holds (the agent
+    tends to stop somewhere in a list; later elements are the likelier misses)."""
     m0 = max(2, int(min_prefix))
+    caps = list(range(1, max(1, cap) + 1)) if route.fans_out else [max(1, cap)]
     for m in range(m0, len(route.steps)):
         if not route.determined_at(m):
             continue
-        seen, followed = prefix_confidence(route, index, m)
-        if seen and followed / seen >= min_confidence:
-            return route.with_trigger(m, followed / seen)
+        evidence = prefix_evidence_by_cap(route, index, m, caps)
+        for c in reversed(caps):
+            contexts, offered, used, share = evidence[c]
+            if contexts < max(1, min_contexts):
+                break
+            # the unit of evidence is the context, not the step: one context's steps stand or fall
+            # together (an agent that stops early misses every later step)
+            lower = wilson_lower(share, contexts, z)
+            if lower >= min_confidence:
+                return route.with_trigger(m, lower, contexts, c if route.fans_out else 0)
     return None

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
 from typing import Any, Callable, Iterator
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
@@ -26,19 +26,20 @@ from waggle.config import DEFAULT_MIN_FAILS, DEFAULT_STALE_AGE, WaggleConfig, de
 from waggle.miner import Candidate, mine, segments_to_trace
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.recorder import Recorder
-from waggle.replay import clamp_prefix, find_plan, run_steps
-from waggle.route import Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary
-from waggle.trace import Call, flatten_args
+from waggle.replay import clamp_prefix, estimate_yield, find_plan, run_route, run_steps
+from waggle.route import (Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary,
+                          wilson_upper)
+from waggle.trace import Call, args_json, clean_text, decode_value, flatten_args, flatten_value, refs_from_json
 
 log = logging.getLogger("waggle")
 
-ExecFn = Callable[[str, dict[str, str]], str]
-"""exec(tool_name, args) -> output text. Raises on a tool error. The host applies the same safety
-checks and output truncation as for a model-driven call."""
+ExecFn = Callable[[str, dict[str, Any]], str]
+"""exec(tool_name, args) -> output text. ``args`` keep their JSON types. Raises on a tool error.
+The host applies the same safety checks and output truncation as for a model-driven call."""
 
 __all__ = [
-    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "list_waggles",
-    "run_waggle", "curate", "saved_tokens_per_day", "sweep",
+    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "judge_reply", "settle",
+    "list_waggles", "run_waggle", "curate", "saved_tokens_per_day", "sweep",
 ]
 
 
@@ -56,9 +57,14 @@ _rings_lock = threading.Lock()
 _MUTATOR_ARG_CHARS = 200
 
 
-def _call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_tokens: int) -> Call:
+_ROW = ("tool", "args", "mutates", "out_hash", "est_tokens", "out_refs", "oversized")
+
+
+def _call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_tokens: int, out_refs: Any = (),
+                   oversized: bool = False) -> Call:
     return Call(tool=tool, args=flatten_args(args if isinstance(args, dict) else {}), mutates=mutates,
-                out_hash=out_hash or "", est_tokens=est_tokens or 0)
+                out_hash=out_hash or "", est_tokens=est_tokens or 0, refs=refs_from_json(out_refs),
+                oversized=bool(oversized))
 
 
 def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
@@ -73,10 +79,9 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
     if ring is None or ring.last_seq != last or ring.capacity != cfg.ring_capacity:
         ring = Recorder(cfg.ring_capacity)
         rows = list(ForageCall.objects.filter(space_key=space_key, session_key=session_key)
-                    .order_by("-seq").values_list("seq", "tool", "args", "mutates", "out_hash", "est_tokens")
-                    [: ring.capacity])
-        for seq, tool, args, mutates, out_hash, est in reversed(rows):
-            ring.record(_call_from_row(tool, args, mutates, out_hash, est), seq=seq)
+                    .order_by("-seq").values_list("seq", *_ROW)[: ring.capacity])
+        for seq, *row in reversed(rows):
+            ring.record(_call_from_row(*row), seq=seq)
         ring.last_seq = last
         with _rings_lock:
             _rings[key] = ring
@@ -91,12 +96,15 @@ def _record(space_key: str, session_key: str, member_key: str, call: Call, cfg: 
     """Append a call to the session's ring and to ForageCall; returns its sequence number."""
     ring = _ring(space_key, session_key, cfg)
     seq = ring.last_seq + 1
-    args = dict(call.args)
-    if call.mutates:  # a mutator only acts as a barrier; don't keep e.g. whole file bodies
-        args = {k: v[:_MUTATOR_ARG_CHARS] for k, v in args.items()}
-    ForageCall.objects.create(space_key=space_key, session_key=session_key, member_key=(member_key or "")[:64],
-                              seq=seq, tool=call.tool[:200], args=args, mutates=call.mutates,
-                              replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens)
+    if call.barrier:  # a mutator or an oversized call only acts as a barrier; don't keep e.g. file bodies
+        args: dict = {k: decode_value(v) if len(v) <= _MUTATOR_ARG_CHARS else v[:_MUTATOR_ARG_CHARS]
+                      for k, v in call.args}
+    else:
+        args = args_json(call.args)
+    ForageCall.objects.create(space_key=space_key, session_key=session_key, member_key=clean_text(member_key or "")[:64],
+                              seq=seq, tool=call.tool[:200], args=args, mutates=call.mutates, oversized=call.oversized,
+                              replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens,
+                              out_refs=[[list(path), value] for path, value in call.refs])
     ring.record(call, seq=seq)
     return seq
 
@@ -153,7 +161,7 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
                          output=output if isinstance(output, str) else str(output or ""))
         with transaction.atomic():  # a savepoint when the host is inside a transaction
             seq = _record(space_key, session_key, member_key, call, cfg)
-        if seq % cfg.mine_period == 0:
+        if cfg.mining and seq % cfg.mine_period == 0:
             if cfg.sweep_async:  # off the member's turn: a django-q2 worker mines after the commit
                 transaction.on_commit(lambda: _enqueue_sweep(space_key))
             else:
@@ -166,13 +174,15 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
 # --------------------------------------------------------------------------------------------
 # miner + promoter
 # --------------------------------------------------------------------------------------------
-def _space_segments(space_key: str, cfg: WaggleConfig) -> list[list[Call]]:
+def _space_segments(space_key: str, cfg: WaggleConfig) -> list[list[Call | None]]:
+    """The space's newest calls, one segment per session in call order. A call a replay made is
+    never mining input: it stands as a barrier (no route spans the place where the model relied
+    on a replay)."""
     rows = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
-                .values_list("session_key", "seq", "tool", "args", "mutates", "out_hash", "est_tokens")
-                [: cfg.mine_window])
-    by_session: dict[str, list[tuple[int, Call]]] = {}
-    for session, seq, tool, args, mutates, out_hash, est in rows:
-        by_session.setdefault(session, []).append((seq, _call_from_row(tool, args, mutates, out_hash, est)))
+                .values_list("session_key", "seq", "replayed", *_ROW)[: cfg.mine_window])
+    by_session: dict[str, list[tuple[int, Call | None]]] = {}
+    for session, seq, replayed, *row in rows:
+        by_session.setdefault(session, []).append((seq, None if replayed else _call_from_row(*row)))
     segments = []
     for session in sorted(by_session):
         items = sorted(by_session[session], key=lambda t: t[0])
@@ -188,7 +198,8 @@ def promotable(cand: Candidate, index: TraceIndex, cfg: WaggleConfig) -> Route |
     route = Route.from_candidate(cand, scope=Waggle.SCOPE_SPACE)
     if not route.replayable(cfg.min_prefix):
         return None
-    route = choose_trigger(route, index, cfg.min_prefix, cfg.min_confidence)
+    route = choose_trigger(route, index, cfg.min_prefix, cfg.min_confidence, z=cfg.confidence_z,
+                           min_contexts=cfg.min_contexts, cap=cfg.fanout_cap)
     if route is None or render_script(route, min_prefix=cfg.min_prefix) is None:
         return None
     return route
@@ -208,16 +219,30 @@ def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | Non
     trim ForageCall to the retention bound. Returns the new waggle, if any. May raise (the
     callers on a member's path catch)."""
     cfg = (config or default_config()).normalized()
-    trace = segments_to_trace(_space_segments(space_key, cfg))
+    try:
+        return _promote_best(space_key, cfg) if cfg.mining else None
+    finally:  # a failing sweep (say, a value the database refuses) still trims the space
+        _trim_space(space_key, cfg)
+
+
+def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
+    segments = _space_segments(space_key, cfg)
+    trace = segments_to_trace(segments)
+    sessions = [n for n, seg in enumerate(segments) for _ in range(len(seg) + (n > 0))]
     candidates = mine(trace, cfg.mine_config)
     created = None
     if candidates:
         known = set(Waggle.objects.filter(Q(scope=Waggle.SCOPE_SPACE, space_key=space_key)
                                           | Q(scope=Waggle.SCOPE_GLOBAL)).values_list("name", flat=True))
-        index = TraceIndex(trace)
+        index = TraceIndex(trace, sessions)
+        judged = 0
         for cand in candidates:
-            if Route.from_candidate(cand).name in known:
-                continue
+            route = Route.from_candidate(cand)
+            if route.name in known or not route.replayable(cfg.min_prefix):
+                continue  # (cheap checks: only routes that reach the trigger test count below)
+            judged += 1
+            if judged > cfg.sweep_candidates:
+                break  # the rest wait for a later sweep: each sweep stays linear in the window
             route = promotable(cand, index, cfg)
             if route is None:
                 continue
@@ -228,14 +253,14 @@ def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | Non
                     created = Waggle.objects.create(
                         name=route.name, scope=Waggle.SCOPE_SPACE, space_key=space_key, route=route.to_json(),
                         script=script, length=len(route.steps), mined_count=cand.count, created=now, touched=now)
-            except IntegrityError:  # another process stored it first
+            except (IntegrityError, DatabaseError):  # stored first by another process, or refused
                 created = None
+                log.warning("waggle: could not store route %s in space %s", route.name, space_key, exc_info=True)
             else:
                 log.info("waggle: new route %s in space %s (%d steps, seen %dx, trigger %d, confidence %.0f%%)",
                          route.name, space_key, len(route.steps), cand.count, route.trigger,
                          route.confidence * 100)
             break
-    _trim_space(space_key, cfg)
     return created
 
 
@@ -268,11 +293,12 @@ def _routes_for(space_key: str) -> list[Route]:
 
 
 def _ledger(route: Route, space_key: str, session_key: str, steps: int, yield_tokens: int, fail: bool,
-            *, on_demand: bool = False, detail: str = "") -> None:
+            *, on_demand: bool = False, detail: str = "", settled: bool = True) -> LedgerEntry:
     store_key = space_key if route.scope == Waggle.SCOPE_SPACE else ""
-    LedgerEntry.objects.create(name=route.name, scope=route.scope, store_key=store_key, space_key=space_key,
-                               session_key=session_key or "", steps=steps, yield_tokens=max(0, yield_tokens),
-                               fail=fail, on_demand=on_demand, detail=detail[:500])
+    return LedgerEntry.objects.create(name=route.name, scope=route.scope, store_key=store_key, space_key=space_key,
+                                      session_key=session_key or "", steps=steps, yield_tokens=max(0, yield_tokens),
+                                      fail=fail, on_demand=on_demand, detail=clean_text(detail)[:500],
+                                      settled=settled, used_steps=0 if fail or not settled else steps)
 
 
 def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConfig | None = None) -> str | None:
@@ -306,50 +332,125 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
     if not routes:
         return None
     ring = _ring(space_key, session_key, cfg)
-    longest = max(len(r.steps) for r in routes)
-    recent = ring.recent(longest)
-    if not recent or recent[-1].mutates:
+    recent = ring.recent()  # the whole ring: routes align with its end; its calls are never replayed again
+    if not recent or recent[-1].barrier:
         return None
-    plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix))
+    plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix), cap=cfg.fanout_cap)
     if plan is None:
         return None
     try:
         with transaction.atomic():
-            FiredPlan.objects.create(space_key=space_key, session_key=session_key, plan_key=plan.key,
-                                     name=plan.route.name)
+            fired = FiredPlan.objects.create(space_key=space_key, session_key=session_key, plan_key=plan.key,
+                                             name=plan.route.name, settled=False,
+                                             tail=[[tool, dict(args)] for tool, args in plan.tail])
     except IntegrityError:
         return None  # this plan already fired in this session (maybe in another process)
     outcome = run_steps(plan.route.name, plan.tail, exec)
     if not outcome.ok:
         _ledger(plan.route, space_key, session_key, plan.steps, 0, True, detail=outcome.error)
+        FiredPlan.objects.filter(pk=fired.pk).update(settled=True)
         log.info("waggle: replay of %s failed: %s", plan.route.name, outcome.error)
         return None
     with transaction.atomic():
-        _ledger(plan.route, space_key, session_key, plan.steps, outcome.yield_tokens, False)
+        # unsettled until the model's next reply says whether it relied on the steps (settle)
+        entry = _ledger(plan.route, space_key, session_key, plan.steps, 0, False, settled=False,
+                        detail=f"~{outcome.yield_tokens} tokens if every step is used")
+        tail = [[tool, dict(args), estimate_yield([(tool, args)], [out])]
+                for (tool, args), out in zip(plan.tail, outcome.outputs)]
+        FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=tail)
         member = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
                   .order_by("-seq").values_list("member_key", flat=True).first()) or ""
         for (tool, args), out in zip(plan.tail, outcome.outputs):
-            _record(space_key, session_key, member, Call.make(tool, dict(args), output=out), cfg, replayed=True)
+            _record(space_key, session_key, member, Call.make(tool, args_json(args), output=out), cfg, replayed=True)
     return outcome.block
+
+
+def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
+    return list(FiredPlan.objects.filter(space_key=space_key, session_key=session_key, settled=False).order_by("id"))
+
+
+def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] | None, *,
+                config: WaggleConfig | None = None) -> int:
+    """Call when the model's reply after a replay arrives, with the tool calls it makes
+    (``[(tool, args), ...]``; empty for a text answer). A replayed step the model issues again
+    itself is a *miss* (it did not rely on the replay); every other step is *used*. Settles every
+    replay of the session still waiting for a judgement; returns how many. Never raises."""
+    try:
+        pending = _pending(space_key, session_key)
+        if not pending:
+            return 0
+        issued = {(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])}
+        for fired in pending:
+            used = [(step[0], tuple(sorted((step[1] or {}).items()))) not in issued for step in fired.tail]
+            settle(space_key, session_key, used, fired=fired, config=config)
+        return len(pending)
+    except Exception:  # noqa: BLE001 - best effort by contract
+        log.exception("waggle: judging a reply failed (space=%r session=%r); ignored", space_key, session_key)
+        return 0
+
+
+def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPlan | None = None,
+           config: WaggleConfig | None = None) -> None:
+    """Book the oldest unsettled replay of the session (or ``fired``): ``used[i]`` says whether the
+    model relied on replayed step i. Used steps earn their estimated yield; a replay with no used
+    step is a failure; a route whose misses make its lower bound of use fall below
+    ``min_confidence`` is demoted at once (disabled, kept for inspection)."""
+    cfg = (config or default_config()).normalized()
+    fired = fired or next(iter(_pending(space_key, session_key)), None)
+    if fired is None:
+        return
+    with transaction.atomic():
+        if not FiredPlan.objects.filter(pk=fired.pk, settled=False).update(settled=True):
+            return  # settled by someone else meanwhile
+        entry = LedgerEntry.objects.filter(pk=fired.ledger_id).first() if fired.ledger_id else None
+        if entry is None:
+            return
+        n_used = sum(1 for u in used[: entry.steps] if u)
+        yield_tokens = sum(int(step[2]) for step, u in zip(fired.tail, used) if u and len(step) > 2)
+        LedgerEntry.objects.filter(pk=entry.pk).update(
+            settled=True, used_steps=n_used, fail=n_used == 0, yield_tokens=yield_tokens,
+            detail=f"{n_used} of {entry.steps} replayed steps used")
+        _demote_if_missing(entry.scope, entry.store_key, entry.name, cfg)
+
+
+def _demote_if_missing(scope: str, store_key: str, name: str, cfg: WaggleConfig) -> bool:
+    """Disable the route when, over its settled replays, the upper bound of "step used" is below
+    ``min_confidence``: it has shown, beyond small-sample doubt, that it misses too often."""
+    agg = LedgerEntry.objects.filter(scope=scope, store_key=store_key, name=name, settled=True,
+                                     on_demand=False).aggregate(steps=Sum("steps"), used=Sum("used_steps"))
+    steps, used = agg["steps"] or 0, agg["used"] or 0
+    if steps == 0 or wilson_upper(used, steps, cfg.confidence_z) >= cfg.min_confidence:
+        return False
+    changed = Waggle.objects.filter(scope=scope, space_key=store_key, name=name, disabled=False).update(
+        disabled=True, touched=timezone.now())
+    if changed:
+        log.info("waggle: demoted %s (%d of %d replayed steps used)", name, used, steps)
+    return bool(changed)
 
 
 # --------------------------------------------------------------------------------------------
 # library: list / run on demand / stats
 # --------------------------------------------------------------------------------------------
 def _stats(where: Q | None = None) -> dict[tuple[str, str, str], dict[str, int]]:
-    """(scope, store_key, name) -> {uses, fails, replay_fails, est_tokens_saved}, in one query."""
-    qs = LedgerEntry.objects.all()
+    """(scope, store_key, name) -> {uses, fails, replay_fails, est_tokens_saved, steps_replayed,
+    steps_used}, in one query. Replays still waiting for the model's judgement count nowhere."""
+    qs = LedgerEntry.objects.filter(settled=True)
     if where is not None:
         qs = qs.filter(where)
+    replay = Q(on_demand=False)
     rows = qs.values("scope", "store_key", "name").annotate(
         uses=Count("id", filter=Q(fail=False)),
         fails=Count("id", filter=Q(fail=True)),
-        replay_fails=Count("id", filter=Q(fail=True, on_demand=False)),
+        replay_fails=Count("id", filter=Q(fail=True) & replay),
         saved=Sum("yield_tokens", filter=Q(fail=False)),
+        steps_replayed=Sum("steps", filter=replay),
+        steps_used=Sum("used_steps", filter=replay),
     )
     return {(r["scope"], r["store_key"], r["name"]): {"uses": r["uses"], "fails": r["fails"],
                                                       "replay_fails": r["replay_fails"],
-                                                      "est_tokens_saved": r["saved"] or 0}
+                                                      "est_tokens_saved": r["saved"] or 0,
+                                                      "steps_replayed": r["steps_replayed"] or 0,
+                                                      "steps_used": r["steps_used"] or 0}
             for r in rows}
 
 
@@ -371,7 +472,8 @@ def list_waggles(space_key: str) -> list[dict]:
     for w in waggles:
         try:
             route = Route.from_json(w.route, name=w.name, scope=w.scope)
-            steps, params = steps_summary(route), {p: route.examples.get(p, "") for p in route.params}
+            steps = steps_summary(route)
+            params = {p: decode_value(route.examples[p]) if p in route.examples else "" for p in route.params}
         except RouteFormatError:
             steps, params = ["(unreadable route)"], {}
         st = stats.get((w.scope, w.space_key, w.name), {})
@@ -381,6 +483,7 @@ def list_waggles(space_key: str) -> list[dict]:
             "steps": steps,
             "params": params,
             "stats": {"uses": st.get("uses", 0), "fails": st.get("fails", 0),
+                      "steps_replayed": st.get("steps_replayed", 0), "steps_used": st.get("steps_used", 0),
                       "est_tokens_saved": st.get("est_tokens_saved", 0), "yield_is_estimate": True},
             "disabled": w.disabled,
         })
@@ -399,7 +502,7 @@ def run_waggle(space_key: str, name: str, params: dict[str, str], exec: ExecFn) 
         raise WaggleError(str(exc)) from exc
     if not isinstance(name, str) or not name:
         raise WaggleError("a waggle name (a non-empty string) is required")
-    params = {str(k): ("" if v is None else str(v)) for k, v in (params or {}).items()}
+    params = {str(k): flatten_value("" if v is None else v) for k, v in (params or {}).items()}
     w = (Waggle.objects.filter(scope=Waggle.SCOPE_SPACE, space_key=space_key, name=name).first()
          or Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL, name=name).first())
     if w is None:
@@ -422,8 +525,7 @@ def run_waggle(space_key: str, name: str, params: dict[str, str], exec: ExecFn) 
             parts.append(f"unknown parameter(s): {', '.join(unknown)}")
         expected = ", ".join(route.params) or "none"
         raise WaggleError(f"waggle {name!r}: {'; '.join(parts)} (expected: {expected})")
-    steps = [(tool, tuple(sorted(args.items()))) for tool, args in route.bind_all(params)]
-    outcome = run_steps(route.name, steps, exec, verb="ran waggle")
+    steps, outcome = run_route(route, params, exec, cap=default_config().fanout_cap)
     try:
         _ledger(route, space_key, "", len(steps), outcome.yield_tokens if outcome.ok else 0, not outcome.ok,
                 on_demand=True, detail=outcome.error)
@@ -489,10 +591,19 @@ def _gc() -> int:
 
 
 def _demote(now: datetime, min_fails: int) -> int:
+    """Routes with >= min_fails failed replays and no use, or whose replayed steps were used so
+    rarely that even the upper bound of the use rate is below ``min_confidence``."""
     stats = _stats()
+    cfg = default_config()
+
+    def missing(st: dict) -> bool:
+        if st["replay_fails"] >= min_fails and st["uses"] == 0:
+            return True
+        n = st["steps_replayed"]
+        return n > 0 and wilson_upper(st["steps_used"], n, cfg.confidence_z) < cfg.min_confidence
+
     ids = [w.id for w in Waggle.objects.filter(disabled=False).only("id", "scope", "space_key", "name")
-           if (st := stats.get((w.scope, w.space_key, w.name)))
-           and st["replay_fails"] >= min_fails and st["uses"] == 0]
+           if (st := stats.get((w.scope, w.space_key, w.name))) and missing(st)]
     if not ids:
         return 0
     return Waggle.objects.filter(id__in=ids, disabled=False).update(disabled=True, touched=now)

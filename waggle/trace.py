@@ -1,35 +1,85 @@
 """The unit of the forage log: one recorded tool call (pure Python, no ORM).
 
-A call keeps only what mining and replay need: the tool name, its arguments flattened to strings
-(sorted by key, so the same call always has the same shape), whether the tool mutates state, a
-short hash of its output and an estimate of the output's size in tokens (chars / 4).
+A call keeps only what mining and replay need: the tool name, its arguments (each value as its
+canonical JSON text, sorted by key, so the same call always has the same shape and ``false``
+stays ``false``), whether the tool mutates state, a short hash of its output, an estimate of the
+output's size in tokens (chars / 4), and the output's *refs*: the short scalar leaves of a JSON
+output with their paths (``(("reservations", 0), '"JG7FMM"')``), so a later step can be bound to
+a value an earlier output listed.
+
+Text from the host is made storable first: a lone surrogate (which no database accepts) becomes
+U+FFFD. A call with an argument longer than ``MAX_LITERAL_CHARS`` is *oversized*: it is kept only
+as a barrier (like a mutating call), so a huge literal never becomes a route, a script or a header.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 Args = tuple[tuple[str, str], ...]
 Shape = tuple[str, tuple[str, ...]]
+Path = tuple[str | int, ...]
+Refs = tuple[tuple[Path, str], ...]
+
+MAX_LITERAL_CHARS = 2000     # an argument longer than this makes the call a barrier
+MAX_REF_VALUE_CHARS = 200    # output leaves longer than this are not kept as refs
+MAX_REFS = 400               # leaves kept per output (first ones in document order)
+MAX_REF_DEPTH = 8
+MAX_PARSE_CHARS = 1_000_000  # outputs longer than this are not parsed for refs
+SHOWN_VALUE_CHARS = 200      # a value shown in a header or a script is cut here
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (valid UTF-8 everywhere)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        # via UTF-16: a split pair is joined back, a lone half becomes one U+FFFD
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def clean_json(value: Any) -> Any:
+    """A JSON value with every string (keys included) made storable."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(str(k)): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return clean_text(str(value))
 
 
 def flatten_value(value: Any) -> str:
-    """One argument value as a string: strings stay as they are, anything else is compact JSON."""
-    if isinstance(value, str):
-        return value
+    """One argument value as canonical JSON text (``"x"`` for a string, ``false``, ``[1,2]``)."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+        return json.dumps(clean_json(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError):
-        return str(value)
+        return json.dumps(clean_text(str(value)), ensure_ascii=False)
+
+
+def decode_value(text: str) -> Any:
+    """The JSON value back from :func:`flatten_value`'s text."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
 
 
 def flatten_args(args: Mapping[str, Any] | None) -> Args:
-    """Arguments as a sorted tuple of (key, string value) pairs."""
+    """Arguments as a sorted tuple of (key, canonical JSON text) pairs."""
     if not args:
         return ()
-    return tuple(sorted((str(k), flatten_value(v)) for k, v in args.items()))
+    return tuple(sorted((clean_text(str(k)), flatten_value(v)) for k, v in args.items()))
+
+
+def args_json(args: Args | Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """Flattened arguments back to a dict of JSON values (what the host's tool receives)."""
+    return {k: decode_value(v) for k, v in args}
 
 
 def estimate_tokens(text: str | None) -> int:
@@ -44,6 +94,51 @@ def output_hash(text: str | None) -> str:
     return hashlib.sha256((text or "").encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+def output_refs(text: str | None) -> Refs:
+    """The short scalar leaves of a JSON output, with their paths, in document order."""
+    if not text or len(text) > MAX_PARSE_CHARS:
+        return ()
+    head = text.lstrip()[:1]
+    if head not in ("{", "["):
+        return ()
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError):
+        return ()
+    out: list[tuple[Path, str]] = []
+
+    def walk(node: Any, path: Path) -> None:
+        if len(out) >= MAX_REFS or len(path) > MAX_REF_DEPTH:
+            return
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, path + (clean_text(str(k)),))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, path + (i,))
+        elif isinstance(node, (str, int, float)) and not isinstance(node, bool):
+            if isinstance(node, str) and not node:
+                return
+            value = flatten_value(node)
+            if len(value) <= MAX_REF_VALUE_CHARS:
+                out.append((path, value))
+
+    walk(data, ())
+    return tuple(out)
+
+
+def refs_from_json(data: Any) -> Refs:
+    """Refs read back from storage (a list of ``[path, value]``); anything unreadable is dropped."""
+    out = []
+    for item in data or ():
+        try:
+            path, value = item
+            out.append((tuple(p if isinstance(p, int) else str(p) for p in path), str(value)))
+        except (TypeError, ValueError):
+            continue
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """One recorded tool invocation."""
@@ -53,13 +148,23 @@ class Call:
     mutates: bool = False
     out_hash: str = ""
     est_tokens: int = 0
+    refs: Refs = ()
+    oversized: bool = False
 
     @classmethod
     def make(cls, tool: str, args: Mapping[str, Any] | None = None, *, mutates: bool = False,
              output: str | None = None) -> "Call":
         """Build a call from raw host data (arguments of any JSON type, raw output text)."""
-        return cls(tool=str(tool), args=flatten_args(args), mutates=bool(mutates),
-                   out_hash=output_hash(output), est_tokens=estimate_tokens(output))
+        flat = flatten_args(args)
+        oversized = any(len(v) > MAX_LITERAL_CHARS for _, v in flat)
+        return cls(tool=clean_text(str(tool)), args=flat, mutates=bool(mutates), out_hash=output_hash(output),
+                   est_tokens=estimate_tokens(output), refs=() if mutates else output_refs(output),
+                   oversized=oversized)
+
+    @property
+    def barrier(self) -> bool:
+        """No route may contain this call (it changes state, or carries a huge literal)."""
+        return self.mutates or self.oversized
 
     @property
     def shape(self) -> Shape:
@@ -74,8 +179,18 @@ class Call:
         """What the call did (tool and argument values), ignoring its result."""
         return (self.tool, self.args)
 
+    def ref_map(self) -> dict[Path, str]:
+        return dict(self.refs)
+
+
+def shown(text: str, limit: int = SHOWN_VALUE_CHARS) -> str:
+    """A value's JSON text cut for display (headers, scripts), saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…({len(text)} chars)"
+
 
 def describe_call(tool: str, args: Mapping[str, str]) -> str:
-    """A one-line human rendering: ``tool(key="value", ...)``."""
-    inner = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(args.items()))
+    """A one-line human rendering: ``tool(key="value", flag=false, ...)`` (values as JSON text)."""
+    inner = ", ".join(f"{k}={shown(v)}" for k, v in sorted(args.items()))
     return f"{tool}({inner})"

@@ -29,6 +29,8 @@ def test_the_demo_team_run_twice_replays_routes_and_needs_fewer_model_calls(db, 
     assert LedgerEntry.objects.filter(fail=False).count() > replays_before
     assert second < first, f"second run made {second} model calls, the first {first}"
     assert space.events.filter(kind="waggle.replayed").exists()
+    third = _round(space)  # the same workspace a third time: fewer again
+    assert third < second, f"third run made {third} model calls, the second {second}"
 
 
 def test_a_denial_with_a_reason_becomes_a_rule_in_the_next_system_prompt(space, scripted, django_user_model):

@@ -16,7 +16,7 @@ def fake_exec():
 @pytest.fixture
 def cfg():
     # small numbers so a test can mine a route after a few repetitions
-    return WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2, min_confidence=0.8)
+    return WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2)
 
 
 @pytest.fixture(autouse=True)

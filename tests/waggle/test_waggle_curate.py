@@ -38,7 +38,8 @@ def make(space="1", r=None, scope="space", touched=NOW, disabled=False, script=N
 def ledger(w, n=1, fail=False, on_demand=False, space=None):
     for _ in range(n):
         LedgerEntry.objects.create(name=w.name, scope=w.scope, store_key=w.space_key, space_key=space or w.space_key or "1",
-                                   steps=2, yield_tokens=0 if fail else 40, fail=fail, on_demand=on_demand)
+                                   steps=2, used_steps=0 if fail else 2, yield_tokens=0 if fail else 40, fail=fail,
+                                   on_demand=on_demand)
 
 
 def test_gc_drops_no_script_duplicates_and_unreadable_routes():
@@ -52,19 +53,20 @@ def test_gc_drops_no_script_duplicates_and_unreadable_routes():
     assert set(Waggle.objects.values_list("name", flat=True)) == {"keep", other_space.name}
 
 
-def test_demote_needs_min_fails_and_zero_uses():
+def test_demote_routes_whose_replays_are_mostly_missed():
     chronic = make(name="chronic", r=route("a"))
     ledger(chronic, 3, fail=True)
-    useful = make(name="useful", r=route("b"))
-    ledger(useful, 5, fail=True)
-    ledger(useful, 1)
-    few = make(name="few", r=route("c"))
-    ledger(few, 2, fail=True)
+    mostly_missed = make(name="mostly-missed", r=route("b"))
+    ledger(mostly_missed, 5, fail=True)
+    ledger(mostly_missed, 1)  # one use no longer shields a route that misses five times in six
+    useful = make(name="useful", r=route("c"))
+    ledger(useful, 12)
+    ledger(useful, 1, fail=True)
     asked = make(name="asked", r=route("d"))
     ledger(asked, 4, fail=True, on_demand=True)  # members' bad on-demand runs are not divergences
     summary = curate(NOW, min_fails=3)
-    assert summary.demoted == 1
-    assert set(Waggle.objects.filter(disabled=True).values_list("name", flat=True)) == {"chronic"}
+    assert summary.demoted == 2
+    assert set(Waggle.objects.filter(disabled=True).values_list("name", flat=True)) == {"chronic", "mostly-missed"}
     assert Waggle.objects.get(name="chronic").touched == NOW
     assert LedgerEntry.objects.filter(name="chronic").count() == 3  # kept for inspection
     assert curate(NOW, min_fails=3).demoted == 0  # idempotent
@@ -96,7 +98,7 @@ def test_curation_order_a_just_demoted_waggle_survives_its_own_prune_pass():
 
 def test_compact_lets_a_re_mined_route_start_clean():
     w = make(name="gone", touched=OLD)
-    ledger(w, 2, fail=True)
+    ledger(w, 2, fail=True, on_demand=True)  # (failed replays would demote it, refreshing touched)
     LedgerEntry.objects.create(name="never-existed", scope="space", store_key="1", space_key="1")
     summary = curate(NOW, stale_age=STALE, min_fails=3)
     assert summary.pruned == 1 and summary.compacted == 3

@@ -2,6 +2,8 @@
 brute-force reference."""
 from __future__ import annotations
 
+import json
+
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -76,7 +78,7 @@ def test_varying_values_become_params_and_equal_ones_share_a_param():
     by_name = {p.name: p for p in cand.params}
     assert set(by_name) == {"path", "rev"}
     assert by_name["path"].positions == ((0, "path"), (1, "path"))  # bound together
-    assert by_name["path"].values == ("m1", "m2", "m3")
+    assert by_name["path"].values == ('"m1"', '"m2"', '"m3"')  # canonical JSON text
     assert by_name["rev"].positions == ((2, "rev"),)
     assert cand.param_at(0, "pattern") is None  # "TODO" every time: literal
     assert cand.param_at(1, "mode") is None
@@ -214,3 +216,60 @@ def test_miner_matches_brute_force(trace, cfg):
             for b in varying:
                 assert (in_params[a] == in_params[b]) == (varying[a] == varying[b])
         assert len({p.name for p in cand.params}) == len(cand.params)
+
+
+# ----------------------------------------------------------------------------------------------
+# parameter binding from earlier outputs, against a brute-force reference
+# ----------------------------------------------------------------------------------------------
+VALUES = ["u", "v", "w", "x"]
+
+
+@st.composite
+def output_trace_st(draw):
+    """Sessions of ``list`` (its output lists ids) then ``get`` calls whose id is sometimes an
+    element of that list (at some index), sometimes not."""
+    trace = []
+    for _ in range(draw(st.integers(3, 7))):
+        ids = draw(st.lists(st.sampled_from(VALUES), min_size=1, max_size=4))
+        other = draw(st.sampled_from(VALUES))
+        out = json.dumps({"items": ids, "owner": other, "meta": {"first": ids[0]}})
+        trace.append(Call.make("list", {"q": draw(st.sampled_from(["a", "b"]))}, output=out))
+        for _ in range(draw(st.integers(1, 3))):
+            pick = draw(st.one_of(st.sampled_from(ids), st.sampled_from(VALUES)))
+            trace.append(Call.make("get", {"id": pick}, output=json.dumps({"id": pick})))
+        trace.append(None)
+    return trace
+
+
+def reference_sources(trace, cand, param):
+    """Every (step, path) whose output leaf equalled the parameter's first value, with the number
+    of chosen occurrences where it did."""
+    j, key = min(param.positions)
+    hits = {}
+    for s in cand.starts:
+        value = trace[s + j].arg_dict[key]
+        found = {(i, path) for i in range(j) for path, v in trace[s + i].refs if v == value}
+        for src in found:
+            hits[src] = hits.get(src, 0) + 1
+    return hits
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=output_trace_st())
+def test_output_refs_match_brute_force(trace):
+    from waggle.route import derive_refs
+
+    for cand in mine(trace, MineConfig(min_len=2, max_len=4, k=2)):
+        refs = derive_refs(cand)
+        for p in cand.params:
+            j, _ = min(p.positions)
+            hits = reference_sources(trace, cand, p) if j > 0 else {}
+            best = max(hits.values(), default=0)
+            if best >= 2 and best * 2 > len(cand.starts):
+                src = refs[p.name]
+                rank = lambda s: (hits[s], s[0], -len(s[1]))  # noqa: E731
+                assert rank(src) == max(rank(s) for s in hits)  # the most frequent, latest, shortest
+            else:
+                assert p.name not in refs
+        for name in refs:  # a ref is only ever made for a real parameter
+            assert name in {p.name for p in cand.params}

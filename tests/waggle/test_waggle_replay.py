@@ -38,7 +38,7 @@ def test_recorder_is_a_bounded_ring():
 
 def test_call_flattening_and_estimates():
     call = Call.make("grep", {"b": 2, "a": "x", "c": {"z": 1, "y": [True]}}, output="abcdefghi")
-    assert call.args == (("a", "x"), ("b", "2"), ("c", '{"y":[true],"z":1}'))
+    assert call.args == (("a", '"x"'), ("b", "2"), ("c", '{"y":[true],"z":1}'))  # canonical JSON text
     assert call.shape == ("grep", ("a", "b", "c"))
     assert call.est_tokens == 3 == estimate_tokens("abcdefghi")  # chars / 4, rounded up
     assert len(call.out_hash) == 16 and call.out_hash != Call.make("grep", {}, output="other").out_hash
@@ -50,13 +50,13 @@ def test_route_from_candidate_json_roundtrip_and_stable_name():
     route = mined_route()
     assert [s.tool for s in route.steps] == ["list_dir", "grep", "read_file", "stat"]
     assert route.params == ("path",)
-    assert route.steps[3].literals == (("path", "setup.cfg"),)
+    assert route.steps[3].literals == (("path", '"setup.cfg"'),)
     again = Route.from_json(route.to_json(), name=route.name)
     assert again == route and again.examples == route.examples
     # same route shape (other values for the parameter) -> same name; other literal -> other name
     assert mined_route(("a", "b", "c")).name == route.name
     assert route.name.startswith("list_dir.grep.read_file.stat-")
-    other = Route(steps=route.steps[:3] + (Step("stat", (("path", "other.cfg"),)),), params=route.params)
+    other = Route(steps=route.steps[:3] + (Step("stat", (("path", '"other.cfg"'),)),), params=route.params)
     assert other.stable_name() != route.name
 
 
@@ -95,14 +95,17 @@ def test_choose_trigger_uses_confidence():
     trace = []
     for m in ("a", "b", "c"):
         trace += [C("list_dir", path=m), C("grep", path=m, pattern="TODO"), C("read_file", path=m),
-                  C("stat", path="setup.cfg")]
+                  C("stat", path="setup.cfg"), None]  # one session each (a session never repeats a step)
     # the first two steps are often followed by something else: at 2 steps the confidence is 3/6
     for m in ("d", "e", "f"):
-        trace += [C("list_dir", path=m), C("grep", path=m, pattern="TODO"), C("wc", path=m)]
-    chosen = choose_trigger(route, TraceIndex(trace), min_prefix=2, min_confidence=0.8)
-    assert chosen is not None and chosen.trigger == 3 and chosen.confidence == 1.0
-    assert choose_trigger(route, TraceIndex(trace), min_prefix=2, min_confidence=0.5).trigger == 2
-    assert choose_trigger(route, TraceIndex(trace[-9:]), min_prefix=2, min_confidence=0.5) is None
+        trace += [C("list_dir", path=m), C("grep", path=m, pattern="TODO"), C("wc", path=m), None]
+    # at 3 steps, three clean contexts: Wilson lower bound (z=1) 3/4
+    chosen = choose_trigger(route, TraceIndex(trace), min_prefix=2, min_confidence=0.7)
+    assert chosen is not None and chosen.trigger == 3 and chosen.confidence == pytest.approx(0.75)
+    assert chosen.contexts == 3
+    assert choose_trigger(route, TraceIndex(trace), min_prefix=2, min_confidence=0.8) is None  # too few
+    assert choose_trigger(route, TraceIndex(trace), min_prefix=2, min_confidence=0.2).trigger == 2
+    assert choose_trigger(route, TraceIndex(trace[-12:]), min_prefix=2, min_confidence=0.2) is None
 
 
 # --- replayer -----------------------------------------------------------------------------------
@@ -111,8 +114,8 @@ def test_fires_after_two_matching_steps_with_bound_tail():
     recent = [C("noise"), C("list_dir", path="new"), C("grep", path="new", pattern="TODO")]
     plan = find_plan(recent, [route], min_prefix=2)
     assert plan is not None and plan.matched == 2
-    assert plan.tail == (("read_file", (("path", "new"),)), ("stat", (("path", "setup.cfg"),)))
-    assert plan.key == plan_key(route.name, {"path": "new"})
+    assert plan.tail == (("read_file", (("path", '"new"'),)), ("stat", (("path", '"setup.cfg"'),)))
+    assert plan.key == plan_key(route.name, plan.tail)
 
 
 def test_min_prefix_is_clamped_to_two():
@@ -178,7 +181,7 @@ def test_once_per_concrete_plan():
 
 
 def test_block_format_and_estimate_label():
-    tail = (("read_file", (("path", "n"),)), ("stat", (("path", "s"),)))
+    tail = (("read_file", (("path", '"n"'),)), ("stat", (("path", '"s"'),)))
     out = run_steps("r1", tail, FakeExec(answers={"read_file": "hello", "stat": "size 3"}))
     assert out.ok
     lines = out.block.splitlines()
@@ -191,7 +194,7 @@ def test_block_format_and_estimate_label():
 
 
 def test_exec_error_or_empty_output_is_a_failure_without_block():
-    tail = (("read_file", (("path", "n"),)), ("stat", ()))
+    tail = (("read_file", (("path", '"n"'),)), ("stat", ()))
     boom = run_steps("r", tail, FakeExec(fail_on={"stat"}))
     assert not boom.ok and boom.block is None and "stat" in boom.error and "exploded" in boom.error
     empty = run_steps("r", tail, FakeExec(empty_on={"read_file"}))

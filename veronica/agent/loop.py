@@ -74,6 +74,7 @@ def run_member(member: Member, ctx: RunContext) -> str:
         with transaction.atomic():  # one commit: the model's turn, its usage, mail read
             record_usage(member, ctx.run, member.model, reply.usage)
             answer_turn(member, session, rows, reply)
+        waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # settles replays: used or missed
         if not reply.tool_calls:
             ctx.phase(Phase.READY)
             return RunOutcome.DONE

@@ -18,8 +18,9 @@ def _keys(member: "Member", tctx: ToolContext) -> tuple[str, str, str]:
     return str(member.space_id), str(tctx.session.pk if tctx.session else 0), str(member.pk)
 
 
-def _flat(args: dict) -> dict[str, str]:
-    return {str(k): v if isinstance(v, str) else str(v) for k, v in args.items() if not str(k).startswith("_")}
+def _flat(args: dict) -> dict:
+    """The model's arguments without the runtime's private keys; values keep their JSON types."""
+    return {str(k): v for k, v in args.items() if not str(k).startswith("_")}
 
 
 def make_exec(tctx: ToolContext, tools: dict[str, Tool]):
@@ -60,6 +61,19 @@ def after_call(member: "Member", tctx: ToolContext, tools: dict[str, Tool], name
     return "\n\n" + block
 
 
+def on_model_reply(member: "Member", tctx: ToolContext, tool_calls) -> None:
+    """The model's reply after tool results arrived: settle the session's replays (a replayed step
+    the model issues again itself was not relied on: a miss that demotes the route)."""
+    try:
+        from waggle import service
+
+        space_key, session_key, _ = _keys(member, tctx)
+        calls = [(c.name, _flat(c.args if isinstance(c.args, dict) else {})) for c in (tool_calls or [])]
+        service.judge_reply(space_key, session_key, calls)
+    except Exception:  # best effort: waggle never fails a turn
+        log.warning("waggle judge_reply failed", exc_info=True)
+
+
 def _waggle_list(tctx: ToolContext, args: dict) -> str:
     from waggle import service
 
@@ -77,7 +91,7 @@ def _waggle_run(tctx: ToolContext, args: dict) -> str:
     if not isinstance(params, dict):
         raise ToolError("params must be an object of name → value")
     try:
-        return service.run_waggle(str(tctx.space.pk), str(args.get("name", "")), {str(k): str(v) for k, v in params.items()},
+        return service.run_waggle(str(tctx.space.pk), str(args.get("name", "")), {str(k): v for k, v in params.items()},
                                   make_exec(tctx, tools_for(tctx.member.role)))
     except ToolError:
         raise

@@ -1,0 +1,338 @@
+"""waggle on recorded agent trajectories: mine on some tasks, replay on held-out ones.
+
+    .venv/bin/python bench/replay_eval.py [--traces PATH] [--seeds 5] [--train-frac 0.5]
+                                          [--no-baseline] [--code-dir DIR]
+
+It drives waggle's own code paths, the ones a live member uses: ``service.observe`` (recorder and
+the periodic sweep), ``service.sweep`` (miner and promoter), ``service.follow`` (replayer) and
+``service.settle`` (the ledger), on a throw-away SQLite database. The recorded trajectory stands in
+for the model:
+
+* split by ``task_id`` (every trial of a task on one side), per seed: training trajectories are
+  observed one session each, then the space is swept until no new route is stored; held-out
+  trajectories are then walked with mining off (the library is frozen);
+* after each read-only call the model made, ``follow`` may replay steps (the exec answers with the
+  recorded output of that call when any trajectory made it);
+* a replayed step is *used* if the recorded model makes that same call (tool and arguments) before
+  its next non-matching call: it is then skipped (not made, not observed) and saves one round
+  trip; every other replayed step is a *miss*;
+* tokens: each model request reads the system prompt and every message before it (chars / 4).
+  A used step's request and result leave the conversation; a replay block enters it right after
+  the tool result it was appended to, so every later request reads it (a miss costs its output
+  on every later request). ``net_tokens_saved_pct`` is (input tokens without waggle - with) over
+  input tokens without waggle.
+
+The last line is one JSON object averaged over seeds (the baseline line before it runs today's
+``main`` the same way: ``git archive main`` into a temp dir, imported instead of this tree).
+Trace format: one JSON object per line (gzip or plain): ``task_id``, ``trial``, ``messages``
+(``role`` user|assistant|tool; assistant ``tool_calls: [{id, name, args}]``; tool ``content``).
+Which tools mutate: ``tools.json`` next to the traces (``{"read_only": [...], "mutating": [...]}``),
+else every tool is taken as read-only except those named by ``--mutating``.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+DEFAULT_TRACES = HERE.parent.parent / "shared" / "data" / "tau-airline" / "trajectories.jsonl.gz"
+if not DEFAULT_TRACES.exists():
+    DEFAULT_TRACES = Path("/work/shared/data/tau-airline/trajectories.jsonl.gz")
+
+
+def tokens(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+def norm(args) -> str:
+    return json.dumps(args if isinstance(args, dict) else {}, sort_keys=True, ensure_ascii=False)
+
+
+def lookup_key(tool: str, args) -> str:
+    """Calls the same up to argument types (the baseline stringifies values): output lookup only."""
+    flat = {str(k): v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in (args or {}).items()}
+    return tool + json.dumps(flat, sort_keys=True, ensure_ascii=False)
+
+
+def load(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def tool_kinds(path: Path, extra_mutating: list[str]) -> set[str]:
+    spec = path.parent / "tools.json"
+    mutating = set(extra_mutating)
+    if spec.exists():
+        mutating |= set(json.loads(spec.read_text()).get("mutating", []))
+    return mutating
+
+
+def system_tokens(path: Path) -> int:
+    policy = path.parent / "policy.md"
+    return tokens(policy.read_text()) if policy.exists() else 0
+
+
+def message_tokens(m: dict) -> int:
+    n = tokens(m.get("content") or "")
+    if m.get("tool_calls"):
+        n += tokens(json.dumps([{"name": c["name"], "args": c["args"]} for c in m["tool_calls"]]))
+    return n
+
+
+@dataclass
+class Tally:
+    read_only_calls: int = 0
+    round_trips_saved: int = 0
+    replayed_steps: int = 0
+    replayed_steps_used: int = 0
+    fires: int = 0
+    input_tokens: int = 0
+    input_tokens_with_waggle: int = 0
+    routes: int = 0
+    per_route: dict = field(default_factory=dict)  # route name -> [replayed, used] (diagnostics)
+
+    def line(self) -> dict:
+        return {
+            "read_only_calls": self.read_only_calls,
+            "round_trips_saved": self.round_trips_saved,
+            "saved_pct": round(100 * self.round_trips_saved / max(1, self.read_only_calls), 2),
+            "replayed_steps": self.replayed_steps,
+            "replayed_steps_used": self.replayed_steps_used,
+            # nothing replayed: nothing was wrong
+            "precision_pct": round(100 * self.replayed_steps_used / self.replayed_steps, 2) if self.replayed_steps else 100.0,
+            "net_tokens_saved_pct": round(100 * (self.input_tokens - self.input_tokens_with_waggle)
+                                          / max(1, self.input_tokens), 3),
+            "fires": self.fires,
+            "routes": self.routes,
+        }
+
+
+class Harness:
+    def __init__(self, service, config, traces: list[dict], mutating: set[str], sys_tokens: int) -> None:
+        self.service = service
+        self.config = config
+        self.traces = traces
+        self.mutating = mutating
+        self.sys_tokens = sys_tokens
+        self.outputs: dict[str, str] = {}
+        by_tool: dict[str, list[str]] = {}
+        for t in traces:
+            for call, out in calls_of(t):
+                self.outputs.setdefault(lookup_key(call["name"], call["args"]), out)
+                by_tool.setdefault(call["name"], []).append(out)
+        # a replayed call no trajectory made: answer with a typical output of that tool (its size
+        # is what a miss costs)
+        self.typical = {tool: sorted(outs, key=len)[len(outs) // 2] for tool, outs in by_tool.items()}
+        self.exec_log: list[tuple[str, dict]] = []
+        self.verbose = False
+
+    def exec(self, tool: str, args: dict) -> str:
+        self.exec_log.append((tool, dict(args)))
+        return self.outputs.get(lookup_key(tool, args)) or self.typical.get(tool) or "{}"
+
+    def run_seed(self, seed: int, train_frac: float) -> Tally:
+        svc = self.service
+        space = f"eval-{seed}"
+        tasks = sorted({t["task_id"] for t in self.traces}, key=str)
+        rng = random.Random(seed)
+        rng.shuffle(tasks)
+        train = set(tasks[: max(1, int(round(len(tasks) * train_frac)))])
+        cfg = self.config
+        frozen = replace(cfg, mine_period=10 ** 9)
+        for i, t in enumerate(t for t in self.traces if t["task_id"] in train):
+            session = f"train-{i}"
+            for call, out in calls_of(t):
+                svc.observe(space, session, "m", call["name"], call["args"], call["name"] in self.mutating, out,
+                            config=cfg)
+        for _ in range(200):  # one route per sweep: sweep until the library is complete
+            if svc.sweep(space, config=cfg) is None:
+                break
+        from waggle.models import Waggle
+
+        tally = Tally(routes=Waggle.objects.filter(space_key=space, disabled=False).count())
+        if self.verbose:
+            for w in Waggle.objects.filter(space_key=space):
+                print(w.script, file=sys.stderr)
+        for i, t in enumerate(t for t in self.traces if t["task_id"] not in train):
+            self.walk(space, f"held-{i}", t, frozen, tally)
+        return tally
+
+    def walk(self, space: str, session: str, traj: dict, cfg, tally: Tally) -> None:
+        svc = self.service
+        msgs = traj["messages"]
+        results = {m.get("tool_call_id"): (i, m.get("content") or "") for i, m in enumerate(msgs) if m["role"] == "tool"}
+        removed: set[int] = set()
+        inserted: dict[int, int] = {}
+        open_fires: list[list] = []  # [steps, used flags, route name]
+
+        def close() -> None:
+            for steps, used, name in open_fires:
+                tally.replayed_steps_used += sum(used)
+                counts = tally.per_route.setdefault(name, [0, 0])
+                counts[0] += len(used)
+                counts[1] += sum(used)
+                if hasattr(svc, "settle"):  # today's main has no settle: its ledger never hears
+                    svc.settle(space, session, used, config=cfg)
+            open_fires.clear()
+
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant" or not m.get("tool_calls"):
+                continue
+            skipped_all = True
+            for call in m["tool_calls"]:
+                name, args = call["name"], call["args"] if isinstance(call["args"], dict) else {}
+                ri, out = results.get(call["id"], (None, ""))
+                if name not in self.mutating:
+                    tally.read_only_calls += 1
+                hit = False
+                for steps, used, _ in open_fires:
+                    for j, (tool, targs) in enumerate(steps):
+                        if not used[j] and tool == name and norm(targs) == norm(args):
+                            used[j] = True
+                            hit = True
+                            break
+                    if hit:
+                        break
+                if hit:
+                    tally.round_trips_saved += 1
+                    if ri is not None:
+                        removed.add(ri)
+                    continue
+                skipped_all = False
+                close()
+                mutates = name in self.mutating
+                svc.observe(space, session, "m", name, args, mutates, out, config=cfg)
+                if mutates or out.lower().startswith("error"):
+                    continue
+                self.exec_log = []
+                block = svc.follow(space, session, self.exec, config=cfg)
+                if block:
+                    tally.fires += 1
+                    steps = list(self.exec_log)
+                    name = block.split("replayed route ", 1)[-1].split(" ", 1)[0]
+                    open_fires.append([steps, [False] * len(steps), name])
+                    tally.replayed_steps += len(steps)
+                    if ri is not None:
+                        inserted[ri] = inserted.get(ri, 0) + tokens("\n\n" + block)
+            if skipped_all:
+                removed.add(i)
+        close()
+        tally.input_tokens += self.input_tokens(msgs, set(), {})
+        tally.input_tokens_with_waggle += self.input_tokens(msgs, removed, inserted)
+
+    def input_tokens(self, msgs: list[dict], removed: set[int], inserted: dict[int, int]) -> int:
+        total = 0
+        context = self.sys_tokens
+        for i, m in enumerate(msgs):
+            if i in removed:
+                continue
+            if m["role"] == "assistant":
+                total += context
+            context += message_tokens(m) + inserted.get(i, 0)
+        return total
+
+
+def calls_of(traj: dict):
+    results = {m.get("tool_call_id"): m.get("content") or "" for m in traj["messages"] if m["role"] == "tool"}
+    for m in traj["messages"]:
+        if m["role"] == "assistant":
+            for c in m.get("tool_calls") or []:
+                yield c, results.get(c["id"], "")
+
+
+def setup_django(code_dir: Path) -> None:
+    sys.path.insert(0, str(code_dir))
+    data = tempfile.mkdtemp(prefix="replay-eval-")
+    os.environ["VERONICA_DATA_DIR"] = data
+    os.environ.pop("DATABASE_URL", None)
+    os.environ.pop("REDIS_URL", None)
+    os.environ["VERONICA_WAGGLE_SWEEP_ASYNC"] = "0"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "veronica.settings")
+    import logging
+
+    import django
+
+    django.setup()
+    logging.getLogger("waggle").setLevel(logging.ERROR)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def evaluate(args) -> dict:
+    setup_django(Path(args.code_dir).resolve() if args.code_dir else HERE)
+    from waggle import service
+    from waggle.config import default_config
+
+    config = default_config()
+    for item in args.set or []:  # sensitivity runs: --set confidence_z=1.0
+        key, _, value = item.partition("=")
+        config = replace(config, **{key: type(getattr(config, key))(value)})
+    path = Path(args.traces)
+    traces = load(path)
+    h = Harness(service, config, traces, tool_kinds(path, args.mutating or []), system_tokens(path))
+    h.verbose = args.verbose
+    lines = []
+    for seed in range(args.seeds):
+        tally = h.run_seed(seed, args.train_frac)
+        lines.append(tally.line())
+        print(f"seed {seed}: {json.dumps(tally.line())}", file=sys.stderr)
+        if args.verbose:
+            for name, (n, used) in sorted(tally.per_route.items()):
+                print(f"    {name}: {used} of {n} replayed steps used", file=sys.stderr)
+    keys = lines[0].keys()
+    return {k: round(statistics.fmean(line[k] for line in lines), 3) for k in keys} | {"seeds": args.seeds}
+
+
+def baseline(args) -> dict | None:
+    """Run this script against ``main`` (today's code) in a temp copy; its last line back."""
+    tmp = Path(tempfile.mkdtemp(prefix="replay-eval-main-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(HERE), "archive", args.baseline_ref], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        print(f"baseline: could not check out {args.baseline_ref}: {exc}", file=sys.stderr)
+        return None
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--code-dir", str(tmp), "--no-baseline",
+           "--traces", str(args.traces), "--seeds", str(args.seeds), "--train-frac", str(args.train_frac)]
+    for name in args.mutating or []:
+        cmd += ["--mutating", name]
+    got = subprocess.run(cmd, capture_output=True, text=True)
+    if got.returncode != 0:
+        print(f"baseline run failed:\n{got.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traces", default=str(DEFAULT_TRACES))
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--train-frac", type=float, default=0.5)
+    ap.add_argument("--mutating", action="append", help="a tool that changes state (repeatable)")
+    ap.add_argument("--code-dir", help="import waggle and veronica from this checkout instead of this tree")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the run of today's main")
+    ap.add_argument("--baseline-ref", default="main")
+    ap.add_argument("-v", "--verbose", action="store_true", help="per-route figures on stderr")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override one waggle default for this run (sensitivity analysis; not the baseline)")
+    args = ap.parse_args()
+    base = None if args.no_baseline else baseline(args)
+    ours = evaluate(args)
+    if base is not None:
+        print("baseline (" + args.baseline_ref + "): " + json.dumps(base))
+    print(json.dumps(ours))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Issue 12: the ledger tells the truth, routes bind values from earlier outputs and fan out,
+confidence is a small-sample lower bound over distinct contexts, arguments keep their JSON types,
+and bad input (lone surrogates, huge literals, long traces, far-apart repeats) is handled."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import DatabaseError
+
+from waggle import service
+from waggle.config import WaggleConfig
+from waggle.models import ForageCall, LedgerEntry, Waggle
+from waggle.route import Route, Step, TraceIndex, choose_trigger, render_script, wilson_lower
+from waggle.trace import Call
+from waggle_helpers import FakeExec, feed, noise, routine
+
+pytestmark = pytest.mark.django_db
+
+QUIET = WaggleConfig(mine_period=10_000)
+
+
+def teach(space, cfg, modules=("m1", "m2", "m3")):
+    for i, m in enumerate(modules):
+        feed(space, f"teach-{m}", routine(m) + noise(i), QUIET)
+    w = service.sweep(space, config=cfg)
+    assert w is not None
+    return w
+
+
+def fire(space, session, module, cfg, exe=None):
+    feed(space, session, routine(module)[:2], cfg)
+    return service.follow(space, session, exe or FakeExec(), config=cfg)
+
+
+# --- 1. the ledger tells the truth --------------------------------------------------------------
+def test_a_replay_the_model_repeats_itself_is_a_miss_and_demotes_the_route(cfg):
+    w = teach("1", cfg)
+    assert fire("1", "s1", "fresh", cfg) is not None
+    tail = [(t, a) for t, a in routine("fresh")[2:]]
+    service.judge_reply("1", "s1", tail[:1], config=cfg)  # the model fetched read_file again itself
+    entry = LedgerEntry.objects.get()
+    assert entry.settled and entry.used_steps == 2 and not entry.fail  # the other two were relied on
+    assert not Waggle.objects.get(name=w.name).disabled
+    assert fire("1", "s2", "x2", cfg) is not None  # the model ignores this replay entirely
+    service.judge_reply("1", "s2", [(t, a) for t, a in routine("x2")[2:]], config=cfg)
+    stats = service.list_waggles("1")[0]["stats"]
+    assert (stats["uses"], stats["fails"], stats["steps_replayed"], stats["steps_used"]) == (1, 1, 6, 2)
+    assert Waggle.objects.get(name=w.name).disabled  # 2 of 6 used: demoted at once
+    assert fire("1", "s4", "later", cfg) is None
+
+
+def test_replayed_calls_are_never_mining_input(cfg):
+    teach("1", cfg)
+    for i in range(4):
+        assert fire("1", f"r{i}", f"v{i}", cfg) is not None
+    segments = service._space_segments("1", cfg.normalized())
+    replayed = ForageCall.objects.filter(replayed=True).count()
+    assert replayed == 12
+    kept = sum(1 for seg in segments for c in seg if c is not None)
+    assert kept == ForageCall.objects.filter(replayed=False).count()  # replayed rows are barriers
+
+
+# --- 2. parameters bound to earlier outputs, fan-out with a cap -----------------------------------
+def user_output(user, ids):
+    return json.dumps({"name": user, "reservations": ids})
+
+
+def walk(space, session, user, ids, fetched, cfg):
+    """get_user(user) lists ``ids``; the model then fetches the first ``fetched`` of them."""
+    service.observe(space, session, "m", "get_user", {"user_id": user}, False, user_output(user, ids), config=cfg)
+    for rid in ids[:fetched]:
+        service.observe(space, session, "m", "get_reservation", {"reservation_id": rid}, False,
+                        json.dumps({"id": rid, "seat": "1A"}), config=cfg)
+
+
+def test_a_route_binds_ids_from_an_earlier_output_and_fans_out_with_a_cap(cfg):
+    for u in range(4):  # four users, each walking all of their reservations
+        ids = [f"R{u}{j}" for j in range(4)]
+        walk("1", f"t{u}", f"user{u}", ids, 4, QUIET)
+        service.observe("1", f"t{u}", "m", "answer", {}, True, "done", config=QUIET)
+    while service.sweep("1", config=cfg) is not None:
+        pass
+    fan = [Route.from_json(w.route) for w in Waggle.objects.all()]
+    assert any(r.steps[-1].each for r in fan), [render_script(r) for r in fan]
+    exe = FakeExec()
+    ids = [f"N{j}" for j in range(12)]  # a new user, never seen: the values come from the output
+    walk("1", "new", "newbie", ids, 2, cfg)
+    block = service.follow("1", "new", exe, config=cfg)
+    assert block is not None
+    got = [a["reservation_id"] for _, a in exe.calls]
+    assert got[0] == "N2" and got == ids[2:2 + len(got)]  # in list order, none fetched twice
+    assert 1 <= len(got) <= cfg.fanout_cap + 4  # fixed steps, then the fan-out's cap
+
+
+def test_fan_out_cap_bounds_a_long_list():
+    route = Route(steps=(Step("get_user", binds=(("user_id", "u"),)),
+                         Step("get_res", refs=(("rid", (0, ("reservations", 0))),)),
+                         Step("get_res", refs=(("rid", (0, ("reservations", 1))),), each=True)),
+                  params=("u",), name="r", cap=3)
+    out = Call.make("get_user", {"user_id": "a"}, output=user_output("a", [f"x{i}" for i in range(50)]))
+    first = Call.make("get_res", {"rid": "x0"}, output="{}")
+    from waggle.replay import find_plan
+
+    plan = find_plan([out, first], [route], cap=8)
+    assert [dict(a)["rid"] for _, a in plan.tail] == ['"x1"', '"x2"', '"x3"']  # the route's learned cap
+    assert len(find_plan([out, first], [Route(**{**route.__dict__, "cap": 0})], cap=5).tail) == 5
+
+
+# --- 3. confidence is a lower bound over distinct contexts ----------------------------------------
+def test_a_route_seen_only_in_one_context_is_not_stored(cfg):
+    # the same concrete walk many times in one session (say, a retry loop): one context
+    for i in range(6):
+        feed("1", "busy", routine("same") + noise(i), QUIET)
+    assert service.sweep("1", config=cfg) is None
+    # the same count spread over three different modules: three contexts, stored
+    teach("2", cfg)
+
+
+def test_wilson_lower_bound_is_small_for_small_samples():
+    assert wilson_lower(3, 3, 1.0) == pytest.approx(0.75)
+    assert wilson_lower(30, 30, 1.0) > 0.96
+    assert wilson_lower(0, 0, 1.0) == 0.0
+    assert wilson_lower(5, 10, 1.645) < 0.5
+
+
+# --- 4. JSON types end to end ---------------------------------------------------------------------
+def test_arguments_keep_their_json_types_through_replay(cfg):
+    def typed(m):
+        return [("task_list", {"mine": False, "tags": [m, "x"]}), ("task_get", {"id": 7, "full": True}),
+                ("task_stats", {"mine": False, "window": 2.5})]
+    for i, m in enumerate(("a", "b", "c")):
+        feed("1", f"s{i}", typed(m) + noise(i), QUIET)
+    w = service.sweep("1", config=cfg)
+    assert w is not None and w.route["steps"][2]["args"] == {"mine": False, "window": 2.5}
+    exe = FakeExec()
+    feed("1", "new", typed("d")[:2], cfg)
+    assert service.follow("1", "new", exe, config=cfg) is not None
+    assert exe.calls == [("task_stats", {"mine": False, "window": 2.5})]
+    row = ForageCall.objects.filter(session_key="new").order_by("seq").first()
+    assert row.args == {"mine": False, "tags": ["d", "x"]}
+
+
+# --- 5. robustness --------------------------------------------------------------------------------
+def test_a_lone_surrogate_is_stored_as_a_replacement_character(cfg):
+    for i, m in enumerate(("a\ud800", "b\udfff", "c\ud83d")):
+        feed("1", f"s{i}", routine(m) + noise(i), QUIET)
+    assert service.sweep("1", config=cfg) is not None
+    for row in ForageCall.objects.all():
+        json.dumps(row.args, ensure_ascii=False).encode("utf-8")  # strict: raises on a lone surrogate
+    assert any(row.args.get("path") == "a\ufffd" for row in ForageCall.objects.all())
+
+
+def test_a_failing_store_still_trims_the_forage_log(cfg, monkeypatch):
+    small = WaggleConfig(retention_calls=10, mine_period=10_000)
+    for i, m in enumerate(("m1", "m2", "m3")):
+        feed("1", f"s{i}", routine(m) + noise(i), small)
+
+    def refuse(*a, **k):
+        raise DatabaseError("invalid byte sequence for encoding UTF8")
+    monkeypatch.setattr(Waggle.objects, "create", refuse)
+    service.sweep("1", config=WaggleConfig(retention_calls=10))
+    assert ForageCall.objects.filter(space_key="1").count() == 10
+
+
+def test_a_huge_literal_never_becomes_a_route_script_or_header(cfg):
+    huge = "z" * 100_000
+    for i, m in enumerate(("m1", "m2", "m3")):
+        feed("1", f"s{i}", [("list_dir", {"path": m}), ("grep", {"path": m, "pattern": huge}),
+                            ("read_file", {"path": m}), ("stat", {"path": m})] + noise(i), QUIET)
+    service.sweep("1", config=cfg)
+    assert all(len(w.script) < 5_000 and huge not in json.dumps(w.route) for w in Waggle.objects.all())
+    assert ForageCall.objects.filter(oversized=True).count() == 3
+    assert max(len(json.dumps(r.args)) for r in ForageCall.objects.all()) < 1_000
+
+
+def test_choosing_a_trigger_examines_only_sightings_of_its_first_pair():
+    trace = [Call.make("read", {"path": f"p{i}"}, output="x") for i in range(5_000)]
+    for m in ("a", "b", "c"):
+        trace += [None, Call.make("read", {"path": m}), Call.make("grep", {"path": m}), Call.make("stat", {"path": m})]
+    route = Route(steps=(Step("read", binds=(("path", "path"),)), Step("grep", binds=(("path", "path"),)),
+                         Step("stat", binds=(("path", "path"),))), params=("path",), name="r")
+    calls = []
+    real = Step.match
+
+    def counting(self, *a, **k):
+        calls.append(1)
+        return real(self, *a, **k)
+    index = TraceIndex(trace)
+    try:
+        Step.match = counting
+        chosen = choose_trigger(route, index, 2, 0.7)
+    finally:
+        Step.match = real
+    assert chosen is not None and chosen.trigger == 2
+    assert len(calls) <= 10  # 3 sightings x 2 steps, not one per "read" in the trace
+
+
+def test_mining_sees_repeats_further_apart_than_two_thousand_calls(cfg):
+    for i, m in enumerate(("m1", "m2", "m3")):
+        feed("1", f"s{i}", routine(m) + noise(i), QUIET)
+        ForageCall.objects.bulk_create([ForageCall(space_key="1", session_key=f"n{i}", seq=j + 1, tool=f"other{i}_{j}",
+                                                   args={"j": j}) for j in range(1_500)])
+    assert service.sweep("1", config=cfg) is not None
