@@ -102,6 +102,7 @@ def grant(space: Space, username: str, role: str, *, actor: str) -> SpaceAccess:
 
 def revoke(space: Space, username: str, *, actor: str) -> None:
     """Take a user's access away. The last owner cannot be removed (staff can always re-grant)."""
+    username = require_text(username, "username", max_len=150)
     with transaction.atomic():
         access = SpaceAccess.objects.select_for_update().filter(space=space, user__username=username).first()
         if access is None:

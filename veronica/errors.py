@@ -37,13 +37,35 @@ class IllegalTransition(Conflict):
     pass
 
 
+def text_problem(value: str) -> str:
+    """Why a string cannot be stored as text, or "" when it can. PostgreSQL refuses NUL in text and
+    jsonb and a lone surrogate is not encodable as UTF-8; SQLite takes the first, so the check must
+    be ours for both databases to answer the same."""
+    if "\x00" in value:
+        return f"contains a NUL character (at position {value.index(chr(0))})"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"is not valid Unicode text (an unpaired surrogate at position {exc.start})"
+    return ""
+
+
 def require_text(value: object, field: str, *, max_len: int, allow_empty: bool = False) -> str:
-    """The one validator for free text: type, emptiness and a length limit that the error names."""
+    """The one validator for free text: type, storable characters, emptiness and a length limit
+    that the error names."""
     if not isinstance(value, str):
         raise VeronicaError(f"{field} must be a string", field=field)
+    problem = text_problem(value)
+    if problem:
+        raise VeronicaError(f"{field} {problem}", field=field)
     text = value.strip()
     if not text and not allow_empty:
         raise VeronicaError(f"{field} must not be empty", field=field)
     if len(value) > max_len:
         raise VeronicaError(f"{field} is {len(value)} characters; the limit is {max_len}", field=field)
     return value if allow_empty else text
+
+
+def column_limit(model: type, name: str) -> int:
+    """A CharField's max_length, so a verb's limit is the column's and cannot drift from it."""
+    return model._meta.get_field(name).max_length

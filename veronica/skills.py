@@ -39,6 +39,7 @@ def add_skill(space: Space, name: str, body: str, *, member: Member | None = Non
 
 
 def remove_skill(space: Space, name: str, *, member: Member | None = None, actor: str = "operator") -> None:
+    name = require_text(name, "name", max_len=80)
     with transaction.atomic():
         deleted, _ = Skill.objects.filter(space=space, member=member, name=name).delete()
         if not deleted:

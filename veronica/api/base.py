@@ -5,6 +5,9 @@
 * Otherwise the session decides; an anonymous caller gets 401. Session writes must pass Django's
   CSRF check (the endpoints are csrf_exempt so token calls can pass; the check is re-run here).
 * VeronicaError -> its status with {"error", "field"}; Http404 -> 404; PermissionDenied -> 403.
+* Bad input is never a 500: a body that is not one JSON object, too large, too deeply nested, or
+  holding a string no database column can store (NUL, lone surrogates) is refused before any view
+  runs, and so are such query parameters and URL parts; the error names the field and the limit.
 """
 from __future__ import annotations
 
@@ -12,13 +15,14 @@ import json
 from functools import wraps
 from typing import Any, Callable
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from veronica import access
-from veronica.errors import VeronicaError
+from veronica.errors import VeronicaError, text_problem
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
@@ -68,21 +72,67 @@ def _csrf_failure_reason(request: HttpRequest) -> str | None:
     return None if response is None else "CSRF check failed: send the csrftoken cookie's value as X-CSRFToken"
 
 
+MAX_DEPTH = 32  # the deepest a request body may nest; no endpoint needs more than 3
+
+
+class TooLarge(VeronicaError):
+    status = 413
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_tree(data: object) -> None:
+    """Walk the parsed body without recursion: depth within MAX_DEPTH, every string (key or value)
+    storable text. The error names the path of the offending field, e.g. `rule_domains[2]`."""
+    stack: list[tuple[object, str, int]] = [(data, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise VeronicaError(f"the request body nests deeper than {MAX_DEPTH} levels", field="json")
+        if isinstance(node, dict):
+            for key, value in node.items():
+                child = f"{path}.{key}" if path else key
+                if text_problem(key):
+                    raise VeronicaError(f"a key in {path or 'the body'} {text_problem(key)}", field=path or "json")
+                stack.append((value, child, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((value, f"{path}[{i}]", depth + 1) for i, value in enumerate(node))
+        elif isinstance(node, str) and text_problem(node):
+            raise VeronicaError(f"{path or 'the body'} {text_problem(node)}", field=path or "json")
+
+
 def json_body(request: HttpRequest) -> dict:
-    """The request body as a JSON object; anything else is a 400 naming `json`."""
+    """The request body as a JSON object of storable values; anything else is a 4xx naming the
+    field (`json` for the body as a whole) and the limit."""
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise VeronicaError("the request body is too large", field="json") from None
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raise TooLarge(f"the request body is larger than the limit of {limit} bytes", field="json") from None
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:  # the C parser's own depth guard (about 1,000 levels): far past ours
+        raise VeronicaError(f"the request body nests deeper than {MAX_DEPTH} levels", field="json") from None
     except (ValueError, UnicodeDecodeError):
         raise VeronicaError("the request body is not valid JSON", field="json") from None
     if not isinstance(data, dict):
         raise VeronicaError("the request body must be a JSON object", field="json")
+    _check_tree(data)
     return data
+
+
+def _check_params(request: HttpRequest, kwargs: dict) -> None:
+    """Query parameters and URL parts reach database lookups: refuse what no column can hold."""
+    pairs = [(name, value) for name, values in request.GET.lists() for value in values] + list(kwargs.items())
+    for name, value in pairs:
+        if text_problem(name):
+            raise VeronicaError(f"a query parameter's name {text_problem(name)}", field="query")
+        if isinstance(value, str) and text_problem(value):
+            raise VeronicaError(f"{name} {text_problem(value)}", field=name)
 
 
 def text_field(data: dict, name: str, *, required: bool = True, default: str = "") -> str:
@@ -115,6 +165,7 @@ def endpoint(*methods: str) -> Callable:
                     reason = _csrf_failure_reason(request)
                     if reason:
                         return error(403, reason)
+                _check_params(request, kwargs)
                 result = view(request, *args, **kwargs)
             except Unauthorized as exc:
                 return error(401, str(exc))

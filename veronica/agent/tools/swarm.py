@@ -156,7 +156,10 @@ def ask_operator(ctx: ToolContext, args: dict) -> str:
     from veronica import events
     from veronica.models import Question
 
-    question = Question.objects.create(space=ctx.space, member=ctx.member, text=arg_str(args, "question", max_len=5000),
+    from veronica.errors import require_text
+
+    text = require_text(arg_str(args, "question", max_len=5000), "question", max_len=5000)
+    question = Question.objects.create(space=ctx.space, member=ctx.member, text=text,
                                        tool_call_id=str(args.get("_call_id", "")))
     events.emit(ctx.space.pk, "question.asked", member=ctx.member, question=question.pk, text=question.text[:500])
     raise WaitForOperator(question.pk)
