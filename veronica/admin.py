@@ -86,7 +86,9 @@ class MemberAdminForm(forms.ModelForm):
             try:  # the same checks as the verb, shown as form errors
                 supervisor.validate_new_member(data["space"], data.get("name", ""), role=data.get("role", ""),
                                                model=data.get("model", ""), permission_mode=data.get("permission_mode", ""),
-                                               schedule=data.get("schedule", ""), rule_domains=data.get("rule_domains") or [])
+                                               schedule=data.get("schedule", ""), rule_domains=data.get("rule_domains") or [],
+                                               persona=data.get("persona", ""), when_to_use=data.get("when_to_use", ""),
+                                               budget_override=data.get("budget_override"))
             except VeronicaError as exc:
                 raise forms.ValidationError({exc.field if exc.field in self.fields else None: exc.message}) from None
         elif data.get("schedule"):

@@ -170,14 +170,15 @@ def _skills(folder: Path) -> dict[str, tuple[str, str]]:
     if not folder.is_dir():
         return {}
     found: dict[str, tuple[str, str]] = {}
+    files: dict[str, str] = {}
     for path in sorted(folder.glob("*.md")):
         name = path.stem.lower()
         if text_problem(name) or not SKILL_NAME_RE.match(name):
             raise ManifestError(path, "name", f"skill file names are lowercase letters, digits, '-' or '_' "
                                               f"(at most {column_limit(Skill, 'name')} characters) plus '.md'")
         if name in found:
-            raise ManifestError(path, "name", f"another skill in {folder} is also named '{name}' (names ignore case)")
-        found[name] = _skill(path)
+            raise ManifestError(path, "name", f"'{name}' is also the skill in {files[name]}; skill names ignore case")
+        found[name], files[name] = _skill(path), path.name
     return found
 
 

@@ -134,10 +134,15 @@ def check_int(value: object, field: str, *, minimum: int = INT_RANGE[0], maximum
 
 
 def validate_new_member(space: Space, name: str, *, role: str, model: str, permission_mode: str = "", schedule: str = "",
-                        rule_domains: list[str] | None = None) -> tuple[str, str, list[str]]:
+                        rule_domains: list[str] | None = None, persona: str = "", when_to_use: str = "",
+                        budget_override: int | None = None) -> tuple[str, str, list[str]]:
     """Everything add_member checks before writing; the admin form runs it too."""
     from veronica.agent.providers import validate_model_spec
 
+    require_text(persona, "persona", max_len=MAX_PERSONA, allow_empty=True)
+    require_text(when_to_use, "when_to_use", max_len=MAX_WHEN_TO_USE, allow_empty=True)
+    if budget_override is not None:
+        check_int(budget_override, "budget_override")
     if role not in Role.values:
         raise VeronicaError(f"role must be one of {', '.join(Role.values)}", field="role")
     mode = permission_mode or space.default_permission_mode
@@ -158,11 +163,9 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
     """Create a member (and its skills) in one transaction: a failure leaves nothing behind."""
     name = name.strip() if isinstance(name, str) else name
     mode, cron, domains = validate_new_member(space, name, role=role, model=model, permission_mode=permission_mode,
-                                              schedule=schedule, rule_domains=rule_domains)
-    persona = require_text(persona, "persona", max_len=MAX_PERSONA, allow_empty=True)
-    when_to_use = require_text(when_to_use, "when_to_use", max_len=MAX_WHEN_TO_USE, allow_empty=True).strip()
-    if budget_override is not None:
-        check_int(budget_override, "budget_override")
+                                              schedule=schedule, rule_domains=rule_domains, persona=persona,
+                                              when_to_use=when_to_use, budget_override=budget_override)
+    when_to_use = when_to_use.strip()
     with transaction.atomic():
         try:
             member = Member.objects.create(
