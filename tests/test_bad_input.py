@@ -16,7 +16,6 @@ from veronica import blackboard, bus, ledger, skills
 from veronica.agent.loop import run_tool
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import supervisor
-from veronica.engine.cron import next_fire, validate_cron
 from veronica.errors import VeronicaError
 from veronica.manifest import ManifestError, register
 
@@ -27,7 +26,7 @@ from veronica.manifest import ManifestError, register
     ("30 6 * * mon", "30 6 * * mon"), ("0 0 L * *", "0 0 L * *"),
 ])
 def test_cron_accepts_five_fields_that_fire(expr, normalized):
-    assert validate_cron(expr) == normalized
+    assert supervisor.validate_cron(expr) == normalized
 
 
 @pytest.mark.parametrize("expr, fragment", [
@@ -38,13 +37,13 @@ def test_cron_accepts_five_fields_that_fire(expr, normalized):
 ])
 def test_cron_refuses_with_a_message_that_matches_what_is_accepted(expr, fragment):
     with pytest.raises(VeronicaError) as err:
-        validate_cron(expr)
+        supervisor.validate_cron(expr)
     assert fragment in err.value.message and err.value.field == "schedule"
 
 
 def test_a_stored_schedule_that_can_never_fire_has_no_next_time():
-    assert next_fire("0 0 30 2 *") is None
-    assert next_fire("0 0 * * *", datetime(2026, 1, 1, 12, tzinfo=timezone.utc)) == datetime(2026, 1, 2, tzinfo=timezone.utc)
+    assert supervisor.next_fire("0 0 30 2 *") is None
+    assert supervisor.next_fire("0 0 * * *", datetime(2026, 1, 1, 12, tzinfo=timezone.utc)) == datetime(2026, 1, 2, tzinfo=timezone.utc)
 
 
 # --- verbs ----------------------------------------------------------------------------------------------------
