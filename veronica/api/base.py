@@ -5,9 +5,10 @@
 * Otherwise the session decides; an anonymous caller gets 401. Session writes must pass Django's
   CSRF check (the endpoints are csrf_exempt so token calls can pass; the check is re-run here).
 * VeronicaError -> its status with {"error", "field"}; Http404 -> 404; PermissionDenied -> 403.
-* Bad input is never a 500: a body that is not one JSON object, too large, too deeply nested, or
-  holding a string no database column can store (NUL, lone surrogates) is refused before any view
-  runs, and so are such query parameters and URL parts; the error names the field and the limit.
+* Bad input is never a 500: json_body refuses a body that is not one JSON object, too large, too
+  deeply nested, or holding a string no database column can store (NUL, lone surrogates); the
+  wrapper refuses such query parameters and URL parts before the view runs. Errors name the field
+  (its path, e.g. `rule_domains[1]`; `json` for the body as a whole) and the limit.
 """
 from __future__ import annotations
 
