@@ -91,11 +91,15 @@ class MemberAdminForm(forms.ModelForm):
                                                budget_override=data.get("budget_override"))
             except VeronicaError as exc:
                 raise forms.ValidationError({exc.field if exc.field in self.fields else None: exc.message}) from None
-        elif data.get("schedule"):
-            try:
-                supervisor.validate_cron(data["schedule"])
+        else:
+            try:  # an edit writes the row directly: the checks a stored value must pass
+                if data.get("schedule"):
+                    data["schedule"] = supervisor.validate_cron(data["schedule"])
+                supervisor.check_domains(data.get("rule_domains") or [])
+                if data.get("budget_override") is not None:
+                    supervisor.check_int(data["budget_override"], "budget_override")
             except VeronicaError as exc:
-                raise forms.ValidationError({"schedule": exc.message}) from None
+                raise forms.ValidationError({exc.field if exc.field in self.fields else None: exc.message}) from None
         return data
 
 

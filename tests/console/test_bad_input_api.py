@@ -330,3 +330,27 @@ def test_a_bad_admin_add_form_shows_the_field_error(world, model, data, field):
     errors = response.context["adminform"].form.errors
     assert field in errors or re.search(field, str(errors)), errors
     assert not changed_tables(before, db_state()), f"partial write: {changed_tables(before, db_state())}"
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"rule_domains": '["a\\u0000"]'}, "rule_domains"),
+    ({"schedule": "0 0 30 2 *"}, "schedule"),
+    ({"schedule": "* * * * * *"}, "schedule"),
+    ({"persona": f"p{NUL}"}, "persona"),
+    ({"budget_override": "99999999999"}, "budget_override"),
+])
+def test_a_bad_admin_member_edit_shows_the_field_error(world, data, field):
+    from django.forms.models import model_to_dict
+
+    from veronica.models import Member
+
+    world.staff.is_superuser = True
+    world.staff.save()
+    w1 = Member.objects.get(space=world.space, name="w1")
+    current = {k: v for k, v in model_to_dict(w1).items() if v is not None}
+    current["rule_domains"] = json.dumps(current.get("rule_domains", []))
+    before = db_state()
+    response = world.client(world.staff).post(f"/admin/veronica/member/{w1.pk}/change/", {**current, **data})
+    assert response.status_code == 200, response.status_code
+    assert field in response.context["adminform"].form.errors, response.context["adminform"].form.errors
+    assert not changed_tables(before, db_state()), f"partial write: {changed_tables(before, db_state())}"
