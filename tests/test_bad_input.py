@@ -126,6 +126,8 @@ TOOL_CASES = [
     ("member_spawn", {"base": "w1", "retire": NUL}, "retire"),
     ("member_retire", {"member": NUL}, "to"),
     ("ask_operator", {"question": f"which{NUL}?"}, "question"),
+    ("waggle_run", {"name": f"w{NUL}"}, "name"),
+    ("waggle_run", {"name": "w", "params": {"path": NUL}}, "params.path"),
 ]
 
 

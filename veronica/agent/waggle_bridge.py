@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from veronica.agent.tools.base import S, Tool, ToolContext, ToolError, truncate
+from veronica.errors import text_problem
 
 if TYPE_CHECKING:
     from veronica.models import Member
@@ -76,8 +77,13 @@ def _waggle_run(tctx: ToolContext, args: dict) -> str:
     params = args.get("params") or {}
     if not isinstance(params, dict):
         raise ToolError("params must be an object of name → value")
+    name, params = str(args.get("name", "")), {str(k): str(v) for k, v in params.items()}
+    for field, value in {"name": name, **{f"params.{k}": v for k, v in params.items()}}.items():
+        problem = text_problem(field) or text_problem(value)
+        if problem:  # before any lookup: PostgreSQL refuses such text
+            raise ToolError(f"argument '{field}' {problem}")
     try:
-        return service.run_waggle(str(tctx.space.pk), str(args.get("name", "")), {str(k): str(v) for k, v in params.items()},
+        return service.run_waggle(str(tctx.space.pk), name, params,
                                   make_exec(tctx, tools_for(tctx.member.role)))
     except ToolError:
         raise
