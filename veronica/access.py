@@ -18,12 +18,12 @@ from django.http import Http404
 from django.utils import timezone
 
 from veronica import events
-from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import ROLE_RANK, AccessRole, ApiToken, Space, SpaceAccess
 
 VIEWER, OPERATOR, OWNER = AccessRole.VIEWER.value, AccessRole.OPERATOR.value, AccessRole.OWNER.value
 TOKEN_PREFIX = "vrn_"
-TOKEN_NAME_MAX = 80
+TOKEN_NAME_MAX = column_limit(ApiToken, "name")
 # last_used_at is a hint for the tokens page, not an audit log: write it at most once a minute so a
 # busy script does not take the SQLite write lock on every call.
 TOKEN_TOUCH_EVERY = timedelta(minutes=1)

@@ -6,14 +6,14 @@ from django.utils import timezone
 
 from veronica import events
 from veronica.engine.wakes import wake_on_commit
-from veronica.errors import RecipientError, require_text, text_problem
+from veronica.errors import RecipientError, column_limit, require_text, text_problem
 from veronica.models import Member, Membership, Message, Space, Task
 
 BROADCAST = "all"
 OPERATOR = "operator"
 SYSTEM = "system"
 MAX_BODY = 20000
-MAX_SUBJECT = 200
+MAX_SUBJECT = column_limit(Message, "subject")
 
 
 def live_members(space: Space):
