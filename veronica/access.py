@@ -18,12 +18,12 @@ from django.http import Http404
 from django.utils import timezone
 
 from veronica import events
-from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import ROLE_RANK, AccessRole, ApiToken, Space, SpaceAccess
 
 VIEWER, OPERATOR, OWNER = AccessRole.VIEWER.value, AccessRole.OPERATOR.value, AccessRole.OWNER.value
 TOKEN_PREFIX = "vrn_"
-TOKEN_NAME_MAX = 80
+TOKEN_NAME_MAX = column_limit(ApiToken, "name")
 # last_used_at is a hint for the tokens page, not an audit log: write it at most once a minute so a
 # busy script does not take the SQLite write lock on every call.
 TOKEN_TOUCH_EVERY = timedelta(minutes=1)
@@ -93,6 +93,7 @@ def grant(space: Space, username: str, role: str, *, actor: str) -> SpaceAccess:
 
 def revoke(space: Space, username: str, *, actor: str) -> None:
     """Take a user's access away. The last owner cannot be removed (staff can always re-grant)."""
+    username = require_text(username, "username", max_len=150)
     with transaction.atomic():
         access = SpaceAccess.objects.select_for_update().filter(space=space, user__username=username).first()
         if access is None:

@@ -75,12 +75,6 @@ class SpaceAdmin(admin.ModelAdmin):
         _run_verb(self, request, queryset, supervisor.halt_all, "halted spaces")
 
 
-def clean_rule_domains(refs):
-    from veronica.learning_bridge import clean_rule_domains as clean
-
-    return clean(refs)
-
-
 class MemberAdminForm(forms.ModelForm):
     class Meta:
         model = Member
@@ -92,19 +86,20 @@ class MemberAdminForm(forms.ModelForm):
             try:  # the same checks as the verb, shown as form errors
                 supervisor.validate_new_member(data["space"], data.get("name", ""), role=data.get("role", ""),
                                                model=data.get("model", ""), permission_mode=data.get("permission_mode", ""),
-                                               schedule=data.get("schedule", ""), rule_domains=data.get("rule_domains") or [])
+                                               schedule=data.get("schedule", ""), rule_domains=data.get("rule_domains") or [],
+                                               persona=data.get("persona", ""), when_to_use=data.get("when_to_use", ""),
+                                               budget_override=data.get("budget_override"))
             except VeronicaError as exc:
                 raise forms.ValidationError({exc.field if exc.field in self.fields else None: exc.message}) from None
-        elif data.get("schedule"):
-            try:
-                supervisor.validate_cron(data["schedule"])
+        else:
+            try:  # an edit writes the row directly: the checks a stored value must pass
+                if data.get("schedule"):
+                    data["schedule"] = supervisor.validate_cron(data["schedule"])
+                data["rule_domains"] = supervisor.check_domains(data.get("rule_domains") or [])
+                if data.get("budget_override") is not None:
+                    supervisor.check_int(data["budget_override"], "budget_override")
             except VeronicaError as exc:
-                raise forms.ValidationError({"schedule": exc.message}) from None
-        if self.instance.pk is not None and "rule_domains" in data:
-            try:  # an edit routes names in the member's own space too (global:<name> must exist)
-                data["rule_domains"] = clean_rule_domains(data["rule_domains"])
-            except VeronicaError as exc:
-                raise forms.ValidationError({"rule_domains": exc.message}) from None
+                raise forms.ValidationError({exc.field if exc.field in self.fields else None: exc.message}) from None
         return data
 
 

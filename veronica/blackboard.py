@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from veronica import events
-from veronica.errors import VeronicaError
+from veronica.errors import VeronicaError, text_problem
 from veronica.models import Blackboard, Space
 
 
@@ -20,6 +20,8 @@ def write(space: Space, writer: str, content: str) -> Blackboard:
     """Replace the board. Oversize content fails naming the cap and the overage; empty clears it."""
     if not isinstance(content, str):
         raise VeronicaError("content must be a string", field="content")
+    if text_problem(content):
+        raise VeronicaError(f"content {text_problem(content)}", field="content")
     cap = space.blackboard_cap
     if len(content) > cap:
         raise VeronicaError(f"blackboard content is {len(content)} characters; the cap is {cap} "

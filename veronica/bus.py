@@ -6,14 +6,14 @@ from django.utils import timezone
 
 from veronica import events
 from veronica.engine.wakes import wake_on_commit
-from veronica.errors import RecipientError, require_text
+from veronica.errors import RecipientError, column_limit, require_text, text_problem
 from veronica.models import Member, Membership, Message, Space, Task
 
 BROADCAST = "all"
 OPERATOR = "operator"
 SYSTEM = "system"
 MAX_BODY = 20000
-MAX_SUBJECT = 200
+MAX_SUBJECT = column_limit(Message, "subject")
 
 
 def live_members(space: Space):
@@ -26,6 +26,10 @@ def resolve_recipients(space: Space, to: str, sender_name: str) -> list[Member] 
     A member name wins; 'all' is every active member but the sender (frozen ones never); any other
     target is a role, resolved to its unique active member. Unknown or ambiguous names the candidates.
     """
+    if to is not None and not isinstance(to, str):
+        raise RecipientError("to must be a string", field="to")
+    if text_problem(to or ""):
+        raise RecipientError(f"to {text_problem(to)}", field="to")
     target = (to or "").strip()
     if not target:
         raise RecipientError("to must name a member, a role, 'all' or 'operator'", field="to")

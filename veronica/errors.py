@@ -37,13 +37,55 @@ class IllegalTransition(Conflict):
     pass
 
 
+def text_problem(value: str) -> str:
+    """Why a string cannot be stored as text, or "" when it can. PostgreSQL refuses NUL in text and
+    jsonb and a lone surrogate is not encodable as UTF-8; SQLite takes the first, so the check must
+    be ours for both databases to answer the same."""
+    if "\x00" in value:
+        return f"contains a NUL character (at position {value.index(chr(0))})"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"is not valid Unicode text (an unpaired surrogate at position {exc.start})"
+    return ""
+
+
+def check_tree(data: object, *, root: str = "", max_depth: int = 32, what: str = "the request body") -> None:
+    """Walk parsed JSON without recursion: depth within max_depth, every string (key or value)
+    storable text. The error names the path of the offending field, e.g. `rule_domains[2]`."""
+    stack: list[tuple[object, str, int]] = [(data, root, 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > max_depth:
+            raise VeronicaError(f"{what} nests deeper than {max_depth} levels", field=root or "json")
+        if isinstance(node, dict):
+            for key, value in node.items():
+                child = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and text_problem(key):
+                    raise VeronicaError(f"a key in {path or what} {text_problem(key)}", field=path or "json")
+                stack.append((value, child, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((value, f"{path}[{i}]", depth + 1) for i, value in enumerate(node))
+        elif isinstance(node, str) and text_problem(node):
+            raise VeronicaError(f"{path or what} {text_problem(node)}", field=path or "json")
+
+
 def require_text(value: object, field: str, *, max_len: int, allow_empty: bool = False) -> str:
-    """The one validator for free text: type, emptiness and a length limit that the error names."""
+    """The one validator for free text: type, storable characters, emptiness and a length limit
+    that the error names."""
     if not isinstance(value, str):
         raise VeronicaError(f"{field} must be a string", field=field)
+    problem = text_problem(value)
+    if problem:
+        raise VeronicaError(f"{field} {problem}", field=field)
     text = value.strip()
     if not text and not allow_empty:
         raise VeronicaError(f"{field} must not be empty", field=field)
     if len(value) > max_len:
         raise VeronicaError(f"{field} is {len(value)} characters; the limit is {max_len}", field=field)
     return value if allow_empty else text
+
+
+def column_limit(model: type, name: str) -> int:
+    """A CharField's max_length, so a verb's limit is the column's and cannot drift from it."""
+    return model._meta.get_field(name).max_length

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from veronica import bus, events
-from veronica.errors import IllegalTransition, NotFound, VeronicaError, require_text
+from veronica.errors import IllegalTransition, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Space, Task, TaskStatus, VerifyPolicy
 
 S = TaskStatus
@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     S.CANCELLED: set(),
 }
 TERMINAL = {S.DONE, S.CANCELLED}
+MAX_TITLE, MAX_SPEC, MAX_RESULT, MAX_REASON = column_limit(Task, "title"), 20000, 20000, 2000
 OPEN = {S.PENDING, S.READY, S.RUNNING, S.VERIFYING, S.BLOCKED}
 
 
@@ -48,6 +49,7 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", **fields: o
     """Move one task. Raises IllegalTransition (naming what is allowed) and changes nothing."""
     if to not in S.values:
         raise VeronicaError(f"unknown status {to!r}; one of {', '.join(S.values)}", field="status")
+    reason = require_text(reason, "reason", max_len=MAX_REASON, allow_empty=True).strip()
     current = task.status
     if to not in ALLOWED[current]:
         allowed = ", ".join(sorted(ALLOWED[current])) or "none (terminal)"
@@ -81,8 +83,8 @@ def _release_dependents(task: Task, actor: str) -> None:
 def create_task(space: Space, creator: str, title: str, *, spec: str = "", assignee: Member | None = None,
                 depends_on: list[int] | None = None, not_before: datetime | None = None,
                 engine_managed: bool = False, verify_policy: str = VerifyPolicy.AUTO) -> Task:
-    title = require_text(title, "title", max_len=200)
-    spec = require_text(spec, "spec", max_len=20000, allow_empty=True)
+    title = require_text(title, "title", max_len=MAX_TITLE)
+    spec = require_text(spec, "spec", max_len=MAX_SPEC, allow_empty=True)
     if verify_policy not in VerifyPolicy.values:
         raise VeronicaError(f"verify must be one of {', '.join(VerifyPolicy.values)}", field="verify")
     dep_ids = sorted(set(depends_on or []))
@@ -144,7 +146,7 @@ def dispatch(task: Task, *, actor: str, auto: bool) -> Task:
 
 def complete(task: Task, *, actor: str, result: str, failed: bool = False) -> Task:
     """A worker reports a task finished. Verify policy `leader` / `checks` holds it in verifying."""
-    result = require_text(result, "result", max_len=20000, allow_empty=True)
+    result = require_text(result, "result", max_len=MAX_RESULT, allow_empty=True)
     with transaction.atomic():
         Task.objects.filter(pk=task.pk).update(result=result)
         task.result = result

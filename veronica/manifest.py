@@ -18,14 +18,22 @@ from veronica import events
 from veronica.agent.providers import validate_model_spec
 from veronica.engine import supervisor
 from veronica.engine.timers import arm_cron
-from veronica.errors import VeronicaError
+from veronica.errors import VeronicaError, column_limit, text_problem
 from veronica.models import Member, Membership, Origin, PermissionMode, Role, RunStatus, Skill, Space
+from veronica.skills import NAME_RE as SKILL_NAME_RE
 
 SPACE_SETTINGS = {
     "member_daily_tokens": int, "daily_token_ceiling": int, "daily_usd_ceiling": float, "blackboard_cap": int,
     "stale_task_minutes": int, "retention_days": int, "spawn_cap": int, "default_permission_mode": str,
     "webhook_secret": str, "rule_review_required": bool,
 }
+INT_MAX = 2**31 - 1  # an IntegerField on PostgreSQL
+SETTING_RANGES = {  # inclusive bounds a setting must fall in: the column's and what the engine can use
+    "member_daily_tokens": (0, INT_MAX), "daily_token_ceiling": (0, INT_MAX), "daily_usd_ceiling": (0, 999_999.9999),
+    "blackboard_cap": (1, 1_000_000), "stale_task_minutes": (0, 525_600), "retention_days": (0, 36_500),
+    "spawn_cap": (0, 100),
+}
+MAX_SKILL_BODY = 50000  # the skills verb's limit
 MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations"}
 
 
@@ -60,18 +68,82 @@ class SpaceSpec:
     path: Path
 
 
+def _text_file(path: Path, what: str = "file") -> str:
+    """A manifest file's text: UTF-8 and storable (no NUL), or a ManifestError naming it."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ManifestError(path, what, "missing") from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(path, what, f"is not UTF-8 text (byte {exc.start})") from None
+    if text_problem(text):
+        raise ManifestError(path, what, text_problem(text))
+    return text
+
+
+def _storable(path: Path, node: object, key: str = "") -> None:
+    """Every string in a parsed TOML file (keys too) can be stored; TOML's \\u0000 escape cannot."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            child = f"{key}.{name}" if key else name
+            if text_problem(name):
+                raise ManifestError(path, key or "key", f"a key {text_problem(name)}")
+            _storable(path, value, child)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _storable(path, value, f"{key}[{i}]")
+    elif isinstance(node, str) and text_problem(node):
+        raise ManifestError(path, key, text_problem(node))
+
+
 def _toml(path: Path) -> dict:
     try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ManifestError(path, "file", "missing") from None
+        cfg = tomllib.loads(_text_file(path))
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(path, "syntax", str(exc)) from None
+    _storable(path, cfg)
+    return cfg
+
+
+def _string(path: Path, cfg: dict, key: str, *, max_len: int, default: str = "") -> str:
+    value = cfg.get(key, default)
+    if not isinstance(value, str):
+        raise ManifestError(path, key, f"must be a string (at most {max_len} characters)")
+    if len(value) > max_len:
+        raise ManifestError(path, key, f"is {len(value)} characters; the limit is {max_len}")
+    return value
+
+
+def _checked(path: Path, check, *args, **kwargs):
+    """Run one of the verbs' validators; its error becomes a manifest error naming this file."""
+    try:
+        return check(*args, **kwargs)
+    except VeronicaError as exc:
+        raise ManifestError(path, exc.field, exc.message) from None
+
+
+def _setting(path: Path, key: str, value: object) -> object:
+    kind = SPACE_SETTINGS.get(key)
+    field_name = f"settings.{key}"
+    if kind is None:
+        raise ManifestError(path, field_name, f"unknown setting (known: {', '.join(sorted(SPACE_SETTINGS))})")
+    numeric = (int, float) if kind is float else kind
+    if not isinstance(value, numeric) or (kind is not bool and isinstance(value, bool)):
+        raise ManifestError(path, field_name, f"must be {kind.__name__}")
+    if key in SETTING_RANGES:
+        low, high = SETTING_RANGES[key]
+        if not low <= value <= high:
+            raise ManifestError(path, field_name, f"is {value}; it must be from {low} to {high}")
+    if key == "default_permission_mode" and value not in PermissionMode.values:
+        raise ManifestError(path, field_name, f"'{value}' must be one of {', '.join(PermissionMode.values)}")
+    if key == "webhook_secret" and len(value) > column_limit(Space, "webhook_secret"):
+        raise ManifestError(path, field_name, f"is {len(value)} characters; the limit is {column_limit(Space, 'webhook_secret')}")
+    return value
 
 
 def _skill(path: Path) -> tuple[str, str]:
     """A skill file: optional '---\\ndescription: ...\\n---' front matter, then markdown."""
-    text = path.read_text()
+    text = _text_file(path)
     description = ""
     if text.startswith("---\n"):
         head, sep, body = text[4:].partition("\n---\n")
@@ -84,17 +156,35 @@ def _skill(path: Path) -> tuple[str, str]:
         text = body
     if not text.strip():
         raise ManifestError(path, "body", "a skill needs a markdown body")
-    return description[:300], text.strip()
+    limit = column_limit(Skill, "description")
+    if len(description) > limit:
+        raise ManifestError(path, "description", f"is {len(description)} characters; the limit is {limit}")
+    if len(text.strip()) > MAX_SKILL_BODY:
+        raise ManifestError(path, "body", f"is {len(text.strip())} characters; the limit is {MAX_SKILL_BODY}")
+    return description, text.strip()
 
 
 def _skills(folder: Path) -> dict[str, tuple[str, str]]:
+    """Skills by name: the file stem, lowercased as the skills verb does; two files whose names
+    differ only by case would collapse into one, so they are refused."""
     if not folder.is_dir():
         return {}
-    return {p.stem.lower(): _skill(p) for p in sorted(folder.glob("*.md"))}
+    found: dict[str, tuple[str, str]] = {}
+    files: dict[str, str] = {}
+    for path in sorted(folder.glob("*.md")):
+        name = path.stem.lower()
+        if text_problem(name) or not SKILL_NAME_RE.match(name):
+            raise ManifestError(path, "name", f"skill file names are lowercase letters, digits, '-' or '_' "
+                                              f"(at most {column_limit(Skill, 'name')} characters) plus '.md'")
+        if name in found:
+            raise ManifestError(path, "name", f"'{name}' is also the skill in {files[name]}; skill names ignore case")
+        found[name], files[name] = _skill(path), path.name
+    return found
 
 
 def _member(folder: Path) -> MemberSpec:
     cfg_path = folder / "member.toml"
+    name = _checked(folder, supervisor.check_name, folder.name)
     cfg = _toml(cfg_path)
     unknown = set(cfg) - MEMBER_KEYS
     if unknown:
@@ -104,7 +194,7 @@ def _member(folder: Path) -> MemberSpec:
         raise ManifestError(cfg_path, "role", f"must be one of {', '.join(Role.values)}")
     model = cfg.get("model", "offline")
     try:
-        validate_model_spec(model)
+        model = validate_model_spec(model)
         schedule = supervisor.validate_cron(cfg["schedule"]) if cfg.get("schedule") else ""
     except VeronicaError as exc:
         raise ManifestError(cfg_path, exc.field, exc.message) from None
@@ -116,25 +206,27 @@ def _member(folder: Path) -> MemberSpec:
         raise ManifestError(cfg_path, "rule_domains", "must be a list of strings")
     domains = _rule_domains(cfg_path, domains)
     budget = cfg.get("budget")
-    if budget is not None and not isinstance(budget, int):
-        raise ManifestError(cfg_path, "budget", "must be an integer (>0 caps, <0 unlimited)")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or not -INT_MAX <= budget <= INT_MAX):
+        raise ManifestError(cfg_path, "budget", f"must be an integer from -{INT_MAX} to {INT_MAX} (>0 caps, <0 unlimited)")
     iterations = cfg.get("max_iterations", 24)
-    if not isinstance(iterations, int) or not 1 <= iterations <= 200:
+    if not isinstance(iterations, int) or isinstance(iterations, bool) or not 1 <= iterations <= 200:
         raise ManifestError(cfg_path, "max_iterations", "must be an integer from 1 to 200")
+    when_to_use = _string(cfg_path, cfg, "when_to_use", max_len=supervisor.MAX_WHEN_TO_USE).strip()
     persona_path = folder / "persona.md"
     if not persona_path.is_file():
         raise ManifestError(persona_path, "file", "missing: every member needs a persona.md")
-    return MemberSpec(name=folder.name, role=role, model=model, persona=persona_path.read_text().strip(),
-                      when_to_use=str(cfg.get("when_to_use", "")), schedule=schedule, permission_mode=mode,
-                      rule_domains=domains, budget=budget, max_iterations=iterations, skills=_skills(folder / "skills"))
+    persona = _text_file(persona_path, "persona").strip()
+    if len(persona) > supervisor.MAX_PERSONA:
+        raise ManifestError(persona_path, "persona", f"is {len(persona)} characters; the limit is {supervisor.MAX_PERSONA}")
+    return MemberSpec(name=name, role=role, model=model, persona=persona, when_to_use=when_to_use, schedule=schedule,
+                      permission_mode=mode, rule_domains=domains, budget=budget, max_iterations=iterations,
+                      skills=_skills(folder / "skills"))
 
 
 def _rule_domains(cfg_path: Path, domains: list[str]) -> list[str]:
     """Domain names are this space's own (two spaces from one manifest never share one)."""
-    from veronica.learning_bridge import clean_rule_domains
-
     try:
-        return clean_rule_domains(domains)
+        return supervisor.check_domains(domains)
     except VeronicaError as exc:
         raise ManifestError(cfg_path, "rule_domains", exc.message.removeprefix("rule_domains: ")) from None
 
@@ -148,19 +240,22 @@ def load(directory: str | Path) -> SpaceSpec:
     name = cfg.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ManifestError(space_path, "name", "required, a non-empty string")
+    name = _string(space_path, cfg, "name", max_len=column_limit(Space, "name"))
     slug = cfg.get("slug") or slugify(name)
-    if slug != slugify(slug):
-        raise ManifestError(space_path, "slug", "lowercase letters, digits and '-' only")
-    workdir = (root / cfg.get("workdir", "workspace")).resolve()
+    slug_limit = column_limit(Space, "slug")
+    if not isinstance(slug, str) or not slug or slug != slugify(slug) or len(slug) > slug_limit:
+        raise ManifestError(space_path, "slug", f"lowercase letters, digits and '-' only, 1 to {slug_limit} characters")
+    workdir = (root / _string(space_path, cfg, "workdir", max_len=column_limit(Space, "workdir"), default="workspace")).resolve()
     if not workdir.is_dir():
         raise ManifestError(space_path, "workdir", f"{workdir} is not a folder")
+    for folder in (workdir, root):
+        if len(str(folder)) > column_limit(Space, "workdir"):
+            raise ManifestError(space_path, "workdir", f"{folder} is longer than {column_limit(Space, 'workdir')} characters")
     settings = cfg.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ManifestError(space_path, "settings", "must be a table ([settings])")
     for key, value in settings.items():
-        kind = SPACE_SETTINGS.get(key)
-        if kind is None:
-            raise ManifestError(space_path, f"settings.{key}", f"unknown setting (known: {', '.join(sorted(SPACE_SETTINGS))})")
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ManifestError(space_path, f"settings.{key}", f"must be {kind.__name__}")
+        _setting(space_path, key, value)
     members_dir = root / "members"
     members = [_member(d) for d in sorted(members_dir.iterdir()) if d.is_dir()] if members_dir.is_dir() else []
     leaders = [m.name for m in members if m.role == Role.LEADER]

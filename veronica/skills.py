@@ -6,10 +6,11 @@ import re
 from django.db import transaction
 
 from veronica import events
-from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Skill, Space
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,79}$")
+NAME_MAX, DESCRIPTION_MAX = column_limit(Skill, "name"), column_limit(Skill, "description")
+NAME_RE = re.compile(rf"^[a-z0-9][a-z0-9_-]{{0,{NAME_MAX - 1}}}$")
 
 
 def _mark_reload(space: Space, member: Member | None) -> None:
@@ -21,11 +22,11 @@ def _mark_reload(space: Space, member: Member | None) -> None:
 
 def add_skill(space: Space, name: str, body: str, *, member: Member | None = None, description: str = "",
               overwrite: bool = False, actor: str = "operator") -> Skill:
-    name = require_text(name, "name", max_len=80).lower()
+    name = require_text(name, "name", max_len=NAME_MAX).lower()
     if not NAME_RE.match(name):
-        raise VeronicaError("name must be lowercase letters, digits, '-' or '_' (at most 80)", field="name")
+        raise VeronicaError(f"name must be lowercase letters, digits, '-' or '_' (at most {NAME_MAX})", field="name")
     body = require_text(body, "body", max_len=50000)
-    description = require_text(description, "description", max_len=300, allow_empty=True).strip()
+    description = require_text(description, "description", max_len=DESCRIPTION_MAX, allow_empty=True).strip()
     with transaction.atomic():
         existing = Skill.objects.filter(space=space, member=member, name=name).first()
         if existing and not overwrite:
@@ -39,6 +40,7 @@ def add_skill(space: Space, name: str, body: str, *, member: Member | None = Non
 
 
 def remove_skill(space: Space, name: str, *, member: Member | None = None, actor: str = "operator") -> None:
+    name = require_text(name, "name", max_len=NAME_MAX)
     with transaction.atomic():
         deleted, _ = Skill.objects.filter(space=space, member=member, name=name).delete()
         if not deleted:

@@ -21,7 +21,7 @@ from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.errors import VeronicaError, text_problem
 from veronica.models import AccessRole, PermissionMode, Role, Space
 
 # --- panels -----------------------------------------------------------------------------------------------
@@ -130,6 +130,22 @@ def member_panel(request: HttpRequest, slug: str, name: str, panel: str) -> Http
                                                                            permission_modes=PermissionMode.values))
 
 
+# --- forms ------------------------------------------------------------------------------------------------
+# A refused form re-renders its page with the error and the verb's status (400 / 404 / 409); only a
+# success redirects. Values no column can store are refused here, before any lookup or verb.
+
+def refuse_unstorable(data) -> None:
+    for name, values in data.lists():
+        for value in values:
+            if text_problem(value):
+                raise VeronicaError(f"{name} {text_problem(value)}", field=name)
+
+
+def form_error(request: HttpRequest, exc: VeronicaError) -> int:
+    messages.error(request, f"{exc.field + ': ' if exc.field else ''}{exc.message}")
+    return exc.status
+
+
 # --- owners: access and members ------------------------------------------------------------------------------
 
 def _manage_action(request: HttpRequest, space: Space) -> str:
@@ -156,15 +172,17 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
 @require_http_methods(["GET", "POST"])
 def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
     space, role = access.space_for(request.user, slug, OWNER)
+    status = 200
     if request.method == "POST":
         try:
+            refuse_unstorable(request.POST)
             messages.success(request, _manage_action(request, space))
+            return redirect("console:manage", slug=space.slug)
         except VeronicaError as exc:
-            messages.error(request, f"{exc.field + ': ' if exc.field else ''}{exc.message}")
-        return redirect("console:manage", slug=space.slug)
+            status = form_error(request, exc)
     return render(request, "console/manage.html", _context(
         space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
-        member_roles=Role.values, page="manage"))
+        member_roles=Role.values, page="manage"), status=status)
 
 
 # --- tokens -----------------------------------------------------------------------------------------------
@@ -172,20 +190,21 @@ def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def tokens_page(request: HttpRequest) -> HttpResponse:
-    new_key = None
+    new_key, status = None, 200
     if request.method == "POST":
         try:
+            refuse_unstorable(request.POST)
             if request.POST.get("action") == "revoke":
                 token = access.revoke_token(request.user, _int(request.POST.get("token_id")))
                 messages.success(request, f"revoked {token.name}")
             else:
                 token, new_key = access.create_token(request.user, request.POST.get("name", ""))
+            if new_key is None:
+                return redirect("console:tokens")
         except VeronicaError as exc:
-            messages.error(request, exc.message)
-        if new_key is None:
-            return redirect("console:tokens")
+            status = form_error(request, exc)
     rows = access.tokens_of(request.user)
-    response = render(request, "console/tokens.html", {"tokens": rows, "new_key": new_key})
+    response = render(request, "console/tokens.html", {"tokens": rows, "new_key": new_key}, status=status)
     response["Cache-Control"] = "no-store"  # the page that shows a key once must not be cached
     return response
 

@@ -22,7 +22,7 @@ from veronica.access import OPERATOR, OWNER
 from veronica.errors import VeronicaError
 from veronica.learning_bridge import owner_key
 from veronica.models import Member, Space
-from veronica.views import _context
+from veronica.views import _context, form_error, refuse_unstorable
 
 log = logging.getLogger(__name__)
 # learning's own refusals: their text is written for people and names the field and the limit
@@ -126,17 +126,21 @@ def rules_page(request: HttpRequest, slug: str) -> HttpResponse:
     from learning.models import Proposal, Rule
 
     space, role = access.space_for(request.user, slug)
+    status = 200
     if request.method == "POST":
         try:
+            refuse_unstorable(request.POST)
             messages.success(request, _rules_action(request, space, role))
+            return redirect("console:rules", slug=space.slug)
         except VeronicaError as exc:
-            messages.error(request, f"{exc.field + ': ' if exc.field else ''}{exc.message}")
+            status = form_error(request, exc)
         except LEARNING_INPUT_ERRORS as exc:  # learning's own messages (length, gate, stale proposal) name the field
             messages.error(request, str(exc))
+            status = 400
         except Exception:  # never an internal's text (a database's or the ORM's) on the page
             log.exception("rules page: %s failed in space %s", request.POST.get("action", ""), space.slug)
             messages.error(request, f"action: {request.POST.get('action', '')[:40]} could not be done (an internal error, logged for the administrator)")
-        return redirect("console:rules", slug=space.slug)
+            status = 500
     rows = space_domains(space)
     ids = [r["domain"].pk for r in rows if r["domain"] is not None]
     rules = list(Rule.objects.filter(domain_id__in=ids).order_by("domain", "-source", "id"))
@@ -154,7 +158,7 @@ def rules_page(request: HttpRequest, slug: str) -> HttpResponse:
         "proposals": [p for p in proposals if r["domain"] and p.domain_id == r["domain"].pk],
     } for r in rows]
     return render(request, "console/rules.html", _context(space, role, domains=by_domain, page="rules",
-                                                           can_edit_rules=access.allows(role, OWNER)))
+                                                           can_edit_rules=access.allows(role, OWNER)), status=status)
 
 
 @login_required
@@ -164,9 +168,10 @@ def waggles_page(request: HttpRequest, slug: str) -> HttpResponse:
     from waggle.models import LedgerEntry, Waggle
 
     space, role = access.space_for(request.user, slug)
-    key = str(space.pk)
+    key, status = str(space.pk), 200
     if request.method == "POST":
         try:
+            refuse_unstorable(request.POST)
             if not access.allows(role, OPERATOR):
                 raise VeronicaError("enabling or disabling a waggle needs the operator role", field="action")
             name, scope = request.POST.get("name", ""), request.POST.get("scope", "")
@@ -177,9 +182,9 @@ def waggles_page(request: HttpRequest, slug: str) -> HttpResponse:
             if not target.update(disabled=disable):
                 raise VeronicaError(f"no waggle named '{name}' in this library", field="name")
             messages.success(request, f"{'disabled' if disable else 'enabled'} {name}")
+            return redirect("console:waggles", slug=space.slug)
         except VeronicaError as exc:
-            messages.error(request, f"{exc.field}: {exc.message}")
-        return redirect("console:waggles", slug=space.slug)
+            status = form_error(request, exc)
     library = waggle.list_waggles(key)
     scripts = {(w.scope, w.name): w.script for w in Waggle.objects.filter(space_key__in=[key, ""])}
     for row in library:
@@ -187,7 +192,7 @@ def waggles_page(request: HttpRequest, slug: str) -> HttpResponse:
     ledger = LedgerEntry.objects.filter(space_key=key)[:50]
     saved = waggle.saved_tokens_per_day(key)
     return render(request, "console/waggles.html", _context(space, role, library=library, ledger=ledger, page="waggles",
-                                                            saved=saved, saved_total=sum(t for _, t in saved)))
+                                                            saved=saved, saved_total=sum(t for _, t in saved)), status=status)
 
 
 @login_required
@@ -199,8 +204,10 @@ def inbox_page(request: HttpRequest, slug: str) -> HttpResponse:
     from veronica.models import Message
 
     space, role = access.space_for(request.user, slug)
+    status = 200
     if request.method == "POST":
         try:
+            refuse_unstorable(request.POST)
             if not access.allows(role, OPERATOR):
                 raise VeronicaError("accepting mail needs the operator role", field="action")
             message = Message.objects.filter(space=space, pk=_int(request.POST.get("message_id"), "message_id")).first()
@@ -208,8 +215,8 @@ def inbox_page(request: HttpRequest, slug: str) -> HttpResponse:
                 raise VeronicaError("no such message in this space", field="message_id")
             accepted = bus.accept_operator_mail(message, user=request.user, body=request.POST.get("body"))
             messages.success(request, f"accepted #{accepted.pk}{' with your edit' if accepted.accepted_body else ''}")
+            return redirect("console:inbox", slug=space.slug)
         except VeronicaError as exc:
-            messages.error(request, f"{exc.field}: {exc.message}")
-        return redirect("console:inbox", slug=space.slug)
+            status = form_error(request, exc)
     mail = Message.objects.filter(space=space, recipient_name=bus.OPERATOR).order_by("-id")[:100]
-    return render(request, "console/inbox.html", _context(space, role, mail=mail, page="inbox"))
+    return render(request, "console/inbox.html", _context(space, role, mail=mail, page="inbox"), status=status)

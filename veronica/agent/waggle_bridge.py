@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from veronica.agent.tools.base import S, Tool, ToolContext, ToolError, truncate
+from veronica.errors import VeronicaError, check_tree
 
 if TYPE_CHECKING:
     from veronica.models import Member
@@ -90,8 +91,13 @@ def _waggle_run(tctx: ToolContext, args: dict) -> str:
     params = args.get("params") or {}
     if not isinstance(params, dict):
         raise ToolError("params must be an object of name → value")
+    name, params = str(args.get("name", "")), {str(k): v for k, v in params.items()}  # values keep their JSON types
+    try:  # before any lookup: PostgreSQL refuses such text
+        check_tree({"name": name, "params": params}, what="the arguments")
+    except VeronicaError as exc:
+        raise ToolError(f"argument '{exc.field}': {exc.message}") from None
     try:
-        return service.run_waggle(str(tctx.space.pk), str(args.get("name", "")), {str(k): v for k, v in params.items()},
+        return service.run_waggle(str(tctx.space.pk), name, params,
                                   make_exec(tctx, tools_for(tctx.member.role)))
     except ToolError:
         raise

@@ -5,6 +5,10 @@
 * Otherwise the session decides; an anonymous caller gets 401. Session writes must pass Django's
   CSRF check (the endpoints are csrf_exempt so token calls can pass; the check is re-run here).
 * VeronicaError -> its status with {"error", "field"}; Http404 -> 404; PermissionDenied -> 403.
+* Bad input is never a 500: json_body refuses a body that is not one JSON object, too large, too
+  deeply nested, or holding a string no database column can store (NUL, lone surrogates); the
+  wrapper refuses such query parameters and URL parts before the view runs. Errors name the field
+  (its path, e.g. `rule_domains[1]`; `json` for the body as a whole) and the limit.
 """
 from __future__ import annotations
 
@@ -12,13 +16,14 @@ import json
 from functools import wraps
 from typing import Any, Callable
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from veronica import access
-from veronica.errors import VeronicaError
+from veronica.errors import VeronicaError, check_tree, text_problem
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
@@ -68,21 +73,51 @@ def _csrf_failure_reason(request: HttpRequest) -> str | None:
     return None if response is None else "CSRF check failed: send the csrftoken cookie's value as X-CSRFToken"
 
 
+MAX_DEPTH = 32  # the deepest a request body may nest; no endpoint needs more than 3
+
+
+class TooLarge(VeronicaError):
+    status = 413
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_tree(data: object) -> None:
+    check_tree(data, max_depth=MAX_DEPTH)
+
+
 def json_body(request: HttpRequest) -> dict:
-    """The request body as a JSON object; anything else is a 400 naming `json`."""
+    """The request body as a JSON object of storable values; anything else is a 4xx naming the
+    field (`json` for the body as a whole) and the limit."""
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise VeronicaError("the request body is too large", field="json") from None
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raise TooLarge(f"the request body is larger than the limit of {limit} bytes", field="json") from None
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:  # the C parser's own depth guard (about 1,000 levels): far past ours
+        raise VeronicaError(f"the request body nests deeper than {MAX_DEPTH} levels", field="json") from None
     except (ValueError, UnicodeDecodeError):
         raise VeronicaError("the request body is not valid JSON", field="json") from None
     if not isinstance(data, dict):
         raise VeronicaError("the request body must be a JSON object", field="json")
+    _check_tree(data)
     return data
+
+
+def _check_params(request: HttpRequest, kwargs: dict) -> None:
+    """Query parameters and URL parts reach database lookups: refuse what no column can hold."""
+    pairs = [(name, value) for name, values in request.GET.lists() for value in values] + list(kwargs.items())
+    for name, value in pairs:
+        if text_problem(name):
+            raise VeronicaError(f"a query parameter's name {text_problem(name)}", field="query")
+        if isinstance(value, str) and text_problem(value):
+            raise VeronicaError(f"{name} {text_problem(value)}", field=name)
 
 
 def text_field(data: dict, name: str, *, required: bool = True, default: str = "") -> str:
@@ -115,6 +150,7 @@ def endpoint(*methods: str) -> Callable:
                     reason = _csrf_failure_reason(request)
                     if reason:
                         return error(403, reason)
+                _check_params(request, kwargs)
                 result = view(request, *args, **kwargs)
             except Unauthorized as exc:
                 return error(401, str(exc))

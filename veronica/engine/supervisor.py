@@ -2,17 +2,15 @@
 tests all call these; each validates, writes with a conditional update and emits its event."""
 from __future__ import annotations
 
-from datetime import datetime
-
-from croniter import croniter
 from django.db import IntegrityError, transaction
 from django.db.models import BooleanField, Case, F, Value, When
 from django.utils import timezone
 
 from veronica import bus, events
+from veronica.engine.cron import next_fire, validate_cron
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import wake_on_commit
-from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
 from veronica.models import (
     Member, Membership, Message, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus, Session, Skill, Space, Task,
 )
@@ -22,10 +20,17 @@ from veronica.models.tasks import TaskStatus
 _HAS_LEASE = Case(When(lease_token="", then=Value(False)), default=Value(True), output_field=BooleanField())
 NAME_RE = r"^[A-Za-z][A-Za-z0-9_-]{0,59}$"
 RESERVED_NAMES = {bus.BROADCAST, bus.OPERATOR, bus.SYSTEM, Role.LEADER, Role.WORKER}
+MAX_PERSONA = 50000
+MAX_WHEN_TO_USE = 2000
+MAX_DOMAIN = 64  # learning's domain names
+MAX_DOMAINS = 20
+INT_RANGE = (-2**31, 2**31 - 1)  # an IntegerField on PostgreSQL
 
 
 def get_member(space: Space, name: str) -> Member:
-    member = Member.objects.filter(space=space, name=name, removed_at__isnull=True).first()
+    # a name that cannot be stored cannot exist; asking the database would be an error on PostgreSQL
+    member = None if not isinstance(name, str) or text_problem(name) else (
+        Member.objects.filter(space=space, name=name, removed_at__isnull=True).first())
     if member is None:
         raise NotFound(f"no member named '{name}' in space {space.slug}", field="member")
     return member
@@ -91,36 +96,55 @@ def unfreeze(member: Member, *, actor: str) -> Member:
 
 # --- membership ------------------------------------------------------------------------------------
 
-def _validate_name(space: Space, name: str) -> str:
+def check_name(name: object) -> str:
+    """The member name rules, without the database: the manifest checks folder names with it too."""
     import re
 
-    name = require_text(name, "name", max_len=60)
+    limit = column_limit(Member, "name")
+    name = require_text(name, "name", max_len=limit).strip()
     if not re.match(NAME_RE, name) or name.lower() in RESERVED_NAMES:
-        raise VeronicaError(f"name '{name}' must start with a letter, use letters, digits, '-' or '_' and not be "
-                            f"one of {', '.join(sorted(RESERVED_NAMES))}", field="name")
+        raise VeronicaError(f"name '{name}' must start with a letter, use letters, digits, '-' or '_' (at most {limit}) "
+                            f"and not be one of {', '.join(sorted(RESERVED_NAMES))}", field="name")
+    return name
+
+
+def _validate_name(space: Space, name: str) -> str:
+    name = check_name(name)
     if Member.objects.filter(space=space, name=name, removed_at__isnull=True).exists():
         raise Conflict(f"a member named '{name}' already exists in this space", field="name")
     return name
 
 
-def validate_cron(expr: str) -> str:
-    expr = (expr or "").strip()
-    if not expr:
-        raise VeronicaError("schedule must be a cron expression, e.g. '*/15 * * * *'", field="schedule")
-    if not croniter.is_valid(expr):
-        raise VeronicaError(f"'{expr}' is not a valid cron expression (five fields: minute hour day month weekday)", field="schedule")
-    return expr
+def check_domains(rule_domains: object) -> list[str]:
+    """A list of learning domain names; blanks are dropped, anything else not a short string is refused."""
+    if rule_domains is None:
+        return []
+    if not isinstance(rule_domains, list) or len(rule_domains) > MAX_DOMAINS:
+        raise VeronicaError(f"rule_domains must be a list of at most {MAX_DOMAINS} strings", field="rule_domains")
+    domains = [require_text(d, "rule_domains", max_len=MAX_DOMAIN, allow_empty=True).strip() for d in rule_domains]
+    from veronica.learning_bridge import clean_rule_domains  # names resolve in the member's own space only
+
+    return clean_rule_domains([d for d in domains if d])
 
 
-def next_fire(expr: str, after: datetime | None = None) -> datetime:
-    return croniter(expr, after or timezone.now()).get_next(datetime)
+def check_int(value: object, field: str, *, minimum: int = INT_RANGE[0], maximum: int = INT_RANGE[1]) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise VeronicaError(f"{field} must be an integer", field=field)
+    if not minimum <= value <= maximum:
+        raise VeronicaError(f"{field} is {value}; it must be from {minimum} to {maximum}", field=field)
+    return value
 
 
 def validate_new_member(space: Space, name: str, *, role: str, model: str, permission_mode: str = "", schedule: str = "",
-                        rule_domains: list[str] | None = None) -> tuple[str, str, list[str]]:
+                        rule_domains: list[str] | None = None, persona: str = "", when_to_use: str = "",
+                        budget_override: int | None = None) -> tuple[str, str, list[str]]:
     """Everything add_member checks before writing; the admin form runs it too."""
     from veronica.agent.providers import validate_model_spec
 
+    require_text(persona, "persona", max_len=MAX_PERSONA, allow_empty=True)
+    require_text(when_to_use, "when_to_use", max_len=MAX_WHEN_TO_USE, allow_empty=True)
+    if budget_override is not None:
+        check_int(budget_override, "budget_override")
     if role not in Role.values:
         raise VeronicaError(f"role must be one of {', '.join(Role.values)}", field="role")
     mode = permission_mode or space.default_permission_mode
@@ -131,10 +155,7 @@ def validate_new_member(space: Space, name: str, *, role: str, model: str, permi
     if role == Role.LEADER and Member.objects.filter(space=space, role=Role.LEADER, removed_at__isnull=True).exists():
         raise Conflict("this space already has a leader; a space has at most one", field="role")
     cron = validate_cron(schedule) if schedule else ""
-    from veronica.learning_bridge import clean_rule_domains  # names resolve in this space only
-
-    domains = clean_rule_domains(rule_domains)
-    return mode, cron, domains
+    return mode, cron, check_domains(rule_domains)
 
 
 def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str = "", when_to_use: str = "",
@@ -144,8 +165,9 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
     """Create a member (and its skills) in one transaction: a failure leaves nothing behind."""
     name = name.strip() if isinstance(name, str) else name
     mode, cron, domains = validate_new_member(space, name, role=role, model=model, permission_mode=permission_mode,
-                                              schedule=schedule, rule_domains=rule_domains)
-    persona = require_text(persona, "persona", max_len=50000, allow_empty=True)
+                                              schedule=schedule, rule_domains=rule_domains, persona=persona,
+                                              when_to_use=when_to_use, budget_override=budget_override)
+    when_to_use = when_to_use.strip()
     with transaction.atomic():
         try:
             member = Member.objects.create(

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall, Usage
-from veronica.errors import VeronicaError
+from veronica.errors import VeronicaError, require_text
 
 KINDS = ("offline", "openai", "anthropic")
+MAX_SPEC = 120  # Member.model's column
 
 __all__ = ["KINDS", "Provider", "ProviderError", "Reply", "ToolCall", "Usage", "get_provider", "validate_model_spec"]
 
@@ -15,6 +16,7 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 
 def validate_model_spec(spec: str) -> str:
+    spec = require_text(spec, "model", max_len=MAX_SPEC).strip()
     kind, model = split_spec(spec)
     if kind not in KINDS:
         raise VeronicaError(f"model '{spec}' must be 'offline', 'openai:MODEL' or 'anthropic:MODEL'", field="model")

@@ -8,6 +8,7 @@ from django.utils import timezone
 from veronica import blackboard, bus, ledger, skills
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str
 from veronica.engine import alarms, budget, supervisor
+from veronica.errors import require_text
 from veronica.models import Member, Role, Task, TaskStatus
 
 
@@ -79,6 +80,8 @@ def task_assign(ctx: ToolContext, args: dict) -> str:
 def task_list(ctx: ToolContext, args: dict) -> str:
     qs = Task.objects.filter(space=ctx.space).select_related("assignee").prefetch_related("depends_on").order_by("id")
     status = arg_str(args, "status", required=False)
+    if status and status not in TaskStatus.values:
+        raise ToolError(f"argument 'status' must be one of {', '.join(TaskStatus.values)}")
     if status:
         qs = qs.filter(status=status)
     if args.get("mine"):
@@ -156,7 +159,8 @@ def ask_operator(ctx: ToolContext, args: dict) -> str:
     from veronica import events
     from veronica.models import Question
 
-    question = Question.objects.create(space=ctx.space, member=ctx.member, text=arg_str(args, "question", max_len=5000),
+    text = require_text(arg_str(args, "question", max_len=5000), "question", max_len=5000)
+    question = Question.objects.create(space=ctx.space, member=ctx.member, text=text,
                                        tool_call_id=str(args.get("_call_id", "")))
     events.emit(ctx.space.pk, "question.asked", member=ctx.member, question=question.pk, text=question.text[:500])
     raise WaitForOperator(question.pk)

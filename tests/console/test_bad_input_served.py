@@ -1,0 +1,41 @@
+"""The served app (daphne, its own process) answers the worst bad inputs with a 4xx, not a 500."""
+from __future__ import annotations
+
+import http.client
+import json
+from urllib.parse import urlsplit
+
+import pytest
+
+from veronica import access
+from veronica.models import Member, Message
+
+NUL = "\x00"
+CASES = [
+    ("POST", "/api/spaces/alpha/messages/", "[" * 100_000, "json"),
+    ("POST", "/api/spaces/alpha/messages/", json.dumps({"to": "boss", "body": f"hi{NUL}"}), "body"),
+    ("POST", "/api/spaces/alpha/members/", json.dumps({"name": f"w{NUL}9"}), "name"),
+    ("POST", "/api/spaces/alpha/members/", json.dumps({"name": "w9", "model": "openai:" + "m" * 200}), "model"),
+    ("POST", "/api/spaces/alpha/members/", json.dumps({"name": "operator"}), "name"),
+    ("PUT", "/api/spaces/alpha/members/w1/schedule/", json.dumps({"cron": "0 0 30 2 *"}), "schedule"),
+    ("PUT", "/api/spaces/alpha/members/w1/schedule/", json.dumps({"cron": "* * * * * *"}), "schedule"),
+    ("PUT", "/api/spaces/alpha/blackboard/", json.dumps({"content": f"plan{NUL}"}), "content"),
+    ("GET", "/api/spaces/alpha/tasks/?assignee=%00", "", "assignee"),
+    ("GET", "/api/spaces/alpha/members/w1%00/", "", "name"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, field", CASES)
+def test_the_served_app_refuses_bad_input_with_a_4xx(live_world, live_web, method, path, body, field):
+    _, key = access.create_token(live_world.owner, "battery")
+    url = urlsplit(live_web.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request(method, path, body=body.encode(), headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    raw = response.read()
+    conn.close()
+    assert response.status < 500, f"got {response.status}: a server error"
+    assert 400 <= response.status < 500, (response.status, raw[:300])
+    assert json.loads(raw)["field"] == field, raw[:300]
+    assert not Message.objects.exists() and not Member.objects.filter(name__in=["w9", "operator"]).exists()
+    assert Member.objects.get(space=live_world.space, name="w1").schedule == ""
