@@ -91,6 +91,22 @@ def test_an_idle_tick_costs_a_handful_of_statements_whatever_the_size(tmp_path, 
     with django_assert_max_num_queries(IDLE_TICK_MAX_STATEMENTS):
         tick.tick()
     assert idle_tick_statements() == small, "an idle tick must not cost anything per space or member"
+    leader, follower = Ticker(period=2, holder="a"), Ticker(period=2, holder="b")
+    leader.beat()  # the first beat ever creates the role's row
+    with django_assert_max_num_queries(IDLE_TICK_MAX_STATEMENTS + 2):  # hold the role, tick, the next lease end
+        leader.beat()
+    with django_assert_max_num_queries(2):
+        follower.beat()
+
+
+def test_the_leader_wakes_when_the_soonest_run_lease_ends_not_a_period_later(space):
+    ticker = Ticker(period=5, holder="a")
+    ticker.beat()
+    assert ticker.next_expiry is None and ticker.pause(0) == 5, "no lease held: one period"
+    w1 = supervisor.get_member(space, "w1")
+    Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="t", lease_expires_at=timezone.now() + timedelta(seconds=1))
+    ticker.beat()
+    assert 0.05 <= ticker.pause(0) <= 1.1
 
 
 def test_a_ticker_beat_holds_the_role_then_ticks(space):

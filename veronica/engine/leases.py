@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Q, Value, When
+from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Min, Q, Value, When
 from django.db.models.functions import Now
 
 from veronica import events
@@ -38,6 +38,12 @@ def expire_leases() -> list[int]:
             transaction.on_commit(lambda pk=member.pk: enqueue_wake(pk, "resume"))
         woken.append(member.pk)
     return woken
+
+
+def next_expiry():
+    """When the soonest run lease runs out (None when no run holds one): the ticker wakes up then,
+    so a dead worker's member is released at its lease's end, not up to a tick period later."""
+    return Member.objects.exclude(lease_token="").aggregate(soonest=Min("lease_expires_at"))["soonest"]
 
 
 def hold_role(name: str, holder: str, ttl: float) -> bool:

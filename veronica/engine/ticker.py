@@ -21,6 +21,7 @@ import uuid
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+from django.utils import timezone
 
 from veronica.engine import leases
 
@@ -44,6 +45,7 @@ class Ticker(threading.Thread):
         self.holder = holder or holder_id()
         self.leading = False
         self.failures = 0
+        self.next_expiry = None
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -54,8 +56,17 @@ class Ticker(threading.Thread):
         while not self._stop_event.is_set():
             started = time.monotonic()
             self.beat()
-            self._stop_event.wait(max(0.05, self.period - (time.monotonic() - started)))
+            self._stop_event.wait(self.pause(time.monotonic() - started))
         self._hand_back()
+
+    def pause(self, spent: float) -> float:
+        """Until the next beat: one period, or less when a run lease runs out sooner (the
+        holder then expires it right away; the host clock only times the wait, the database's
+        clock still decides)."""
+        wait = self.period - spent
+        if self.leading and self.next_expiry is not None:
+            wait = min(wait, (self.next_expiry - timezone.now()).total_seconds() + 0.05)
+        return max(0.05, wait)
 
     def beat(self) -> dict | None:
         """One period: hold (or try to take) the role; the holder ticks. Never raises."""
@@ -74,6 +85,7 @@ class Ticker(threading.Thread):
                 log.info("engine ticker %s is the active ticker", self.holder)
             self.leading = True
             summary = tick.tick()
+            self.next_expiry = leases.next_expiry()
             self._recovered()
             return summary
         except Exception as exc:
