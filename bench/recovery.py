@@ -5,8 +5,9 @@ engine ticker) work a bounded stream of tasks assigned to M members by mail; eve
 group is SIGKILLed (workers mid-run, and the active ticker whenever it is that group's) and a fresh
 one started in its place; then the stream drains. Printed per mode:
 
-* messages sent / read / lost (assignment mail still unread, or its task never finished, after the
-  drain), answers (task_done calls) and duplicate answers (a task answered more than once);
+* messages sent / read / lost (assignment mail still unread after the drain), tasks whose mail was
+  read but that never finished, answers (task_done calls) and duplicate answers (a task answered
+  more than once);
 * overlapping runs (two runs of one member whose intervals intersect);
 * stuck members (still leased, busy or with unread mail after the drain);
 * kill -> running again p50 / p99 / max: for every run a kill ended (outcome lease_expired), from
@@ -93,7 +94,7 @@ def child(args) -> dict:
 
     env = os.environ.copy()
     env.update(VERONICA_RUN_LEASE_SECONDS=str(args.lease), VERONICA_ENGINE_TICK_SECONDS=str(args.tick),
-               VERONICA_OFFLINE_DELAY_MS=str(args.delay_ms), VERONICA_Q_STOP_GRACE="5", LOG_LEVEL="WARNING")
+               VERONICA_OFFLINE_DELAY_MS=str(args.delay_ms), VERONICA_Q_STOP_GRACE="5", LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "WARNING"))
     log_dir = Path(os.environ["VERONICA_DATA_DIR"])
     serial = iter(range(10**6))
     groups = [Group(env, args.workers, log_dir, next(serial)) for _ in range(args.groups)]
@@ -180,7 +181,7 @@ def child(args) -> dict:
     stuck |= set(Member.objects.filter(space=space, run_status="busy").values_list("pk", flat=True))
     stuck |= set(Message.objects.filter(space=space, read_at__isnull=True, recipient__isnull=False).values_list("recipient_id", flat=True))
     return {
-        "sent": sent, "read": mails.filter(read_at__isnull=False).count(), "lost": mails.filter(read_at__isnull=True).count() + unfinished,
+        "sent": sent, "read": mails.filter(read_at__isnull=False).count(), "lost": mails.filter(read_at__isnull=True).count(), "unfinished": unfinished,
         "answers": sum(answers.values()), "duplicates": sum(n - 1 for n in answers.values() if n > 1),
         "overlaps": overlaps, "stuck": len(stuck), "kills": len(kills), "killed_runs": len(recoveries),
         "detect_p50": pct(detections, 50), "detect_max": max(detections) if detections else None,
@@ -202,7 +203,7 @@ def spawn(mode: str, args) -> dict:
         env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{database}"
         env["REDIS_URL"] = args.redis
     try:
-        forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("child", "modes")]
+        forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("child", "modes", "keep")]
         proc = subprocess.run([sys.executable, __file__, "--child", mode, *forwarded], cwd=REPO, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
@@ -211,7 +212,10 @@ def spawn(mode: str, args) -> dict:
         if mode == "hosted":
             subprocess.run([*psql, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"], capture_output=True)
             drop_redis_keys(args.redis, env["VERONICA_Q_NAME"])
-        shutil.rmtree(data_dir, ignore_errors=True)
+        if args.keep:
+            print(f"  ({mode} data and group logs kept in {data_dir})")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def drop_redis_keys(url: str, name: str) -> None:
@@ -236,6 +240,7 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=int, default=150, help="offline model latency per call")
     parser.add_argument("--drain-timeout", type=float, default=90)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/5")
+    parser.add_argument("--keep", action="store_true", help="keep the embedded data folder and the groups' logs")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
@@ -251,7 +256,7 @@ def main() -> None:
         r = spawn(mode, args)
         fmt = lambda v: "-" if v is None else f"{v:5.1f}s"  # noqa: E731
         print(f"[{mode}]  drained after {r['drained_after']:.0f}s, {r['runs']} runs, {r['kills']} kills")
-        print(f"  messages sent {r['sent']}  read {r['read']}  lost {r['lost']}")
+        print(f"  messages sent {r['sent']}  read {r['read']}  lost {r['lost']}   tasks read but never finished {r['unfinished']}")
         print(f"  answers {r['answers']}  duplicate answers {r['duplicates']}  overlapping runs {r['overlaps']}  stuck members {r['stuck']}")
         print(f"  kill -> running again ({r['killed_runs']} killed runs of {r['expired_runs']} lease-expired)  p50 {fmt(r['p50'])}  p99 {fmt(r['p99'])}  "
               f"max {fmt(r['max'])}   (goal <= lease + 5 = {r['lease'] + 5}s)")

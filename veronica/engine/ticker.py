@@ -30,8 +30,10 @@ ROLE = "engine-ticker"
 
 
 def role_ttl(period: float) -> float:
-    """How long a holder keeps the role without renewing: two missed beats plus slack."""
-    return 2 * period + 1
+    """How long a holder keeps the role without renewing: one missed beat plus slack. Short, as a
+    dead holder's member waits on it; a late beat that lets the role move costs nothing (every
+    duty of the tick is a conditional update, safe to run twice)."""
+    return period + 2
 
 
 def holder_id() -> str:
