@@ -101,7 +101,7 @@ def child(args) -> dict:
     time.sleep(3)
     rng = random.Random(7)
     kills: list = []
-    victims: list[tuple] = []  # (member id, lease token, kill time)
+    victims: list[tuple] = []  # (member id, lease token, its expiry then, kill time)
     pending = None
 
     def leases_held() -> dict:
@@ -111,7 +111,7 @@ def child(args) -> dict:
 
     def stopped_renewing(killed_at, before: dict) -> list[tuple]:
         now_held = leases_held()  # a live run renews every second; the killed group's runs do not
-        return [(pk, token, killed_at) for pk, (token, expires) in before.items() if now_held.get(pk) == (token, expires)]
+        return [(pk, token, expires, killed_at) for pk, (token, expires) in before.items() if now_held.get(pk) == (token, expires)]
     sent = 0
     started = time.monotonic()
     next_kill = started + args.kill_every
@@ -167,9 +167,14 @@ def child(args) -> dict:
             if prev_end is None or start < prev_end:
                 overlaps += 1
     recoveries, detections = [], []
+    # A dead lease stays frozen across later kills (the first of those ended it); a live run that
+    # merely skipped a heartbeat renews later and is frozen again only by the kill that ends it.
     first_kill: dict = {}
-    for member_id, token, killed_at in victims:  # a lease stays frozen across later kills: the first one ended it
-        first_kill.setdefault((member_id, token), killed_at)
+    last_state: dict = {}
+    for member_id, token, expires, killed_at in victims:
+        first_kill.setdefault((member_id, token, expires), killed_at)
+        last_state[(member_id, token)] = max(expires, last_state.get((member_id, token), expires))
+    first_kill = {(m, t): first_kill[(m, t, e)] for (m, t), e in last_state.items()}
     for (member_id, token), killed_at in first_kill.items():
         expired = Run.objects.filter(member_id=member_id, lease_token=token, outcome=RunOutcome.LEASE_EXPIRED).first()
         if expired is None:
