@@ -93,3 +93,36 @@ def test_database_mode_matches_the_environment(db, settings):
         cursor.execute("PRAGMA busy_timeout")
         assert cursor.fetchone()[0] >= 100
     assert connection.settings_dict["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
+
+
+def _hosted_database_settings(tmp_path, **extra) -> subprocess.CompletedProcess:
+    code = "import json; from django.conf import settings; print(json.dumps(settings.DATABASES['default']['OPTIONS']))"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("VERONICA_DB_")}
+    environ.update(DATABASE_URL="postgres://postgres@127.0.0.1:5432/whatever", REDIS_URL="redis://127.0.0.1:6379/9",
+                   VERONICA_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="veronica.settings", **extra)
+    return subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], cwd=REPO, env=environ,
+                          capture_output=True, text=True)
+
+
+def test_hosted_database_connections_time_out_and_keep_alive_overridably(tmp_path):
+    """A host cut off from PostgreSQL must neither hang nor hold a space's locks forever (issue 10.4)."""
+    import json
+
+    result = _hosted_database_settings(tmp_path)
+    assert result.returncode == 0, result.stderr
+    options = json.loads(result.stdout)
+    assert options["connect_timeout"] == 10 and options["keepalives"] == 1 and options["tcp_user_timeout"] == 20000
+    assert (options["keepalives_idle"], options["keepalives_interval"], options["keepalives_count"]) == (10, 5, 3)
+    for setting in ("statement_timeout=60000", "idle_in_transaction_session_timeout=15000", "lock_timeout=30000"):
+        assert f"-c {setting}" in options["options"]
+    tuned = json.loads(_hosted_database_settings(tmp_path, VERONICA_DB_IDLE_IN_TRANSACTION_TIMEOUT="3",
+                                                 VERONICA_DB_STATEMENT_TIMEOUT="0").stdout)
+    assert "idle_in_transaction_session_timeout=3000" in tuned["options"] and "statement_timeout=0 " in tuned["options"]
+    bad = _hosted_database_settings(tmp_path, VERONICA_DB_LOCK_TIMEOUT="soon")
+    assert bad.returncode != 0 and "VERONICA_DB_LOCK_TIMEOUT" in bad.stderr
+
+
+@pytest.mark.parametrize("raw", ["0", "61", "fast"])
+def test_engine_tick_period_is_validated_at_start_up(tmp_path, raw):
+    result = _manage(["check"], VERONICA_ENGINE_TICK_SECONDS=raw, VERONICA_DATA_DIR=str(tmp_path))
+    assert result.returncode != 0 and "VERONICA_ENGINE_TICK_SECONDS" in result.stderr

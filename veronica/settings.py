@@ -41,8 +41,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "veronica",  # before django_q: its `qcluster` command (with the engine ticker) overrides q2's
     "django_q",
-    "veronica",
     "waggle",
     "learning",
 ]
@@ -87,6 +87,32 @@ if HOSTED:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0),
                                                   conn_health_checks=True)}
     DATABASES["default"].setdefault("TEST", {})
+    # A host cut off from the database must neither hang nor freeze a space for everyone else:
+    # libpq gives up connecting, and detects a dead peer (keepalives when idle, tcp_user_timeout
+    # when data goes unacknowledged); the server ends statements and transactions that outstay
+    # their time, so a partitioned worker's row locks are released. 0 turns any of them off.
+    # Values in the URL's query string win over these.
+    DB_CONNECT_TIMEOUT = env_int("VERONICA_DB_CONNECT_TIMEOUT", 10, minimum=0)
+    DB_TCP_USER_TIMEOUT = env_int("VERONICA_DB_TCP_USER_TIMEOUT", 20, minimum=0)
+    DB_KEEPALIVES_IDLE = env_int("VERONICA_DB_KEEPALIVES_IDLE", 10, minimum=1)
+    DB_KEEPALIVES_INTERVAL = env_int("VERONICA_DB_KEEPALIVES_INTERVAL", 5, minimum=1)
+    DB_KEEPALIVES_COUNT = env_int("VERONICA_DB_KEEPALIVES_COUNT", 3, minimum=1)
+    DB_STATEMENT_TIMEOUT = env_int("VERONICA_DB_STATEMENT_TIMEOUT", 60, minimum=0)
+    DB_IDLE_IN_TRANSACTION_TIMEOUT = env_int("VERONICA_DB_IDLE_IN_TRANSACTION_TIMEOUT", 15, minimum=0)
+    DB_LOCK_TIMEOUT = env_int("VERONICA_DB_LOCK_TIMEOUT", 30, minimum=0)
+    db_options = DATABASES["default"].setdefault("OPTIONS", {})
+    for key, value in (("connect_timeout", DB_CONNECT_TIMEOUT), ("keepalives", 1), ("keepalives_idle", DB_KEEPALIVES_IDLE),
+                       ("keepalives_interval", DB_KEEPALIVES_INTERVAL), ("keepalives_count", DB_KEEPALIVES_COUNT),
+                       ("tcp_user_timeout", DB_TCP_USER_TIMEOUT * 1000)):
+        db_options.setdefault(key, value)
+    # lock_timeout above idle_in_transaction: a writer queued behind a dead session's lock waits
+    # for the server to end that session and then succeeds, instead of failing first.
+    db_options["options"] = " ".join(filter(None, [
+        db_options.get("options", ""),
+        f"-c statement_timeout={DB_STATEMENT_TIMEOUT * 1000}",
+        f"-c idle_in_transaction_session_timeout={DB_IDLE_IN_TRANSACTION_TIMEOUT * 1000}",
+        f"-c lock_timeout={DB_LOCK_TIMEOUT * 1000}",
+    ]))
 else:
     # VERONICA_SQLITE_PATH lets a worker process join a given file (the engine tests point their
     # cluster at the test database this way).
@@ -141,10 +167,14 @@ else:
 #   the engine tick's sweep re-wakes any member with unread work, so nothing is lost.
 # * catch_up off: after downtime the tick runs once, not once per missed minute.
 # * time zone explicit (UTC) so cron schedules do not move with the host's zone.
+# * queue_limit = workers: q2 prefetches workers² tasks by default, and a SIGKILLed cluster takes
+#   its prefetched wakes with it (the sweep recovers them, late); keep at most one spare per worker.
 Q_TIMEOUT = env_int("VERONICA_Q_TIMEOUT", 900, minimum=10)
+Q_WORKERS = env_int("VERONICA_Q_WORKERS", 4, minimum=1, maximum=64)
 Q_CLUSTER = {
     "name": env_str("VERONICA_Q_NAME", "veronica"),
-    "workers": env_int("VERONICA_Q_WORKERS", 4, minimum=1, maximum=64),
+    "workers": Q_WORKERS,
+    "queue_limit": Q_WORKERS,
     "timeout": Q_TIMEOUT,
     "retry": Q_TIMEOUT + 60,
     "max_attempts": 1,
@@ -195,7 +225,11 @@ COMMAND_SANDBOX = env_choice("VERONICA_COMMAND_SANDBOX", ("bwrap", "none"), "bwr
 # Simulated model latency for the offline provider (tests and benchmarks only; 0 in normal use).
 OFFLINE_DELAY_MS = env_int("VERONICA_OFFLINE_DELAY_MS", 0, minimum=0, maximum=600000)
 RUN_LEASE_SECONDS = env_int("VERONICA_RUN_LEASE_SECONDS", 60, minimum=2)
-ENGINE_TICK_SECONDS = env_int("VERONICA_ENGINE_TICK_SECONDS", 5, minimum=1)
+# The engine tick (lease expiry, cron, alarms, dispatch, watchdogs, sweep) runs this often in the one
+# active ticker of the deployment; a dead worker's member runs again within its lease + about this.
+ENGINE_TICK_SECONDS = env_int("VERONICA_ENGINE_TICK_SECONDS", 2, minimum=1, maximum=60)
+# SIGTERM to a qcluster: q2 stops gracefully within this many seconds, or its process tree is killed.
+Q_STOP_GRACE = env_int("VERONICA_Q_STOP_GRACE", 8, minimum=1, maximum=3600)
 
 # Model calls through the vendors' SDKs (read when a run starts; bad values are refused here).
 OPENAI_BASE_URL = env_url("OPENAI_BASE_URL", ("http", "https"))

@@ -14,9 +14,11 @@ DEMO_USER = "operator"
 
 
 def ensure_schedules() -> None:
-    from veronica.engine.tick import ensure_schedule
+    """Run by every qcluster at start (and by `up` through it): the q2 schedules the workers need.
+    The engine tick itself is no schedule: it is the ticker thread of every qcluster."""
+    from veronica.engine.tick import drop_legacy_schedule
 
-    ensure_schedule()
+    drop_legacy_schedule()
     for module in ("waggle.schedules", "learning.schedules"):
         try:
             mod = __import__(module, fromlist=["x"])

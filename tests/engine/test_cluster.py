@@ -97,16 +97,13 @@ def test_frozen_member_never_runs(tmp_path):
     assert unread(w1) == 1
 
 
-def test_lost_wake_is_recovered_by_the_engine_tick_schedule(tmp_path):
-    from django_q.models import Schedule
-
+def test_lost_wake_is_recovered_by_the_clusters_own_engine_ticker(tmp_path):
     space = make_space(tmp_path, workers=("w1",))
     w1 = supervisor.get_member(space, "w1")
     Message.objects.create(space=space, sender_name="boss", recipient=w1, recipient_name="w1", body="enqueued nowhere")
-    tick.ensure_schedule()
-    Schedule.objects.filter(name=tick.TICK_SCHEDULE).update(next_run=timezone.now())
-    with qcluster(workers=2):
-        wait_for(lambda: unread(w1) == 0, 75, message="the sweep to re-wake the member")
+    Message.objects.filter(recipient=w1).update(created_at=timezone.now() - tick.SWEEP_AFTER)  # its wake never came
+    with qcluster(workers=2, VERONICA_ENGINE_TICK_SECONDS="1"):
+        wait_for(lambda: unread(w1) == 0, 30, message="the sweep to re-wake the member")
     assert Run.objects.filter(member=w1, outcome=RunOutcome.DONE).exists()
 
 

@@ -200,11 +200,13 @@ def test_one_members_crash_does_not_touch_another(space, scripted, monkeypatch):
 
 def test_expired_lease_is_released_and_rewoken(space, django_capture_on_commit_callbacks, monkeypatch):
     woken = []
-    monkeypatch.setattr(runner, "enqueue_wake", lambda pk, source: woken.append((pk, source)))
+    from veronica.engine import leases
+
+    monkeypatch.setattr(leases, "enqueue_wake", lambda pk, source: woken.append((pk, source)))
     w1 = w1_of(space)
     Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="dead", lease_expires_at=timezone.now() - timedelta(seconds=1))
     with django_capture_on_commit_callbacks(execute=True):
-        assert runner.expire_leases() == [w1.pk]
+        assert leases.expire_leases() == [w1.pk]
     w1.refresh_from_db()
     assert w1.run_status == "idle" and not w1.lease_token and woken == [(w1.pk, "resume")]
 
@@ -258,6 +260,7 @@ def test_the_sweep_rewakes_idle_members_with_unread_mail_only(space, monkeypatch
     Message.objects.create(space=space, sender_name="boss", recipient=w1_of(space), recipient_name="w1", body="lost wake")
     supervisor.freeze(supervisor.get_member(space, "w2"), actor="t")
     Message.objects.create(space=space, sender_name="boss", recipient=supervisor.get_member(space, "w2"), recipient_name="w2", body="x")
+    Message.objects.update(created_at=timezone.now() - timedelta(minutes=1))  # no wake came for it
     tick.tick()
     assert enqueued == [w1_of(space).pk]
 

@@ -143,19 +143,3 @@ def finish(member: Member, token: str, run: Run, outcome: str, error: str = "") 
     if fresh and fresh.is_active and fresh.run_status == RunStatus.IDLE and has_unread(member.pk):
         enqueue_wake(member.pk, "message")
 
-
-def expire_leases() -> list[int]:
-    """Watchdog: a lease past its time means the worker died. Release and re-wake; nothing lost."""
-    now = timezone.now()
-    woken = []
-    for member in Member.objects.filter(lease_expires_at__lt=now).exclude(lease_token=""):
-        token = member.lease_token
-        with transaction.atomic():
-            if not Member.objects.filter(pk=member.pk, lease_token=token).update(lease_token="", lease_expires_at=None, cancel_requested=False):
-                continue
-            Member.objects.filter(pk=member.pk, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE, phase=Phase.READY)
-            Run.objects.filter(member=member, lease_token=token, ended_at__isnull=True).update(ended_at=now, outcome=RunOutcome.LEASE_EXPIRED)
-            events.emit(member.space_id, "run.lease_expired", member=member)
-            transaction.on_commit(lambda pk=member.pk: enqueue_wake(pk, "resume"))
-        woken.append(member.pk)
-    return woken

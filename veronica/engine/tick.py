@@ -1,22 +1,32 @@
-"""The engine tick: one django-q2 schedule does every periodic duty, so idle members cost nothing
-(no per-member polling) and a lost wake costs latency, never work."""
+"""The engine tick: every periodic duty in one pass, run every few seconds by the one active
+engine ticker (veronica.engine.ticker), so idle members cost nothing (no per-member polling) and a
+lost wake or a dead worker costs latency, never work.
+
+Idle cost is pinned by a test: one select per duty, whatever the number of spaces and members.
+"""
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from veronica import bus, events, ledger
-from veronica.engine import alarms, runner, supervisor
+from veronica.engine import alarms, leases, supervisor
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
-from veronica.models import Member, Membership, Message, Phase, RunStatus, Space, Task, TaskStatus
+from veronica.errors import Conflict, NotFound
+from veronica.models import (
+    Member, Membership, Message, Phase, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
+)
 
 log = logging.getLogger(__name__)
-TICK_SCHEDULE = "veronica-engine-tick"
+LEGACY_TICK_SCHEDULE = "veronica-engine-tick"  # the old q2 schedule; the ticker thread replaced it
+# The sweep is the backstop for wakes a broker lost: it leaves fresh mail to its own wake, and a
+# member it (or anyone) woke recently alone, so a backlogged queue is not flooded with doorbells.
+SWEEP_AFTER = timedelta(seconds=15)
 
 
 def fire_cron() -> list[int]:
@@ -36,55 +46,91 @@ def fire_cron() -> list[int]:
 
 
 def sweep_unread() -> list[int]:
-    """Re-wake every idle active member that has unread mail. Coalesces harmlessly with live wakes."""
-    unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True)
+    """Re-wake every idle active member whose unread mail no wake has come for. Coalesces harmlessly."""
+    cutoff = timezone.now() - SWEEP_AFTER
+    unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True, created_at__lt=cutoff)
+    woken_lately = Wake.objects.filter(member=OuterRef("pk"), created_at__gte=cutoff)
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
     idle = idle.exclude(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # the decision wakes them
-    ids = list(idle.filter(Exists(unread)).values_list("pk", flat=True))
+    ids = list(idle.filter(Exists(unread)).exclude(Exists(woken_lately)).values_list("pk", flat=True))
     for member_id in ids:
         enqueue_wake(member_id, "message")
     return ids
 
 
 def stale_tasks() -> int:
-    """Running tasks older than the space's threshold: one reminder to the leader per task."""
+    """Running tasks older than their space's threshold: one reminder to the leader per task.
+    One select over running, unreminded tasks (none when idle), thresholds read through the join."""
     now = timezone.now()
     count = 0
-    for space in Space.objects.filter(stale_task_minutes__gt=0):
-        cutoff = now - timedelta(minutes=space.stale_task_minutes)
-        for task in Task.objects.filter(space=space, status=TaskStatus.RUNNING, started_at__lt=cutoff, stale_notified_at__isnull=True):
-            with transaction.atomic():
-                if not Task.objects.filter(pk=task.pk, stale_notified_at__isnull=True).update(stale_notified_at=now):
-                    continue
-                body = f"Task #{task.pk} ({task.title}) has been running since {task.started_at:%H:%M} UTC."
-                events.emit(space.pk, "ops.alert", subject="stale task", body=body, task=task.pk)
-                try:
-                    bus.send(space, bus.SYSTEM, "leader", body, subject=f"Stale task #{task.pk}", task=task)
-                except Exception:
-                    log.warning("no leader to remind about task %s", task.pk)
-            count += 1
+    running = Task.objects.filter(status=TaskStatus.RUNNING, stale_notified_at__isnull=True, started_at__isnull=False,
+                                  space__stale_task_minutes__gt=0).select_related("space")
+    for task in running:
+        space = task.space
+        if task.started_at >= now - timedelta(minutes=space.stale_task_minutes):
+            continue
+        with transaction.atomic():
+            if not Task.objects.filter(pk=task.pk, stale_notified_at__isnull=True).update(stale_notified_at=now):
+                continue
+            body = f"Task #{task.pk} ({task.title}) has been running since {task.started_at:%H:%M} UTC."
+            events.emit(space.pk, "ops.alert", subject="stale task", body=body, task=task.pk)
+            try:
+                bus.send(space, bus.SYSTEM, "leader", body, subject=f"Stale task #{task.pk}", task=task)
+            except Exception:
+                log.warning("no leader to remind about task %s", task.pk)
+        count += 1
     return count
 
 
+def retire_finished_clones() -> list[str]:
+    """on_complete clones go once they finished a task, hold no open one, are idle with no mail.
+    One select finds them all (a clone waiting for work costs nothing per tick)."""
+    tasks = Task.objects.filter(assignee=OuterRef("pk"))
+    closed = [TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED]
+    candidates = Member.objects.filter(
+        retire_policy=RetirePolicy.ON_COMPLETE, removed_at__isnull=True, run_status=RunStatus.IDLE, lease_token="",
+    ).filter(Exists(tasks.filter(status=TaskStatus.DONE))).exclude(Exists(tasks.exclude(status__in=closed))).exclude(
+        Exists(Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True)))
+    retired = []
+    for clone in candidates:
+        try:
+            supervisor.retire(clone, actor=bus.SYSTEM)
+            retired.append(clone.name)
+        except (Conflict, NotFound):
+            continue
+    return retired
+
+
+DUTIES = (
+    ("leases_expired", lambda: len(leases.expire_leases())),  # first: it is what recovery waits on
+    ("cron_fired", lambda: len(fire_cron())),
+    ("alarms_fired", alarms.fire_due),
+    ("dispatched", lambda: len(ledger.dispatch_ready())),
+    ("stale_tasks", stale_tasks),
+    ("clones_retired", lambda: len(retire_finished_clones())),
+    ("swept", lambda: len(sweep_unread())),
+)
+
+
 def tick() -> dict:
-    summary = {
-        "leases_expired": len(runner.expire_leases()),
-        "cron_fired": len(fire_cron()),
-        "alarms_fired": alarms.fire_due(),
-        "dispatched": len(ledger.dispatch_ready()),
-        "stale_tasks": stale_tasks(),
-        "clones_retired": len(supervisor.retire_idle_clones()),
-        "swept": len(sweep_unread()),
-    }
+    """Run every duty. One duty's bug never starves the others; a database error ends the pass
+    (the ticker logs it and retries next period)."""
+    summary = {}
+    for name, duty in DUTIES:
+        try:
+            summary[name] = duty()
+        except DatabaseError:
+            raise
+        except Exception:
+            log.exception("engine tick: %s failed", name)
+            summary[name] = -1
     if any(summary.values()):
         log.info("engine tick: %s", summary)
     return summary
 
 
-def ensure_schedule() -> None:
-    """The one engine schedule (every minute; q2's scheduler looks about twice a minute)."""
+def drop_legacy_schedule() -> None:
+    """Deployments from before the ticker carry a once-a-minute q2 schedule; the ticker replaces it."""
     from django_q.models import Schedule
 
-    Schedule.objects.update_or_create(name=TICK_SCHEDULE, defaults={
-        "func": "veronica.engine.tick.tick", "schedule_type": Schedule.MINUTES, "minutes": 1, "repeats": -1,
-        "next_run": timezone.now()})
+    Schedule.objects.filter(name=LEGACY_TICK_SCHEDULE).delete()

@@ -1,4 +1,4 @@
-"""Timeliness for cron schedules: besides the minute tick (the backstop), each member's next
+"""Timeliness for cron schedules: besides the engine tick (every few seconds), each member's next
 firing is a django-q2 ONCE schedule, which q2's scheduler picks up within about 30 seconds."""
 from __future__ import annotations
 

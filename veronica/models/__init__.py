@@ -1,6 +1,7 @@
 """The swarm data model. The database is the single source of truth."""
 from veronica.models.access import ROLE_RANK, AccessRole, ApiToken, SpaceAccess
 from veronica.models.content import Blackboard, MemoryFile, Skill
+from veronica.models.engine import EngineLease
 from veronica.models.events import Event
 from veronica.models.member import Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus
 from veronica.models.messaging import Message
@@ -21,7 +22,7 @@ from veronica.models.space import Space
 from veronica.models.tasks import Task, TaskStatus, VerifyPolicy
 
 __all__ = [
-    "AccessRole", "Alarm", "ApiToken", "Approval", "ApprovalStatus", "Blackboard", "Event", "Member",
+    "AccessRole", "Alarm", "ApiToken", "Approval", "ApprovalStatus", "Blackboard", "EngineLease", "Event", "Member",
     "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Session", "Skill", "Space", "SpaceAccess",
     "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake",

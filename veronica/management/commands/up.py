@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from veronica.startup import ensure_demo_login, ensure_demo_space, ensure_schedules
+from veronica.startup import ensure_demo_login, ensure_demo_space
 
 STOP_GRACE = 8.0  # seconds before SIGKILL; Ctrl-C must finish within 10 s
 
@@ -25,8 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="Do not seed the demo space.")
 
     def handle(self, *args, host: str, port: int, no_demo: bool, **options):
-        call_command("migrate", interactive=False, verbosity=0)
-        ensure_schedules()
+        call_command("migrate", interactive=False, verbosity=0)  # schedules: the qcluster ensures them itself
         login = None
         if not no_demo:
             login = ensure_demo_login(ensure_demo_space())

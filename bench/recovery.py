@@ -1,0 +1,272 @@
+"""Recovery under SIGKILL chaos, embedded (SQLite) and hosted (PostgreSQL + Redis).
+
+N qcluster process groups (each one a "host": `manage.py qcluster` in its own session, with its
+engine ticker) work a bounded stream of tasks assigned to M members by mail; every few seconds one
+group is SIGKILLed (workers mid-run, and the active ticker whenever it is that group's) and a fresh
+one started in its place; then the stream drains. Printed per mode:
+
+* messages sent / read / lost (assignment mail still unread after the drain), tasks whose mail was
+  read but that never finished, answers (task_done calls) and duplicate answers (a task answered
+  more than once);
+* overlapping runs (two runs of one member whose intervals intersect);
+* stuck members (still leased, busy or with unread mail after the drain);
+* kill -> running again p50 / p99 / max: for every run a kill ended (outcome lease_expired), from
+  the kill to that member's next run starting. The goal is <= lease + 5 s.
+
+Usage: .venv/bin/python bench/recovery.py [--modes embedded,hosted] [--groups 3] [--members 8]
+       [--messages 120] [--kill-every 4] [--lease 10]
+Each mode uses its own data folder, PostgreSQL database and queue name, and drops them afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+class Group:
+    """One qcluster process group, standing for one worker host."""
+
+    def __init__(self, env: dict, workers: int, log_dir: Path, n: int) -> None:
+        log = open(log_dir / f"group-{n}.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True,
+                                     env={**env, "VERONICA_Q_WORKERS": str(workers)}, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+
+def child(args) -> dict:
+    sys.path.insert(0, str(REPO))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "veronica.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from django.db import close_old_connections
+    from django.utils import timezone
+
+    from veronica import ledger
+    from veronica.engine import supervisor
+    from veronica.models import Member, Message, Role, Run, RunOutcome, Space, Task, TaskStatus, Turn
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-recovery-ws-"))
+    for i in range(6):
+        (workdir / f"part{i}.py").write_text("".join(f"def f{j}():\n    return {j}  # TODO tidy\n" for j in range(30)))
+    (workdir / "README.md").write_text("# bench\n")
+    space = Space.objects.create(name="recovery", slug=f"recovery-{uuid.uuid4().hex[:6]}", workdir=str(workdir))
+    supervisor.add_member(space, "lead", role=Role.LEADER, actor="bench")
+    members = [supervisor.add_member(space, f"w{i}", actor="bench") for i in range(args.members)]
+
+    env = os.environ.copy()
+    env.update(VERONICA_RUN_LEASE_SECONDS=str(args.lease), VERONICA_ENGINE_TICK_SECONDS=str(args.tick),
+               VERONICA_OFFLINE_DELAY_MS=str(args.delay_ms), VERONICA_Q_STOP_GRACE="5", LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "WARNING"))
+    log_dir = Path(os.environ["VERONICA_DATA_DIR"])
+    serial = iter(range(10**6))
+    groups = [Group(env, args.workers, log_dir, next(serial)) for _ in range(args.groups)]
+    time.sleep(3)
+    rng = random.Random(7)
+    kills: list = []
+    victims: list[tuple] = []  # (member id, lease token, its expiry then, kill time)
+    pending = None
+
+    def leases_held() -> dict:
+        close_old_connections()
+        return {pk: (token, expires) for pk, token, expires in
+                Member.objects.filter(space=space).exclude(lease_token="").values_list("pk", "lease_token", "lease_expires_at")}
+
+    def stopped_renewing(killed_at, before: dict) -> list[tuple]:
+        now_held = leases_held()  # a live run renews every second; the killed group's runs do not
+        return [(pk, token, expires, killed_at) for pk, (token, expires) in before.items() if now_held.get(pk) == (token, expires)]
+    sent = 0
+    started = time.monotonic()
+    next_kill = started + args.kill_every
+    interval = args.stream_seconds / args.messages
+    while sent < args.messages:
+        now = time.monotonic()
+        if pending and now >= pending[0] + 2.5:
+            victims.extend(stopped_renewing(*pending[1:]))  # leases the kill froze were that group's runs
+            pending = None
+        if now >= next_kill:
+            victim = rng.randrange(len(groups))
+            before = leases_held()
+            groups[victim].kill()
+            kills.append(timezone.now())
+            pending = (now, kills[-1], before)
+            groups[victim] = Group(env, args.workers, log_dir, next(serial))
+            next_kill = now + args.kill_every
+        member = members[sent % len(members)]
+        ledger.create_task(space, "bench", f"Check part{sent % 6}.py (job {sent})", assignee=member)
+        sent += 1
+        time.sleep(interval)
+
+    deadline = time.monotonic() + args.drain_timeout
+
+    def quiet() -> bool:
+        close_old_connections()
+        return (not Task.objects.filter(space=space).exclude(status=TaskStatus.DONE).exists()
+                and not Message.objects.filter(space=space, read_at__isnull=True).exists()
+                and not Member.objects.filter(space=space).exclude(lease_token="").exists())
+
+    while time.monotonic() < deadline and not quiet():
+        if pending and time.monotonic() >= pending[0] + 2.5:
+            victims.extend(stopped_renewing(*pending[1:]))
+            pending = None
+        time.sleep(0.5)
+    drained_after = time.monotonic() - started
+    for group in groups:
+        group.stop()
+
+    close_old_connections()
+    mails = Message.objects.filter(space=space, task__isnull=False, sender_name="bench")
+    unfinished = Task.objects.filter(space=space).exclude(status=TaskStatus.DONE).count()
+    answers: dict[int, int] = {}
+    for calls in Turn.objects.filter(session__member__space=space, role="assistant").values_list("tool_calls", flat=True):
+        for call in calls or []:
+            if call.get("name") == "task_done":
+                task_id = int((call.get("args") or {}).get("task_id") or 0)
+                answers[task_id] = answers.get(task_id, 0) + 1
+    overlaps = 0
+    for member in members:
+        runs = list(Run.objects.filter(member=member).order_by("started_at").values_list("started_at", "ended_at"))
+        for (_, prev_end), (start, _) in zip(runs, runs[1:]):
+            if prev_end is None or start < prev_end:
+                overlaps += 1
+    recoveries, detections = [], []
+    # A dead lease stays frozen across later kills (the first of those ended it); a live run that
+    # merely skipped a heartbeat renews later and is frozen again only by the kill that ends it.
+    first_kill: dict = {}
+    last_state: dict = {}
+    for member_id, token, expires, killed_at in victims:
+        first_kill.setdefault((member_id, token, expires), killed_at)
+        last_state[(member_id, token)] = max(expires, last_state.get((member_id, token), expires))
+    first_kill = {(m, t): first_kill[(m, t, e)] for (m, t), e in last_state.items()}
+    for (member_id, token), killed_at in first_kill.items():
+        expired = Run.objects.filter(member_id=member_id, lease_token=token, outcome=RunOutcome.LEASE_EXPIRED).first()
+        if expired is None:
+            continue  # it ended on its own in the same instant
+        detections.append((expired.ended_at - killed_at).total_seconds())
+        rerun = Run.objects.filter(member_id=member_id, started_at__gt=killed_at).order_by("started_at").first()
+        recoveries.append((rerun.started_at - killed_at).total_seconds() if rerun else float("inf"))
+    stuck = set(Member.objects.filter(space=space).exclude(lease_token="").values_list("pk", flat=True))
+    stuck |= set(Member.objects.filter(space=space, run_status="busy").values_list("pk", flat=True))
+    stuck |= set(Message.objects.filter(space=space, read_at__isnull=True, recipient__isnull=False).values_list("recipient_id", flat=True))
+    return {
+        "sent": sent, "read": mails.filter(read_at__isnull=False).count(), "lost": mails.filter(read_at__isnull=True).count(), "unfinished": unfinished,
+        "answers": sum(answers.values()), "duplicates": sum(n - 1 for n in answers.values() if n > 1),
+        "overlaps": overlaps, "stuck": len(stuck), "kills": len(kills), "killed_runs": len(recoveries),
+        "detect_p50": pct(detections, 50), "detect_max": max(detections) if detections else None,
+        "p50": pct(recoveries, 50), "p99": pct(recoveries, 99), "max": max(recoveries) if recoveries else None,
+        "expired_runs": Run.objects.filter(member__space=space, outcome=RunOutcome.LEASE_EXPIRED).count(),
+        "lease": args.lease, "drained_after": drained_after, "runs": Run.objects.filter(member__space=space).count(),
+    }
+
+
+def spawn(mode: str, args) -> dict:
+    tag = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    data_dir = Path(tempfile.mkdtemp(prefix=f"bench-recovery-{mode}-"))
+    env.update(VERONICA_DATA_DIR=str(data_dir), VERONICA_Q_NAME=f"bench-recovery-{tag}")
+    database = f"bench_recovery_{tag}"
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
+    if mode == "hosted":
+        subprocess.run([*psql, f"CREATE DATABASE {database}"], check=True, capture_output=True)
+        env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{database}"
+        env["REDIS_URL"] = args.redis
+    try:
+        forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("child", "modes", "keep")]
+        proc = subprocess.run([sys.executable, __file__, "--child", mode, *forwarded], cwd=REPO, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        if mode == "hosted":
+            subprocess.run([*psql, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"], capture_output=True)
+            drop_redis_keys(args.redis, env["VERONICA_Q_NAME"])
+        if args.keep:
+            print(f"  ({mode} data and group logs kept in {data_dir})")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def drop_redis_keys(url: str, name: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(match=f"*{name}*"):
+        client.delete(key)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modes", default="embedded,hosted")
+    parser.add_argument("--groups", type=int, default=3, help="qcluster process groups (hosts)")
+    parser.add_argument("--workers", type=int, default=2, help="q2 workers per group")
+    parser.add_argument("--members", type=int, default=8)
+    parser.add_argument("--messages", type=int, default=120, help="task mails in the stream")
+    parser.add_argument("--stream-seconds", type=float, default=60)
+    parser.add_argument("--kill-every", type=float, default=4)
+    parser.add_argument("--lease", type=int, default=10)
+    parser.add_argument("--tick", type=int, default=2)
+    parser.add_argument("--delay-ms", type=int, default=150, help="offline model latency per call")
+    parser.add_argument("--drain-timeout", type=float, default=90)
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/5")
+    parser.add_argument("--keep", action="store_true", help="keep the embedded data folder and the groups' logs")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        import logging
+
+        logging.disable(logging.CRITICAL)
+        print(json.dumps(child(args), default=str))
+        return
+    print(f"recovery under SIGKILL: {args.groups} qcluster groups x {args.workers} workers, {args.members} members, "
+          f"{args.messages} messages over {args.stream_seconds:.0f}s, one group killed every {args.kill_every:.0f}s, "
+          f"lease {args.lease}s, tick {args.tick}s\n")
+    for mode in args.modes.split(","):
+        r = spawn(mode, args)
+        fmt = lambda v: "-" if v is None else f"{v:5.1f}s"  # noqa: E731
+        print(f"[{mode}]  drained after {r['drained_after']:.0f}s, {r['runs']} runs, {r['kills']} kills")
+        print(f"  messages sent {r['sent']}  read {r['read']}  lost {r['lost']}   tasks read but never finished {r['unfinished']}")
+        print(f"  answers {r['answers']}  duplicate answers {r['duplicates']}  overlapping runs {r['overlaps']}  stuck members {r['stuck']}")
+        print(f"  kill -> running again ({r['killed_runs']} killed runs of {r['expired_runs']} lease-expired)  p50 {fmt(r['p50'])}  p99 {fmt(r['p99'])}  "
+              f"max {fmt(r['max'])}   (goal <= lease + 5 = {r['lease'] + 5}s)")
+        print(f"    of which kill -> lease expired by the ticker  p50 {fmt(r['detect_p50'])}  max {fmt(r['detect_max'])}\n")
+
+
+if __name__ == "__main__":
+    main()

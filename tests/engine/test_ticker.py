@@ -1,0 +1,154 @@
+"""The engine ticker's election, its idle cost and its behaviour when the database goes away
+(in-process; tests/engine/test_recovery.py drives the real clusters)."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from tests.conftest import make_space
+from veronica import bus
+from veronica.engine import leases, supervisor, tick
+from veronica.engine.ticker import ROLE, Ticker
+from veronica.models import EngineLease, Member, RetirePolicy, Run, RunOutcome
+
+pytestmark = pytest.mark.django_db
+
+
+def expire(name: str) -> None:
+    EngineLease.objects.filter(name=name).update(expires_at=leases.db_now_plus(-1))
+
+
+def test_one_holder_at_a_time_and_a_follower_takes_over_when_the_lease_runs_out():
+    assert leases.hold_role("r", "a", ttl=30)
+    assert not leases.hold_role("r", "b", ttl=30), "a live holder keeps the role"
+    assert leases.hold_role("r", "a", ttl=30), "the holder renews"
+    taken = EngineLease.objects.get(name="r").acquired_at
+    expire("r")
+    assert leases.hold_role("r", "b", ttl=30), "an expired role goes to the next claimant"
+    assert not leases.hold_role("r", "a", ttl=30), "the old holder lost it"
+    lease = EngineLease.objects.get(name="r")
+    assert lease.holder == "b" and lease.acquired_at >= taken
+    leases.release_role("r", "b")
+    assert leases.hold_role("r", "a", ttl=30), "a role handed back is free at once"
+
+
+def test_role_and_run_lease_expiry_use_the_database_clock(space, monkeypatch):
+    """A host whose clock runs an hour fast neither steals the role nor expires a live run lease."""
+    assert leases.hold_role("r", "a", ttl=30)
+    w1 = supervisor.get_member(space, "w1")
+    Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="live", lease_expires_at=leases.db_now_plus(30))
+    fast = timezone.now() + timedelta(hours=1)
+    monkeypatch.setattr(timezone, "now", lambda: fast)
+    assert not leases.hold_role("r", "b", ttl=30)
+    assert leases.expire_leases() == []
+    assert Member.objects.get(pk=w1.pk).lease_token == "live"
+
+
+def test_expiry_rechecks_the_lease_so_a_renewal_in_between_wins(space, monkeypatch):
+    w1 = supervisor.get_member(space, "w1")
+    Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="t", lease_expires_at=timezone.now() - timedelta(seconds=1))
+    real_filter = Member.objects.filter
+    renewed = []
+
+    def renew_then_filter(*args, **kwargs):
+        if kwargs.get("lease_token") == "t" and not renewed:  # the heartbeat lands between select and update
+            renewed.append(real_filter(pk=w1.pk).update(lease_expires_at=leases.db_now_plus(30)))
+        return real_filter(*args, **kwargs)
+
+    monkeypatch.setattr(Member.objects, "filter", renew_then_filter)
+    assert leases.expire_leases() == []
+    assert renewed == [1] and Member.objects.get(pk=w1.pk).lease_token == "t"
+
+
+def populate(tmp_path, prefix: str, spaces: int, workers: int) -> None:
+    for s in range(spaces):
+        space = make_space(tmp_path, slug=f"{prefix}{s}", workers=tuple(f"w{i}" for i in range(workers)))
+        supervisor.spawn(supervisor.get_member(space, "w0"), retire_policy=RetirePolicy.ON_COMPLETE, actor="test")  # waits for work
+        busy = supervisor.get_member(space, f"w{workers - 1}")  # mid-run, with mail waiting for it
+        bus.send(space, "boss", busy.name, "hello")
+        Member.objects.filter(pk=busy.pk).update(run_status="busy", lease_token="x", lease_expires_at=leases.db_now_plus(600))
+
+
+def idle_tick_statements() -> int:
+    with CaptureQueriesContext(connection) as queries:
+        summary = tick.tick()
+    assert summary["leases_expired"] == 0 and summary["swept"] == 0
+    return len(queries)
+
+
+IDLE_TICK_MAX_STATEMENTS = 8
+
+
+def test_an_idle_tick_costs_a_handful_of_statements_whatever_the_size(tmp_path, django_assert_max_num_queries):
+    populate(tmp_path, "a", spaces=1, workers=1)
+    small = idle_tick_statements()
+    populate(tmp_path, "b", spaces=4, workers=6)
+    with django_assert_max_num_queries(IDLE_TICK_MAX_STATEMENTS):
+        tick.tick()
+    assert idle_tick_statements() == small, "an idle tick must not cost anything per space or member"
+    leader, follower = Ticker(period=2, holder="a"), Ticker(period=2, holder="b")
+    leader.beat()  # the first beat ever creates the role's row
+    with django_assert_max_num_queries(IDLE_TICK_MAX_STATEMENTS + 2):  # hold the role, tick, the next lease end
+        leader.beat()
+    with django_assert_max_num_queries(2):
+        follower.beat()
+
+
+def test_the_leader_wakes_when_the_soonest_run_lease_ends_not_a_period_later(space):
+    ticker = Ticker(period=5, holder="a")
+    ticker.beat()
+    assert ticker.next_expiry is None and ticker.pause(0) == 5, "no lease held: one period"
+    w1 = supervisor.get_member(space, "w1")
+    Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="t", lease_expires_at=timezone.now() + timedelta(seconds=1))
+    ticker.beat()
+    assert 0.05 <= ticker.pause(0) <= 1.1
+
+
+def test_a_ticker_beat_holds_the_role_then_ticks(space):
+    a, b = Ticker(period=1, holder="a"), Ticker(period=1, holder="b")
+    assert a.beat() is not None and a.leading
+    assert b.beat() is None and not b.leading, "a follower does not tick"
+    w1 = supervisor.get_member(space, "w1")
+    Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="dead", lease_expires_at=leases.db_now_plus(-1))
+    Run.objects.create(member=w1, source="message", lease_token="dead", started_at=timezone.now())
+    assert a.beat()["leases_expired"] == 1
+    assert Run.objects.get(member=w1).outcome == RunOutcome.LEASE_EXPIRED
+    assert EngineLease.objects.get(name=ROLE).holder == "a"
+
+
+def test_a_ticker_cut_off_from_the_database_logs_each_retry_and_recovers(monkeypatch, caplog):
+    ticker = Ticker(period=2, holder="h")
+
+    def unreachable(*args, **kwargs):
+        raise OperationalError("connection to server at \"db\" failed: timeout expired")
+
+    monkeypatch.setattr(leases, "hold_role", unreachable)
+    with caplog.at_level(logging.WARNING, logger="veronica.engine.ticker"):
+        assert ticker.beat() is None and ticker.beat() is None
+        monkeypatch.undo()
+        assert ticker.beat() is not None
+    lines = [r.getMessage() for r in caplog.records]
+    assert "retry 1 in 2s" in lines[0] and "OperationalError" in lines[0] and "retry 2" in lines[1]
+    assert "reachable again after 2 failed beats" in lines[2]
+
+
+def test_the_sweep_leaves_fresh_mail_and_recently_woken_members_to_their_own_wakes(space, monkeypatch):
+    """The tick runs every few seconds: the sweep must not pile doorbells on a backlogged queue."""
+    enqueued = []
+    monkeypatch.setattr(tick, "enqueue_wake", lambda pk, source: enqueued.append(pk))
+    w1, w2 = supervisor.get_member(space, "w1"), supervisor.get_member(space, "w2")
+    bus.send(space, "boss", "w1", "fresh: its own wake is on the way")
+    bus.send(space, "boss", "w2", "old, and w2 was woken a moment ago")
+    from veronica.models import Message, Wake
+
+    Message.objects.filter(recipient=w2).update(created_at=timezone.now() - timedelta(minutes=5))
+    Wake.objects.create(member=w2, source="message")
+    assert tick.sweep_unread() == [] and enqueued == []
+    Message.objects.update(created_at=timezone.now() - timedelta(minutes=5))
+    Wake.objects.update(created_at=timezone.now() - timedelta(minutes=5))
+    assert sorted(tick.sweep_unread()) == sorted([w1.pk, w2.pk])

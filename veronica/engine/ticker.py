@@ -1,0 +1,117 @@
+"""The engine ticker: a thread in every qcluster, one of which is active per deployment.
+
+Every worker host runs one (started by `manage.py qcluster`, no set-up step). Each beat, every
+ticker tries to hold the `engine-ticker` role (one conditional UPDATE on the database's clock);
+the holder runs `tick()`, the others only renew their claim attempt. A holder that dies stops
+renewing, and a follower takes the role over within `role_ttl()` seconds. So a killed worker's
+member is running again within its run lease + about one tick period, and an idle deployment costs
+a handful of indexed statements per period, none per member.
+
+A ticker cut off from its database logs every failed beat and keeps retrying; it never holds up
+the cluster's shutdown (it is a daemon thread, and the qcluster command bounds the stop).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from veronica.engine import leases
+
+log = logging.getLogger(__name__)
+ROLE = "engine-ticker"
+
+
+def role_ttl(period: float) -> float:
+    """How long a holder keeps the role without renewing: one missed beat plus slack. Short, as a
+    dead holder's member waits on it; a late beat that lets the role move costs nothing (every
+    duty of the tick is a conditional update, safe to run twice)."""
+    return period + 2
+
+
+def holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Ticker(threading.Thread):
+    def __init__(self, period: float | None = None, holder: str | None = None) -> None:
+        super().__init__(name="veronica-engine-ticker", daemon=True)
+        self.period = float(period or settings.ENGINE_TICK_SECONDS)
+        self.holder = holder or holder_id()
+        self.leading = False
+        self.failures = 0
+        self.next_expiry = None
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        log.info("engine ticker %s started (every %.0fs)", self.holder, self.period)
+        while not self._stop_event.is_set():
+            started = time.monotonic()
+            self.beat()
+            self._stop_event.wait(self.pause(time.monotonic() - started))
+        self._hand_back()
+
+    def pause(self, spent: float) -> float:
+        """Until the next beat: one period, or less when a run lease runs out sooner (the
+        holder then expires it right away; the host clock only times the wait, the database's
+        clock still decides)."""
+        wait = self.period - spent
+        if self.leading and self.next_expiry is not None:
+            wait = min(wait, (self.next_expiry - timezone.now()).total_seconds() + 0.05)
+        return max(0.05, wait)
+
+    def beat(self) -> dict | None:
+        """One period: hold (or try to take) the role; the holder ticks. Never raises."""
+        from veronica.engine import tick
+
+        try:
+            if not connection.in_atomic_block:  # (tests call beat() inside their transaction)
+                close_old_connections()  # the thread's own connection: health-checked like a request's
+            if not leases.hold_role(ROLE, self.holder, role_ttl(self.period)):
+                if self.leading:
+                    log.warning("engine ticker %s lost the role to another process", self.holder)
+                self.leading = False
+                self._recovered()
+                return None
+            if not self.leading:
+                log.info("engine ticker %s is the active ticker", self.holder)
+            self.leading = True
+            summary = tick.tick()
+            self.next_expiry = leases.next_expiry()
+            self._recovered()
+            return summary
+        except Exception as exc:
+            self.failures += 1
+            self.leading = False
+            log.warning("engine ticker %s: beat failed (%s: %s); retry %d in %.0fs", self.holder, type(exc).__name__,
+                        str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "", self.failures, self.period)
+            if not connection.in_atomic_block:
+                try:
+                    connection.close()  # a broken socket: reconnect at the next beat
+                except Exception:
+                    pass
+            return None
+
+    def _recovered(self) -> None:
+        if self.failures:
+            log.warning("engine ticker %s: database reachable again after %d failed beats", self.holder, self.failures)
+        self.failures = 0
+
+    def _hand_back(self) -> None:
+        try:
+            if self.leading:
+                leases.release_role(ROLE, self.holder)
+            connection.close()
+        except Exception:
+            pass
+        log.info("engine ticker %s stopped", self.holder)

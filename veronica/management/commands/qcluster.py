@@ -1,0 +1,109 @@
+"""`manage.py qcluster`, Veronica's way: django-q2's cluster plus what every worker host needs.
+
+* the q2 schedules are ensured (idempotently) before any worker starts, on every host, so the
+  documented recipe `migrate` + `daphne` + `qcluster` needs no extra step;
+* the engine ticker runs in this (the cluster's main) process: started after q2 forked its
+  sentinel, so no worker is ever forked from a process with a live ticker thread;
+* SIGTERM / SIGINT stop q2 gracefully, bounded by VERONICA_Q_STOP_GRACE: past it (a worker stuck
+  on a database it cannot reach, a run that does not end) the whole process tree is SIGKILLed,
+  which is always safe (runs hold leases that expire and are re-woken elsewhere).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from django.conf import settings
+from django.db import connections
+from django_q.cluster import Cluster
+from django_q.management.commands.qcluster import Command as Q2Command
+
+from veronica.engine.ticker import Ticker
+from veronica.startup import ensure_schedules
+
+log = logging.getLogger("veronica.qcluster")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (q2's sentinel, its workers, monitor and pusher), from /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree() -> None:
+    pids = descendants(os.getpid())
+    if not pids and os.getpgrp() == os.getpid():  # no /proc: we lead our group, take it down
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Command(Q2Command):
+    help = "Start the django-q2 cluster with Veronica's engine ticker (schedules ensured, bounded stop)."
+
+    def handle(self, *args, **options):
+        settings.SECRET_KEY  # q2 signs tasks with it: fail now, not in a worker
+        if options.get("cluster_name"):
+            os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
+        ensure_schedules()
+        connections.close_all()  # never hand our socket to the forked sentinel and workers
+        cluster = Cluster()
+        ticker = Ticker()
+        stopping = threading.Event()
+        grace = settings.Q_STOP_GRACE
+
+        def force_stop() -> None:
+            log.error("qcluster did not stop within %ss of the signal; killing its workers (their runs' leases expire "
+                      "and are re-woken elsewhere)", grace)
+            kill_tree()
+            os._exit(1)
+
+        def on_signal(signum, frame) -> None:
+            if stopping.is_set():
+                return
+            stopping.set()
+            ticker.stop()
+            timer = threading.Timer(grace, force_stop)
+            timer.daemon = True
+            timer.start()
+            if cluster.sentinel is None:  # signalled before the sentinel was forked
+                raise SystemExit(0)
+            cluster.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        cluster.start()
+        if options.get("run_once", False) or stopping.is_set():
+            cluster.stop()
+            return
+        ticker.start()
+        while cluster.sentinel.is_alive() and not stopping.is_set():
+            cluster.sentinel.join(0.5)
+        ticker.stop()
+        if cluster.sentinel.is_alive():
+            cluster.sentinel.join()
+        ticker.join(timeout=2)  # hands the role back, so a follower takes over at its next beat
