@@ -4,14 +4,17 @@ learning never imports veronica; settings point it here (LEARNING_SOURCE / LEARN
 from __future__ import annotations
 
 import os
+import re
 from typing import Iterable
 
-from django.db import transaction
+from django.utils import timezone
 
 from learning.sources import Correction, OutboxItem, SessionItem
-from veronica.models import Approval, ApprovalStatus, Member, MemoryFile, Message, Session
+from veronica import memory
+from veronica.models import Approval, ApprovalStatus, Member, Message, Session
 
 MAX_SESSIONS = 200
+SESSION_NOTE = re.compile(r"^session[-_]")
 
 
 class VeronicaSource:
@@ -40,8 +43,16 @@ class VeronicaSource:
                              text=f"approval denied: {approval.tool_name} {approval.tool_args}; reason: {approval.reason}")
 
     def write_memory(self, member_key: str, name: str, content: str) -> None:
-        with transaction.atomic():
-            MemoryFile.objects.update_or_create(member_id=int(member_key), name=name, defaults={"content": content})
+        """A note lands as a dated section of a readable topic file `<name>.md` (through the memory
+        verb and its caps); a note named only after its session goes to one `session-notes.md`."""
+        member = Member.objects.get(pk=int(member_key))
+        topic = "session-notes" if SESSION_NOTE.match(name) else name
+        stamp = timezone.now().strftime("%Y-%m-%d %H:%M UTC")
+        first, _, rest = content.strip().partition("\n")
+        heading, body = (first.lstrip("#").strip(), rest.strip()) if first.startswith("#") else (name, content.strip())
+        section = f"## {heading} ({stamp})\n\n{body}"
+        memory.append_note(member, topic, section, title=f"{topic.replace('-', ' ').capitalize()} (distilled by learning)",
+                           actor="learning")
 
     def routed_domains(self) -> set[str]:
         return {d for domains in Member.objects.filter(removed_at__isnull=True).values_list("rule_domains", flat=True) for d in domains}
