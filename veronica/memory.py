@@ -72,12 +72,12 @@ def _check_caps(member: Member, name: str, content: str) -> None:
         raise VeronicaError(f"content is {len(content)} characters; the limit per memory file is {settings.MEMORY_FILE_CHARS}",
                             field="content")
     others, used = usage(member, excluding=name)
-    if used + len(content) > settings.MEMORY_TOTAL_CHARS:
-        raise VeronicaError(f"{member.name}'s memory would hold {used + len(content)} characters; the limit per member is "
-                            f"{settings.MEMORY_TOTAL_CHARS} (other files use {used}); shorten or delete a file", field="content")
     if not files_of(member).filter(name=name).exists() and others + 1 > settings.MEMORY_MAX_FILES:
         raise VeronicaError(f"{member.name} already has {others} memory files; the limit is {settings.MEMORY_MAX_FILES}",
                             field="name")
+    if used + len(content) > settings.MEMORY_TOTAL_CHARS:
+        raise VeronicaError(f"{member.name}'s memory would hold {used + len(content)} characters; the limit per member is "
+                            f"{settings.MEMORY_TOTAL_CHARS} (other files use {used}); shorten or delete a file", field="content")
 
 
 def check(member: Member, name: str, content: str) -> str:
