@@ -104,8 +104,11 @@ def _purge_events(space: Space, through: int, max_batches: int | None) -> int:
 
 
 def purge_space(space: Space, *, now: datetime | None = None, dry_run: bool = False,
-                max_batches: int | None = None) -> dict[str, int]:
-    """Counts per kind of what was deleted (or, dry_run, would be). Empty when retention is off."""
+                max_batches: int | None = None, announce: bool = True) -> dict[str, int]:
+    """Counts per kind of what was deleted (or, dry_run, would be). Empty when retention is off.
+
+    `announce` emits a retention.purged event. The tick does not: its own event would move the
+    newest-N window by one, so every later tick would purge one more old event and announce that."""
     cutoff = cutoff_for(space, now)
     if cutoff is None:
         return {}
@@ -118,7 +121,7 @@ def purge_space(space: Space, *, now: datetime | None = None, dry_run: bool = Fa
         counts["events"] = Event.objects.filter(space=space, seq__lte=through).count() if through else 0
     else:
         counts["events"] = _purge_events(space, through, max_batches)
-        if any(counts.values()):
+        if announce and any(counts.values()):
             events.emit(space.pk, "retention.purged", days=space.retention_days, oldest_seq=oldest_seq(space.pk), **counts)
     return counts
 
@@ -133,7 +136,7 @@ def purge_due() -> int:
     """The tick's duty: a few batches per kind for every space with retention on."""
     total = prune_webhook_deliveries()
     for space in Space.objects.filter(retention_days__gt=0):
-        total += sum(purge_space(space, max_batches=TICK_BATCHES).values())
+        total += sum(purge_space(space, max_batches=TICK_BATCHES, announce=False).values())
     return total
 
 
