@@ -6,13 +6,14 @@ from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.utils.html import format_html
 
-from veronica import ledger
+from veronica import ledger, memory, webhooks
 from veronica import skills as skill_verbs
-from veronica.engine import supervisor
+from veronica.engine import retention, supervisor
 from veronica.errors import VeronicaError
 from veronica.markdown import render_markdown
 from veronica.models import (
-    Alarm, ApiToken, Approval, Blackboard, Event, Member, Message, Run, Skill, Space, SpaceAccess, Task, UsageDay,
+    Alarm, ApiToken, Approval, Blackboard, Event, Member, MemoryFile, Message, Run, Skill, Space, SpaceAccess, Task, UsageDay,
+    WebhookDelivery,
 )
 
 
@@ -52,9 +53,32 @@ class SpaceAdmin(admin.ModelAdmin):
     list_display = ("name", "slug", "workdir", "member_count", "open_tasks", "event_seq")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
-    readonly_fields = ("event_seq", "created_at")
+    # the secret is never shown again after it is made: set or rotate it with the action
+    exclude = ("webhook_secret", "webhook_rotated_at")
+    readonly_fields = ("event_seq", "created_at", "webhook_secret_masked", "webhook_rotated_at")
     inlines = [MemberInline, AccessInline]
-    actions = ["halt_all"]
+    actions = ["halt_all", "rotate_webhook_secret", "preview_retention", "purge_retention"]
+
+    @admin.display(description="webhook secret")
+    def webhook_secret_masked(self, obj):
+        return webhooks.masked(obj) if obj and obj.pk else "-"
+
+    @admin.action(description="Rotate the webhook secret (shown once)")
+    def rotate_webhook_secret(self, request, queryset):
+        for space in queryset:
+            secret = webhooks.rotate_secret(space, actor=_actor(request))
+            self.message_user(request, f"{space.slug}: new webhook secret {secret} (copy it now; it is never shown again)",
+                              messages.WARNING)
+
+    @admin.action(description="Preview the retention purge (dry run)")
+    def preview_retention(self, request, queryset):
+        for space in queryset:
+            self.message_user(request, f"{space.slug}: {_purge_line(retention.purge_space(space, dry_run=True), space)} would go")
+
+    @admin.action(description="Purge now per retention")
+    def purge_retention(self, request, queryset):
+        for space in queryset:
+            self.message_user(request, f"{space.slug}: removed {_purge_line(retention.purge_space(space), space)}", messages.SUCCESS)
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(
@@ -73,6 +97,12 @@ class SpaceAdmin(admin.ModelAdmin):
     @admin.action(description="Halt all members (suspend every member)")
     def halt_all(self, request, queryset):
         _run_verb(self, request, queryset, supervisor.halt_all, "halted spaces")
+
+
+def _purge_line(counts: dict[str, int], space: Space) -> str:
+    if not counts:
+        return "nothing (retention is off: retention_days = 0)"
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items()) + f" (older than {space.retention_days} days)"
 
 
 class MemberAdminForm(forms.ModelForm):
@@ -267,3 +297,57 @@ class SpaceAccessAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(ReadOnlyAdmin):
     list_display = ("name", "user", "prefix", "created_at", "last_used_at", "revoked_at")
     list_select_related = ("user",)
+
+
+class MemoryFileAdminForm(forms.ModelForm):
+    class Meta:
+        model = MemoryFile
+        fields = ("member", "name", "content")
+
+    def clean(self):
+        data = super().clean()
+        if data.get("member") and data.get("name"):
+            try:
+                memory.check(data["member"], data["name"], data.get("content") or "")
+            except VeronicaError as exc:
+                raise forms.ValidationError({exc.field if exc.field in ("name", "content") else "__all__": exc.message}) from None
+        return data
+
+
+@admin.register(MemoryFile)
+class MemoryFileAdmin(admin.ModelAdmin):
+    form = MemoryFileAdminForm
+    list_display = ("name", "member", "space_name", "size", "updated_at")
+    list_filter = ("member__space",)
+    list_select_related = ("member__space",)
+    search_fields = ("name", "content", "member__name")
+    readonly_fields = ("preview",)
+
+    @admin.display(description="space")
+    def space_name(self, obj):
+        return obj.member.space.slug
+
+    @admin.display(description="characters")
+    def size(self, obj):
+        return len(obj.content)
+
+    @admin.display(description="rendered preview (sanitized)")
+    def preview(self, obj):
+        return format_html('<div class="memory-preview">{}</div>', render_markdown(obj.content)) if obj and obj.pk else "-"
+
+    def save_model(self, request, obj, form, change):
+        # through the verb (caps, name rules, the event the member page listens for)
+        if change and "name" in form.changed_data:
+            memory.delete(obj.member, form.initial["name"], actor=_actor(request))
+        row = memory.write(obj.member, obj.name, obj.content, actor=_actor(request))
+        obj.pk, obj.name = row.pk, row.name
+
+    def delete_model(self, request, obj):
+        memory.delete(obj.member, obj.name, actor=_actor(request))
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    list_display = ("received_at", "space", "member_name")
+    list_filter = ("space",)
+    list_select_related = ("space",)

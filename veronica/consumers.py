@@ -13,7 +13,8 @@ The Event table is the truth; the channel layer is only a doorbell ("look again"
   this process's sockets on that space.
 * each socket tracks last_sent: it never sends a seq twice, and on a gap (a batch starting past
   last_sent + 1) it backfills from the table first. A reconnect with after=<last seq seen> resumes
-  exactly. The socket is read-only (steering goes through the API): a ping gets a pong, any other
+  exactly. If retention removed the rows it asks for, it gets {"type": "purged", "through": n} once
+  and then the events after n. The socket is read-only (steering goes through the API): a ping gets a pong, any other
   frame (not JSON, binary, too deep) an error frame, and the socket stays open.
 * re-check: every RECHECK_SECONDS (VERONICA_SOCKET_RECHECK_SECONDS; a close lands within that
   plus POLL_SECONDS) the feed re-validates all its sockets at once in at most three queries: a
@@ -308,7 +309,12 @@ class SpaceConsumer(AsyncJsonWebsocketConsumer):
         while self.last_sent < upto:
             batch = await _events_after(self.space_id, self.last_sent, upto)
             if not batch:
-                return  # purged by retention: nothing left to send
+                # purged by retention (veronica.engine.retention deletes a seq prefix): say so once,
+                # then carry on from the oldest kept event
+                await self.send_json({"type": "purged", "through": upto,
+                                      "note": f"events up to seq {upto} were removed by the space's retention"})
+                self.last_sent = upto
+                return
             for event in batch:
                 await self._emit(event)
 

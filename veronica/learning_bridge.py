@@ -8,13 +8,15 @@ same name in two spaces is two domains, and no name reaches another space's rule
 from __future__ import annotations
 
 import os
+import re
 from typing import Iterable
 
-from django.db import transaction
+from django.utils import timezone
 
 from learning.sources import Correction, OutboxItem, SessionItem
+from veronica import memory
 from veronica.errors import VeronicaError
-from veronica.models import Approval, ApprovalStatus, Member, MemoryFile, Message, Session, Space
+from veronica.models import Approval, ApprovalStatus, Member, Message, Session, Space
 
 MAX_SESSIONS = 200
 OWNER_PREFIX = "space:"
@@ -65,6 +67,7 @@ def member_rules_block(member: Member) -> str | None:
     from learning.api import prompt_block
 
     return prompt_block(list(member.rule_domains or ()), owner=owner_key(member.space_id))
+SESSION_NOTE = re.compile(r"^session[-_]")
 
 
 class VeronicaSource:
@@ -96,8 +99,16 @@ class VeronicaSource:
                              owner=owner_key(approval.member.space_id))
 
     def write_memory(self, member_key: str, name: str, content: str) -> None:
-        with transaction.atomic():
-            MemoryFile.objects.update_or_create(member_id=int(member_key), name=name, defaults={"content": content})
+        """A note lands as a dated section of a readable topic file `<name>.md` (through the memory
+        verb and its caps); a note named only after its session goes to one `session-notes.md`."""
+        member = Member.objects.get(pk=int(member_key))
+        topic = "session-notes" if SESSION_NOTE.match(name) else name
+        stamp = timezone.now().strftime("%Y-%m-%d %H:%M UTC")
+        first, _, rest = content.strip().partition("\n")
+        heading, body = (first.lstrip("#").strip(), rest.strip()) if first.startswith("#") else (name, content.strip())
+        section = f"## {heading} ({stamp})\n\n{body}"
+        memory.append_note(member, topic, section, title=f"{topic.replace('-', ' ').capitalize()} (distilled by learning)",
+                           actor="learning")
 
     def routed_domains(self) -> set[tuple[str, str]]:
         rows = Member.objects.filter(removed_at__isnull=True).values_list("space_id", "rule_domains")

@@ -240,6 +240,19 @@ MODEL_BACKOFF = env_float("VERONICA_MODEL_BACKOFF", 1.0, minimum=0, maximum=60)
 MODEL_MAX_TOKENS = env_int("VERONICA_MODEL_MAX_TOKENS", 4096, minimum=1, maximum=1_000_000)
 MODEL_STREAM = env_bool("VERONICA_MODEL_STREAM", True)
 MODEL_PRICES = env_prices("VERONICA_MODEL_PRICES")
+# inbound webhook (veronica.webhooks): largest body accepted, and how far a delivery's timestamp
+# may be from the server's clock (also how long its signature is remembered against replays).
+WEBHOOK_MAX_BYTES = env_int("VERONICA_WEBHOOK_MAX_BYTES", 65536, minimum=1024, maximum=10 * 1024 * 1024)
+WEBHOOK_TOLERANCE_SECONDS = env_int("VERONICA_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=10, maximum=3600)
+# retention (veronica.engine.retention): the newest N events of a space are never purged (stream
+# replay), and each kind is deleted in batches of this size (the tick does a few batches a call).
+RETENTION_KEEP_EVENTS = env_int("VERONICA_RETENTION_KEEP_EVENTS", 1000, minimum=0)
+RETENTION_EVERY_SECONDS = env_int("VERONICA_RETENTION_EVERY_SECONDS", 60, minimum=0, maximum=86400)
+RETENTION_BATCH = env_int("VERONICA_RETENTION_BATCH", 500, minimum=1, maximum=100000)
+# member memory (veronica.memory): characters per file and per member, and files per member.
+MEMORY_FILE_CHARS = env_int("VERONICA_MEMORY_FILE_CHARS", 16000, minimum=100)
+MEMORY_TOTAL_CHARS = env_int("VERONICA_MEMORY_TOTAL_CHARS", 64000, minimum=100)
+MEMORY_MAX_FILES = env_int("VERONICA_MEMORY_MAX_FILES", 40, minimum=1)
 
 # waggle: mine in a django-q2 task so mining never slows a member's turn (tests and the in-process
 # demo mine inline: VERONICA_WAGGLE_SWEEP_ASYNC=0).

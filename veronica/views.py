@@ -16,11 +16,11 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, metrics as metrics_module
+from veronica import access, metrics as metrics_module, webhooks
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
-from veronica.engine import supervisor
+from veronica.engine import retention, supervisor
 from veronica.errors import VeronicaError, text_problem
 from veronica.models import AccessRole, PermissionMode, Role, Space
 
@@ -165,24 +165,36 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
     if action == "remove_member":
         removed = supervisor.remove_member(supervisor.get_member(space, data.get("name", "")), actor=actor)
         return f"removed member {removed.name}"
-    raise VeronicaError("action must be grant, revoke, add_member or remove_member", field="action")
+    if action == "clear_webhook":
+        webhooks.clear_secret(space, actor=actor)
+        return "the webhook secret is removed; the webhook answers 404 until a new one is set"
+    if action == "retention":
+        days = retention.set_retention_days(space, data.get("retention_days", ""), actor=actor)
+        return f"retention is now {days} days" if days else "retention is off (keep forever)"
+    raise VeronicaError("action must be grant, revoke, add_member, remove_member, rotate_webhook, clear_webhook or retention",
+                        field="action")
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
     space, role = access.space_for(request.user, slug, OWNER)
-    status = 200
+    status, new_secret = 200, None
     if request.method == "POST":
         try:
             refuse_unstorable(request.POST)
-            messages.success(request, _manage_action(request, space))
-            return redirect("console:manage", slug=space.slug)
+            if request.POST.get("action") == "rotate_webhook":
+                new_secret = webhooks.rotate_secret(space, actor=access.actor_name(request.user))
+            else:
+                messages.success(request, _manage_action(request, space))
+                return redirect("console:manage", slug=space.slug)
         except VeronicaError as exc:
             status = form_error(request, exc)
+    # no-store already covers every page; the one that shows a secret once says so itself as well
     return render(request, "console/manage.html", _context(
         space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
-        member_roles=Role.values, page="manage"), status=status)
+        member_roles=Role.values, page="manage", webhook=webhooks.status(space), new_secret=new_secret,
+        retention=retention.preview(space)), status=status)
 
 
 # --- tokens -----------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from veronica import blackboard
+from veronica import blackboard, memory
 from veronica.models import Member, Message, Task, TaskStatus
 from veronica.skills import skills_for
 
@@ -48,6 +48,7 @@ def system_prompt(member: Member) -> str:
             lines.append(f"## {skill.name}" + (f" — {skill.description}" if skill.description else ""))
             lines.append(skill.body.strip())
         parts.append("\n".join(lines))
+    parts.append(memory.prompt_block(member))
     block = rules_block(member)
     if block:
         parts.append(block)

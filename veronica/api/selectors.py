@@ -8,7 +8,7 @@ import json
 import logging
 from datetime import datetime
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
 from veronica import blackboard as board_verbs
@@ -129,7 +129,8 @@ def space_detail(space: Space, role: str) -> dict:
         "usage_today": {"tokens": today["tokens"], "usd": str(today["usd"])},
         "counts": space_counts(space),
         "settings": {"member_daily_tokens": space.member_daily_tokens, "daily_token_ceiling": space.daily_token_ceiling,
-                     "blackboard_cap": space.blackboard_cap, "spawn_cap": space.spawn_cap},
+                     "blackboard_cap": space.blackboard_cap, "spawn_cap": space.spawn_cap,
+                     "retention_days": space.retention_days, "webhook_secret_set": bool(space.webhook_secret)},
     }
 
 
@@ -186,9 +187,13 @@ def skills_of(member: Member) -> list[dict]:
              "html": render_markdown(s.body), "updated_at": iso(s.updated_at)} for s in rows]
 
 
+def memory_row(f: MemoryFile) -> dict:
+    return {"name": f.name, "content": f.content, "chars": len(f.content), "html": render_markdown(f.content),
+            "updated_at": iso(f.updated_at)}
+
+
 def memory_of(member: Member) -> list[dict]:
-    return [{"name": f.name, "content": f.content, "html": render_markdown(f.content), "updated_at": iso(f.updated_at)}
-            for f in MemoryFile.objects.filter(member=member)]
+    return [memory_row(f) for f in MemoryFile.objects.filter(member=member)]
 
 
 def transcript(member: Member, *, session_id: int | None = None, after: int | None = None, limit: int = 200) -> dict:
@@ -295,7 +300,12 @@ def events_after(space: Space, after: int, limit: int = 200) -> dict:
     rows = list(Event.objects.filter(space=space, seq__gt=after).order_by("seq")[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
-    return {"events": [e.as_wire() for e in rows], "last_seq": rows[-1].seq if rows else after, "more": more}
+    out = {"events": [e.as_wire() for e in rows], "last_seq": rows[-1].seq if rows else after, "more": more}
+    if not rows or rows[0].seq > after + 1:  # seqs are gapless, so a jump means retention purged them
+        oldest = Event.objects.filter(space=space).aggregate(m=Min("seq"))["m"]
+        if oldest is not None and oldest > after + 1:
+            out["purged_through"] = oldest - 1
+    return out
 
 
 # --- approvals and questions ---------------------------------------------------------------------------

@@ -1,15 +1,17 @@
 """JSON endpoints under /api/. Thin: check access, parse input, call one verb or selector."""
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
-from veronica import access, blackboard, bus
+from veronica import access, blackboard, bus, memory, webhooks
 from veronica.access import OPERATOR, OWNER, VIEWER
 from veronica.api import selectors as sel
-from veronica.api.base import endpoint, json_body, text_field
+from veronica.api.base import endpoint, error, json_body, text_field
 from veronica.engine import approvals as approval_verbs
-from veronica.engine import supervisor
+from veronica.engine import retention, supervisor
 from veronica.errors import VeronicaError
 from veronica.models import ApprovalStatus, Role, TaskStatus
 
@@ -32,7 +34,8 @@ ENDPOINTS = [
     "GET /api/spaces/<slug>/", "GET /api/spaces/<slug>/usage/", "POST /api/spaces/<slug>/halt/",
     "GET|POST(owner) /api/spaces/<slug>/members/", "GET|DELETE(owner) /api/spaces/<slug>/members/<name>/",
     "GET /api/spaces/<slug>/members/<name>/transcript/?session=&after=&limit=",
-    "GET /api/spaces/<slug>/members/<name>/skills/", "GET /api/spaces/<slug>/members/<name>/memory/",
+    "GET /api/spaces/<slug>/members/<name>/skills/", "GET|POST /api/spaces/<slug>/members/<name>/memory/",
+    "GET|PUT|DELETE /api/spaces/<slug>/members/<name>/memory/<file>/",
     "GET|PUT|DELETE /api/spaces/<slug>/members/<name>/schedule/",
     "POST /api/spaces/<slug>/members/<name>/(suspend|resume|freeze|unfreeze|clear|compact|permission)/",
     "GET /api/spaces/<slug>/tasks/?status=&assignee=&limit=", "GET|POST /api/spaces/<slug>/messages/?member=&before=&limit=",
@@ -40,6 +43,8 @@ ENDPOINTS = [
     "GET /api/spaces/<slug>/approvals/?status=", "POST /api/spaces/<slug>/approvals/<id>/(approve|deny)/",
     "GET /api/spaces/<slug>/questions/?all=1", "POST /api/spaces/<slug>/questions/<id>/answer/",
     "GET|POST(owner) /api/spaces/<slug>/access/", "DELETE(owner) /api/spaces/<slug>/access/<username>/",
+    "POST(HMAC) /api/spaces/<slug>/webhook/", "POST(HMAC) /api/spaces/<slug>/members/<name>/webhook/",
+    "GET|POST|DELETE(owner) /api/spaces/<slug>/webhook/secret/", "GET|PUT(owner)|POST(owner) /api/spaces/<slug>/retention/",
     "WS /ws/spaces/<slug>/?after=<seq>",
 ]
 
@@ -148,10 +153,27 @@ def member_skills(request: HttpRequest, slug: str, name: str) -> dict:
     return {"skills": sel.skills_of(supervisor.get_member(space, name))}
 
 
-@endpoint("GET")
-def member_memory(request: HttpRequest, slug: str, name: str) -> dict:
+@endpoint("GET", "POST")
+def member_memory(request: HttpRequest, slug: str, name: str):
     space, _ = _space(request, slug)
-    return {"memory": sel.memory_of(supervisor.get_member(space, name))}
+    member = supervisor.get_member(space, name)
+    if request.method == "POST":  # operators create or replace a file: {"name", "content"}
+        data = json_body(request)
+        row = memory.write(member, text_field(data, "name"), text_field(data, "content", required=False), actor=_actor(request))
+        return sel.memory_row(row), 201
+    return {"memory": sel.memory_of(member), "limits": memory.limits(member)}
+
+
+@endpoint("GET", "PUT", "DELETE")
+def member_memory_file(request: HttpRequest, slug: str, name: str, file: str):
+    space, _ = _space(request, slug)
+    member = supervisor.get_member(space, name)
+    if request.method == "PUT":
+        data = json_body(request)
+        return sel.memory_row(memory.write(member, file, text_field(data, "content", required=False), actor=_actor(request)))
+    if request.method == "DELETE":
+        return {"name": memory.delete(member, file, actor=_actor(request)), "deleted": True}
+    return sel.memory_row(memory.get(member, file))
 
 
 @endpoint("GET", "PUT", "POST", "DELETE")
@@ -290,3 +312,59 @@ def space_access_detail(request: HttpRequest, slug: str, username: str) -> dict:
     space, _ = _space(request, slug, OWNER)
     access.revoke(space, username, actor=_actor(request))
     return {"username": username, "revoked": True}
+
+
+# --- inbound webhook (HMAC, no session) and its secret (owners) ---------------------------------------------
+
+@csrf_exempt
+def webhook(request: HttpRequest, slug: str, name: str | None = None) -> JsonResponse:
+    """Signed by the space's secret instead of a login or CSRF token (see veronica.webhooks)."""
+    if request.method != "POST":
+        response = error(405, f"{request.method} is not allowed here; use POST")
+        response["Allow"] = "POST"
+        return response
+    try:
+        space = webhooks.space_for_webhook(slug)
+        webhooks.check_size(request.META.get("CONTENT_LENGTH"))
+        try:
+            body = request.body
+        except RequestDataTooBig:
+            raise webhooks.TooLarge(f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes", field="body") from None
+        delivery = webhooks.Delivery(timestamp=request.headers.get(webhooks.TIMESTAMP_HEADER, "").strip(),
+                                     signature=request.headers.get(webhooks.SIGNATURE_HEADER, "").strip(), body=body)
+        rows = webhooks.deliver(space, delivery, member_name=name)
+    except VeronicaError as exc:
+        return JsonResponse(exc.as_dict(), status=exc.status)
+    return JsonResponse({"delivered": [{"id": m.pk, "to": m.recipient_name} for m in rows]}, status=202)
+
+
+@endpoint("GET", "POST", "DELETE")
+def webhook_secret(request: HttpRequest, slug: str):
+    """GET: whether a secret is set. POST: a new one, returned this once. DELETE: none (webhook off)."""
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "POST":
+        secret = webhooks.rotate_secret(space, actor=_actor(request))
+        return {**webhooks.status(space), "secret": secret, "note": "Store the secret now; it is never shown again."}, 201
+    if request.method == "DELETE":
+        webhooks.clear_secret(space, actor=_actor(request))
+    return webhooks.status(space)
+
+
+# --- retention (owners set and purge; everyone may preview) ---------------------------------------------
+
+@endpoint("GET", "PUT", "POST")
+def retention_view(request: HttpRequest, slug: str):
+    """GET: the setting and a dry run. PUT {"retention_days"}: set it. POST: purge now."""
+    if request.method == "GET":
+        space, _ = _space(request, slug)
+        return retention.preview(space)
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "PUT":
+        data = json_body(request)
+        if "retention_days" not in data:
+            raise VeronicaError("retention_days is required", field="retention_days")
+        if isinstance(data["retention_days"], bool) or not isinstance(data["retention_days"], int):
+            raise VeronicaError("retention_days must be an integer", field="retention_days")
+        retention.set_retention_days(space, data["retention_days"], actor=_actor(request))
+        return retention.preview(space)
+    return {"removed": retention.purge_space(space), **retention.preview(space)}

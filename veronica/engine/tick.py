@@ -14,7 +14,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from veronica import bus, events, ledger
-from veronica.engine import alarms, leases, supervisor
+from veronica.engine import alarms, leases, retention, supervisor
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.errors import Conflict, NotFound
@@ -109,6 +109,7 @@ DUTIES = (
     ("stale_tasks", stale_tasks),
     ("clones_retired", lambda: len(retire_finished_clones())),
     ("swept", lambda: len(sweep_unread())),
+    ("purged", retention.purge_if_due),
 )
 
 

@@ -4,7 +4,7 @@ from veronica.models.content import Blackboard, MemoryFile, Skill
 from veronica.models.engine import EngineLease
 from veronica.models.events import Event
 from veronica.models.member import Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus
-from veronica.models.messaging import Message
+from veronica.models.messaging import Message, WebhookDelivery
 from veronica.models.runtime import (
     Alarm,
     Approval,
@@ -25,5 +25,5 @@ __all__ = [
     "AccessRole", "Alarm", "ApiToken", "Approval", "ApprovalStatus", "Blackboard", "EngineLease", "Event", "Member",
     "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Session", "Skill", "Space", "SpaceAccess",
-    "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake",
+    "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake", "WebhookDelivery",
 ]

@@ -5,7 +5,8 @@ from django.db import models
 
 
 class Message(models.Model):
-    """One delivered mail. A broadcast is one row per recipient. Never deleted by the engine."""
+    """One delivered mail. A broadcast is one row per recipient. Only retention deletes it (read, and
+    older than the space's retention_days; see veronica.engine.retention)."""
 
     space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="messages")
     sender = models.ForeignKey("veronica.Member", null=True, blank=True, on_delete=models.PROTECT, related_name="sent_messages")
@@ -30,3 +31,20 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.sender_name} → {self.recipient_name}: {self.subject or self.body[:40]}"
+
+
+class WebhookDelivery(models.Model):
+    """One accepted inbound webhook call. The unique signature refuses a replay inside the
+    timestamp window; rows older than the window are pruned (veronica.engine.retention)."""
+
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="webhook_deliveries")
+    signature = models.CharField(max_length=64)
+    member_name = models.CharField(max_length=60)
+    received_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["space", "signature"], name="webhook_delivery_once")]
+
+    def __str__(self) -> str:
+        return f"webhook → {self.member_name} at {self.received_at:%Y-%m-%d %H:%M:%S}"

@@ -18,10 +18,13 @@ class Space(models.Model):
     daily_usd_ceiling = models.DecimalField(max_digits=10, decimal_places=4, default=0, help_text="Space-wide daily USD ceiling (0 = off).")
     blackboard_cap = models.IntegerField(default=8000, help_text="Maximum blackboard size in characters.")
     stale_task_minutes = models.IntegerField(default=120, help_text="Running tasks older than this raise a reminder (0 = off).")
-    retention_days = models.IntegerField(default=0, help_text="Purge read mail and events older than this (0 = keep forever).")
+    retention_days = models.IntegerField(default=0, help_text="Purge read mail, events, wakes, runs, ended sessions and closed tasks older than this (0 = keep forever).")
     spawn_cap = models.IntegerField(default=4, help_text="How many live clones members may spawn.")
     default_permission_mode = models.CharField(max_length=10, default="bypass", choices=[("bypass", "bypass"), ("default", "default")])
+    # HMAC needs the secret itself, so it is stored; it is shown once (console / API on rotate) and
+    # never again (admin masks it, the API never returns it). See veronica.webhooks.
     webhook_secret = models.CharField(max_length=200, blank=True)
+    webhook_rotated_at = models.DateTimeField(null=True, blank=True)
     rule_review_required = models.BooleanField(default=True, help_text="Learned-rule proposals wait for a person.")
     event_seq = models.BigIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)

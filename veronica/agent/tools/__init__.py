@@ -1,7 +1,7 @@
 """The tool registry a member's run sees."""
 from __future__ import annotations
 
-from veronica.agent.tools import swarm, workspace
+from veronica.agent.tools import memory, swarm, workspace
 from veronica.agent.tools.base import Tool, ToolContext, ToolError, truncate
 
 __all__ = ["Tool", "ToolContext", "ToolError", "tools_for", "truncate"]
@@ -16,5 +16,5 @@ def _waggle_tools() -> list[Tool]:
 
 
 def tools_for(role: str) -> dict[str, Tool]:
-    tools = [*swarm.TOOLS, *workspace.TOOLS, *_waggle_tools()]
+    tools = [*swarm.TOOLS, *workspace.TOOLS, *memory.TOOLS, *_waggle_tools()]
     return {t.name: t for t in tools if role == "leader" or not t.leader_only}
