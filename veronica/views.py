@@ -16,7 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, metrics as metrics_module
+from veronica import access, metrics as metrics_module, notify
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
@@ -148,7 +148,14 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
     if action == "remove_member":
         removed = supervisor.remove_member(supervisor.get_member(space, data.get("name", "")), actor=actor)
         return f"removed member {removed.name}"
-    raise VeronicaError("action must be grant, revoke, add_member or remove_member", field="action")
+    if action == "notify":
+        notify.configure(space, webhook_url=data.get("webhook_url", ""), slack_url=data.get("slack_url", ""),
+                         emails=data.get("emails", ""), actor=actor)
+        return "notifier saved"
+    if action == "notify_test":
+        event = notify.send_test(space, actor=actor)
+        return f"test notification queued (alert #{event.seq}); see the delivery log below"
+    raise VeronicaError("action must be grant, revoke, add_member, remove_member, notify or notify_test", field="action")
 
 
 @login_required
@@ -163,7 +170,7 @@ def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
         return redirect("console:manage", slug=space.slug)
     return render(request, "console/manage.html", _context(
         space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
-        member_roles=Role.values, page="manage"))
+        member_roles=Role.values, page="manage", notifier=notify.config_of(space), deliveries=notify.delivery_rows(space, 30)))
 
 
 # --- tokens -----------------------------------------------------------------------------------------------

@@ -33,5 +33,8 @@ urlpatterns = [
     path(S + "questions/", views.questions, name="questions"),
     path(S + "questions/<int:question_id>/answer/", views.question_answer, name="answer"),
     path(S + "access/", views.space_access, name="access"),
+    path(S + "notify/", views.space_notify, name="notify"),
+    path(S + "notify/test/", views.space_notify_test, name="notify-test"),
+    path(S + "checks/", views.space_checks, name="checks"),
     path(S + "access/<str:username>/", views.space_access_detail, name="access-user"),
 ]

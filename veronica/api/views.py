@@ -4,12 +4,12 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
-from veronica import access, blackboard, bus
+from veronica import access, blackboard, bus, notify
 from veronica.access import OPERATOR, OWNER, VIEWER
 from veronica.api import selectors as sel
 from veronica.api.base import endpoint, json_body, text_field
 from veronica.engine import approvals as approval_verbs
-from veronica.engine import supervisor
+from veronica.engine import checks, supervisor
 from veronica.errors import VeronicaError
 from veronica.models import ApprovalStatus, Role, TaskStatus
 
@@ -39,7 +39,8 @@ ENDPOINTS = [
     "GET /api/spaces/<slug>/events/?after=&limit=", "GET|PUT /api/spaces/<slug>/blackboard/",
     "GET /api/spaces/<slug>/approvals/?status=", "POST /api/spaces/<slug>/approvals/<id>/(approve|deny)/",
     "GET /api/spaces/<slug>/questions/?all=1", "POST /api/spaces/<slug>/questions/<id>/answer/",
-    "GET|POST(owner) /api/spaces/<slug>/access/", "DELETE(owner) /api/spaces/<slug>/access/<username>/",
+    "GET|POST(owner) /api/spaces/<slug>/access/", "GET|PUT(owner) /api/spaces/<slug>/notify/",
+    "POST(owner) /api/spaces/<slug>/notify/test/", "GET|PUT(owner) /api/spaces/<slug>/checks/", "DELETE(owner) /api/spaces/<slug>/access/<username>/",
     "WS /ws/spaces/<slug>/?after=<seq>",
 ]
 
@@ -290,3 +291,34 @@ def space_access_detail(request: HttpRequest, slug: str, username: str) -> dict:
     space, _ = _space(request, slug, OWNER)
     access.revoke(space, username, actor=_actor(request))
     return {"username": username, "revoked": True}
+
+
+# --- ops: notifier and verify checks (owners) --------------------------------------------------------
+
+def _notify_state(space) -> dict:
+    return {**notify.config_of(space), "deliveries": notify.delivery_rows(space)}
+
+
+@endpoint("GET", "PUT")
+def space_notify(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "PUT":
+        data = json_body(request)
+        notify.configure(space, webhook_url=data.get("webhook_url"), slack_url=data.get("slack_url"), emails=data.get("emails"),
+                         actor=_actor(request))
+    return _notify_state(space)
+
+
+@endpoint("POST")
+def space_notify_test(request: HttpRequest, slug: str):
+    space, _ = _space(request, slug, OWNER)
+    event = notify.send_test(space, actor=_actor(request))
+    return {"seq": event.seq, "queued": [r for r in notify.delivery_rows(space) if r["seq"] == event.seq]}, 202
+
+
+@endpoint("GET", "PUT")
+def space_checks(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "PUT":
+        checks.configure(space, json_body(request).get("checks"), actor=_actor(request))
+    return {"checks": space.verify_checks, "counts": checks.counts([space.pk])[space.pk]}

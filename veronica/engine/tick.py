@@ -10,7 +10,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from veronica import bus, events, ledger
-from veronica.engine import alarms, runner, supervisor
+from veronica.engine import alarms, runner, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, Message, Phase, RunStatus, Space, Task, TaskStatus
@@ -75,6 +75,7 @@ def tick() -> dict:
         "stale_tasks": stale_tasks(),
         "clones_retired": len(supervisor.retire_idle_clones()),
         "swept": len(sweep_unread()),
+        "ops": watchdogs.duties(),  # stuck runs, mailbox backlog, notifier retries, lost check runs
     }
     if any(summary.values()):
         log.info("engine tick: %s", summary)

@@ -4,6 +4,7 @@ from veronica.models.content import Blackboard, MemoryFile, Skill
 from veronica.models.events import Event
 from veronica.models.member import Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus
 from veronica.models.messaging import Message
+from veronica.models.ops import Channel, DeliveryStatus, NotificationDelivery, TaskCheck
 from veronica.models.runtime import (
     Alarm,
     Approval,
@@ -21,7 +22,7 @@ from veronica.models.space import Space
 from veronica.models.tasks import Task, TaskStatus, VerifyPolicy
 
 __all__ = [
-    "AccessRole", "Alarm", "ApiToken", "Approval", "ApprovalStatus", "Blackboard", "Event", "Member",
+    "AccessRole", "Alarm", "Channel", "DeliveryStatus", "NotificationDelivery", "TaskCheck", "ApiToken", "Approval", "ApprovalStatus", "Blackboard", "Event", "Member",
     "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Session", "Skill", "Space", "SpaceAccess",
     "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake",

@@ -1,0 +1,85 @@
+"""Ops watchdogs beside the stale-task one: a member stuck mid-run and a mailbox backlog.
+
+Each raises one `ops.alert` (which the notifier sends on) plus a mail to the operator, once per
+episode: a marker column on the member is set with a conditional update when the alert fires and
+cleared when the condition ends, so the next episode alerts again.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Exists, F, Min, OuterRef, Q
+from django.utils import timezone
+
+from veronica import bus, events, notify
+from veronica.engine import checks
+from veronica.models import Member, Membership, Message, Phase, Space
+
+log = logging.getLogger(__name__)
+WAITING_ON_PEOPLE = (Phase.WAITING_APPROVAL, Phase.WAITING_INPUT)  # a human's turn, not a stuck run
+
+
+def _alert(space: Space, member: Member, subject: str, body: str) -> None:
+    events.emit(space.pk, "ops.alert", member=member, subject=subject, body=body)
+    try:
+        bus.send(space, bus.SYSTEM, bus.OPERATOR, body, subject=f"{subject.capitalize()}: {member.name}")
+    except Exception:
+        log.warning("could not mail the operator about %s (%s)", member.name, subject, exc_info=True)
+
+
+def stuck_runs() -> int:
+    """Members holding their lease whose phase has not changed for the space's stuck_run_minutes."""
+    now = timezone.now()
+    # the episode ends when the lease is released or the phase moves on
+    Member.objects.filter(stuck_alerted_at__isnull=False).filter(Q(lease_token="") | Q(phase_since__gt=F("stuck_alerted_at"))).update(
+        stuck_alerted_at=None)
+    count = 0
+    for space in Space.objects.filter(stuck_run_minutes__gt=0):
+        cutoff = now - timedelta(minutes=space.stuck_run_minutes)
+        stuck = Member.objects.filter(space=space, removed_at__isnull=True, stuck_alerted_at__isnull=True, phase_since__lt=cutoff)
+        for member in stuck.exclude(lease_token="").exclude(phase__in=WAITING_ON_PEOPLE):
+            with transaction.atomic():
+                if not Member.objects.filter(pk=member.pk, stuck_alerted_at__isnull=True).exclude(lease_token="").update(stuck_alerted_at=now):
+                    continue
+                minutes = int((now - member.phase_since).total_seconds() // 60)
+                body = (f"{member.name} has been in phase {member.display_phase} for {minutes} minutes while holding its run lease "
+                        f"(threshold {space.stuck_run_minutes} min). Cancel or suspend it if it does not move.")
+                _alert(space, member, "stuck run", body)
+            count += 1
+    return count
+
+
+def mailbox_backlog() -> int:
+    """Members with unread mail older than the space's mailbox_backlog_minutes."""
+    now = timezone.now()
+    count = 0
+    for space in Space.objects.filter(mailbox_backlog_minutes__gt=0):
+        cutoff = now - timedelta(minutes=space.mailbox_backlog_minutes)
+        old_unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True, created_at__lt=cutoff)
+        members = Member.objects.filter(space=space, removed_at__isnull=True)
+        members.filter(backlog_alerted_at__isnull=False).exclude(Exists(old_unread)).update(backlog_alerted_at=None)
+        backlogged = members.filter(Exists(old_unread), backlog_alerted_at__isnull=True).exclude(membership=Membership.FROZEN)
+        for member in backlogged:
+            with transaction.atomic():
+                if not Member.objects.filter(pk=member.pk, backlog_alerted_at__isnull=True).update(backlog_alerted_at=now):
+                    continue
+                waiting = Message.objects.filter(recipient=member, read_at__isnull=True).aggregate(n=Min("created_at"))["n"]
+                unread = Message.objects.filter(recipient=member, read_at__isnull=True).count()
+                body = (f"{member.name} has {unread} unread messages; the oldest has waited since {waiting:%Y-%m-%d %H:%M} UTC "
+                        f"(threshold {space.mailbox_backlog_minutes} min). Its runs may be failing or it may be suspended.")
+                _alert(space, member, "mailbox backlog", body)
+            count += 1
+    return count
+
+
+def duties() -> int:
+    """The ops line of the engine tick: watchdogs, notification retries, lost check runs."""
+    done = 0
+    for duty in (stuck_runs, mailbox_backlog, notify.retry_due, checks.recover):
+        try:
+            done += duty()
+        except Exception:  # one failing duty must not starve the others
+            log.exception("ops duty %s failed", duty.__name__)
+    return done
