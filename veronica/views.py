@@ -20,7 +20,7 @@ from veronica import access, metrics as metrics_module, notify
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
-from veronica.engine import supervisor
+from veronica.engine import supervisor, watchdogs
 from veronica.errors import VeronicaError
 from veronica.models import AccessRole, PermissionMode, Role, Space
 
@@ -152,10 +152,14 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
         notify.configure(space, webhook_url=data.get("webhook_url", ""), slack_url=data.get("slack_url", ""),
                          emails=data.get("emails", ""), actor=actor)
         return "notifier saved"
+    if action == "watchdogs":
+        watchdogs.set_thresholds(space, {name: data.get(name, "") for name in watchdogs.THRESHOLDS}, actor=actor)
+        return "watchdog thresholds saved"
     if action == "notify_test":
         event = notify.send_test(space, actor=actor)
         return f"test notification queued (alert #{event.seq}); see the delivery log below"
-    raise VeronicaError("action must be grant, revoke, add_member, remove_member, notify or notify_test", field="action")
+    raise VeronicaError("action must be grant, revoke, add_member, remove_member, notify, notify_test or watchdogs",
+                        field="action")
 
 
 @login_required
@@ -170,7 +174,8 @@ def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
         return redirect("console:manage", slug=space.slug)
     return render(request, "console/manage.html", _context(
         space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
-        member_roles=Role.values, page="manage", notifier=notify.config_of(space), deliveries=notify.delivery_rows(space, 30)))
+        member_roles=Role.values, page="manage", notifier=notify.config_of(space), deliveries=notify.delivery_rows(space, 30),
+        thresholds=watchdogs.thresholds_of(space)))
 
 
 # --- tokens -----------------------------------------------------------------------------------------------

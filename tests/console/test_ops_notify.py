@@ -202,3 +202,20 @@ def test_watchdog_thresholds_show_in_the_space_settings(world, owner):
     Member.objects.filter(space=world.space, name="w1").update(phase_since=timezone.now())
     settings = owner.get(f"{API}/").json()["settings"]
     assert settings["stuck_run_minutes"] == 30 and settings["mailbox_backlog_minutes"] == 60
+
+
+def test_owners_set_watchdog_thresholds_from_the_console_and_the_api(world, owner):
+    bad = call(owner, "PUT", f"{API}/watchdogs/", {"stuck_run_minutes": 15, "mailbox_backlog_minutes": -1})
+    assert bad.status_code == 400 and bad.json()["field"] == "mailbox_backlog_minutes"
+    assert Space.objects.get(pk=world.space.pk).stuck_run_minutes == 30, "nothing half-written"
+    assert call(owner, "PUT", f"{API}/watchdogs/", {"stuck_run_minutes": 15}).json()["stuck_run_minutes"] == 15
+    assert call(world.client(world.operator), "PUT", f"{API}/watchdogs/", {"stuck_run_minutes": 1}).status_code == 403
+    client = world.client(world.owner, csrf=True)
+    url = reverse("console:manage", args=["alpha"])
+    _csrf_post(client, url, {"action": "watchdogs", "stale_task_minutes": "0", "stuck_run_minutes": "20",
+                             "mailbox_backlog_minutes": "five"})
+    assert "mailbox_backlog_minutes must be a whole number" in client.get(url).content.decode()
+    _csrf_post(client, url, {"action": "watchdogs", "stale_task_minutes": "0", "stuck_run_minutes": "20",
+                             "mailbox_backlog_minutes": "90"})
+    space = Space.objects.get(pk=world.space.pk)
+    assert (space.stale_task_minutes, space.stuck_run_minutes, space.mailbox_backlog_minutes) == (0, 20, 90)

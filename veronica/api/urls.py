@@ -36,5 +36,6 @@ urlpatterns = [
     path(S + "notify/", views.space_notify, name="notify"),
     path(S + "notify/test/", views.space_notify_test, name="notify-test"),
     path(S + "checks/", views.space_checks, name="checks"),
+    path(S + "watchdogs/", views.space_watchdogs, name="watchdogs"),
     path(S + "access/<str:username>/", views.space_access_detail, name="access-user"),
 ]

@@ -9,7 +9,7 @@ from veronica.access import OPERATOR, OWNER, VIEWER
 from veronica.api import selectors as sel
 from veronica.api.base import endpoint, json_body, text_field
 from veronica.engine import approvals as approval_verbs
-from veronica.engine import checks, supervisor
+from veronica.engine import checks, supervisor, watchdogs
 from veronica.errors import VeronicaError
 from veronica.models import ApprovalStatus, Role, TaskStatus
 
@@ -40,7 +40,8 @@ ENDPOINTS = [
     "GET /api/spaces/<slug>/approvals/?status=", "POST /api/spaces/<slug>/approvals/<id>/(approve|deny)/",
     "GET /api/spaces/<slug>/questions/?all=1", "POST /api/spaces/<slug>/questions/<id>/answer/",
     "GET|POST(owner) /api/spaces/<slug>/access/", "GET|PUT(owner) /api/spaces/<slug>/notify/",
-    "POST(owner) /api/spaces/<slug>/notify/test/", "GET|PUT(owner) /api/spaces/<slug>/checks/", "DELETE(owner) /api/spaces/<slug>/access/<username>/",
+    "POST(owner) /api/spaces/<slug>/notify/test/", "GET|PUT(owner) /api/spaces/<slug>/checks/",
+    "GET|PUT(owner) /api/spaces/<slug>/watchdogs/", "DELETE(owner) /api/spaces/<slug>/access/<username>/",
     "WS /ws/spaces/<slug>/?after=<seq>",
 ]
 
@@ -322,3 +323,11 @@ def space_checks(request: HttpRequest, slug: str) -> dict:
     if request.method == "PUT":
         checks.configure(space, json_body(request).get("checks"), actor=_actor(request))
     return {"checks": space.verify_checks, "counts": checks.counts([space.pk])[space.pk]}
+
+
+@endpoint("GET", "PUT")
+def space_watchdogs(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "PUT":
+        watchdogs.set_thresholds(space, json_body(request), actor=_actor(request))
+    return watchdogs.thresholds_of(space)

@@ -74,6 +74,37 @@ def mailbox_backlog() -> int:
     return count
 
 
+THRESHOLDS = ("stale_task_minutes", "stuck_run_minutes", "mailbox_backlog_minutes")
+THRESHOLD_MAX = 7 * 24 * 60
+
+
+def thresholds_of(space: Space) -> dict:
+    return {name: getattr(space, name) for name in THRESHOLDS}
+
+
+def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
+    """Change watchdog thresholds (minutes, 0 = off). Every value is checked before any is written."""
+    from veronica.errors import VeronicaError
+
+    cleaned = {}
+    for name, raw in values.items():
+        if name not in THRESHOLDS:
+            raise VeronicaError(f"unknown threshold {name!r} (known: {', '.join(THRESHOLDS)})", field=name)
+        try:
+            value = int(raw) if not isinstance(raw, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not 0 <= value <= THRESHOLD_MAX:
+            raise VeronicaError(f"{name} must be a whole number of minutes from 0 (off) to {THRESHOLD_MAX}", field=name)
+        cleaned[name] = value
+    with transaction.atomic():
+        Space.objects.filter(pk=space.pk).update(**cleaned)
+        for name, value in cleaned.items():
+            setattr(space, name, value)
+        events.emit(space.pk, "space.watchdogs_configured", actor=actor, **cleaned)
+    return space
+
+
 def duties() -> int:
     """The ops line of the engine tick: watchdogs, notification retries, lost check runs."""
     done = 0
