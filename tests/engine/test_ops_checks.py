@@ -115,6 +115,7 @@ def test_task_create_refuses_verify_checks_when_the_space_has_none(space):
     ([{"name": "a", "command": "true"}, {"name": "a", "command": "false"}], "'a' is used twice"),
     ([{"name": "a", "command": "true", "shell": "zsh"}], "shell: unknown key"),
     ("make test", "must be a list"),
+    ([{"name": f"c{i}", "command": "true", "timeout": 300} for i in range(4)], "add up to 1200 s"),
 ])
 def test_bad_check_specs_are_refused_naming_the_entry(space, spec, problem):
     with pytest.raises(VeronicaError, match=problem):

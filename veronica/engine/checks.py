@@ -67,7 +67,18 @@ def clean_spec(value: object, field: str = "verify_checks") -> list[dict]:
         if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= TIMEOUT_MAX:
             raise VeronicaError(f"{where}.timeout must be an integer from 1 to {TIMEOUT_MAX} (seconds)", field=field)
         out.append({"name": name, "command": command, "timeout": timeout})
+    total, budget = sum(c["timeout"] for c in out), worker_budget()
+    if total > budget:
+        # the django-q2 worker would be killed mid-verification and the tick would retry it forever
+        raise VeronicaError(f"{field}: the timeouts add up to {total} s; checks run in one worker task, which may take at most "
+                            f"{budget} s (VERONICA_Q_TIMEOUT minus 30 s)", field=field)
     return out
+
+
+def worker_budget() -> int:
+    from django.conf import settings
+
+    return settings.Q_TIMEOUT - 30
 
 
 def configured(space: Space) -> bool:
