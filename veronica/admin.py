@@ -4,16 +4,17 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q
+from django.utils import timezone
 from django.utils.html import format_html
 
-from veronica import ledger, memory, webhooks
+from veronica import ledger, memory, notify, webhooks
 from veronica import skills as skill_verbs
-from veronica.engine import retention, supervisor
+from veronica.engine import checks, retention, supervisor
 from veronica.errors import VeronicaError
 from veronica.markdown import render_markdown
 from veronica.models import (
-    Alarm, ApiToken, Approval, Blackboard, Event, Member, MemoryFile, Message, Run, Skill, Space, SpaceAccess, Task, UsageDay,
-    WebhookDelivery,
+    Alarm, ApiToken, Approval, Blackboard, DeliveryStatus, Event, Member, MemoryFile, Message, NotificationDelivery, Run,
+    Skill, Space, SpaceAccess, Task, TaskCheck, UsageDay, WebhookDelivery,
 )
 
 
@@ -48,8 +49,35 @@ class AccessInline(admin.TabularInline):
     autocomplete_fields = ("user",)
 
 
+class SpaceAdminForm(forms.ModelForm):
+    """The notifier and checks go through the verbs' validators (http/https only, named checks)."""
+
+    class Meta:
+        model = Space
+        fields = "__all__"
+
+    def _verb_clean(self, name: str, clean):
+        try:
+            return clean(self.cleaned_data.get(name))
+        except VeronicaError as exc:
+            raise forms.ValidationError(exc.message) from None
+
+    def clean_verify_checks(self):
+        return self._verb_clean("verify_checks", checks.clean_spec)
+
+    def clean_notify_webhook_url(self):
+        return self._verb_clean("notify_webhook_url", lambda v: notify.clean_url(v, "notify_webhook_url"))
+
+    def clean_notify_slack_url(self):
+        return self._verb_clean("notify_slack_url", lambda v: notify.clean_url(v, "notify_slack_url"))
+
+    def clean_notify_emails(self):
+        return self._verb_clean("notify_emails", lambda v: notify.clean_emails(v, "notify_emails"))
+
+
 @admin.register(Space)
 class SpaceAdmin(admin.ModelAdmin):
+    form = SpaceAdminForm
     list_display = ("name", "slug", "workdir", "member_count", "open_tasks", "event_seq")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
@@ -57,7 +85,7 @@ class SpaceAdmin(admin.ModelAdmin):
     exclude = ("webhook_secret", "webhook_rotated_at")
     readonly_fields = ("event_seq", "created_at", "webhook_secret_masked", "webhook_rotated_at")
     inlines = [MemberInline, AccessInline]
-    actions = ["halt_all", "rotate_webhook_secret", "preview_retention", "purge_retention"]
+    actions = ["halt_all", "send_test_notification", "rotate_webhook_secret", "preview_retention", "purge_retention"]
 
     @admin.display(description="webhook secret")
     def webhook_secret_masked(self, obj):
@@ -97,6 +125,10 @@ class SpaceAdmin(admin.ModelAdmin):
     @admin.action(description="Halt all members (suspend every member)")
     def halt_all(self, request, queryset):
         _run_verb(self, request, queryset, supervisor.halt_all, "halted spaces")
+
+    @admin.action(description="Send a test notification through the space's notifier")
+    def send_test_notification(self, request, queryset):
+        _run_verb(self, request, queryset, notify.send_test, "test notifications queued")
 
 
 def _purge_line(counts: dict[str, int], space: Space) -> str:
@@ -229,13 +261,41 @@ class SkillAdmin(admin.ModelAdmin):
         skill_verbs.remove_skill(obj.space, obj.name, member=obj.member, actor=_actor(request))
 
 
+class TaskCheckInline(admin.TabularInline):
+    model = TaskCheck
+    fields = ("attempt", "name", "passed", "exit_code", "timed_out", "duration_ms", "output", "created_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class TaskAdminForm(forms.ModelForm):
+    class Meta:
+        model = Task
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        space = data.get("space")
+        if self.instance.pk is None and data.get("verify_policy") == "checks" and space is not None and not space.verify_checks:
+            raise forms.ValidationError({"verify_policy": "this space configures no verify_checks; a checks task would wait forever"})
+        return data
+
+
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
+    form = TaskAdminForm
+
+    def get_inlines(self, request, obj):
+        return [TaskCheckInline] if obj is not None else []  # evidence exists only for a saved task
     list_display = ("id", "title", "space", "status", "assignee", "creator_name", "engine_managed", "updated_at")
     list_filter = ("status", "space", "verify_policy", "engine_managed")
     list_select_related = ("space", "assignee")
     search_fields = ("title", "spec")
-    readonly_fields = ("status", "started_at", "finished_at", "created_at", "updated_at")
+    readonly_fields = ("status", "started_at", "finished_at", "created_at", "updated_at", "check_evidence", "check_claimed_at")
     filter_horizontal = ("depends_on",)
 
     def save_related(self, request, form, formsets, change):
@@ -351,3 +411,25 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
     list_display = ("received_at", "space", "member_name")
     list_filter = ("space",)
     list_select_related = ("space",)
+
+
+@admin.register(TaskCheck)
+class TaskCheckAdmin(ReadOnlyAdmin):
+    list_display = ("id", "task", "space", "attempt", "name", "passed", "exit_code", "timed_out", "duration_ms", "created_at")
+    list_filter = ("passed", "timed_out", "space")
+    list_select_related = ("task", "space")
+
+
+@admin.register(NotificationDelivery)
+class NotificationDeliveryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "space", "seq", "channel", "subject", "status", "attempts", "next_at", "sent_at", "last_error")
+    list_filter = ("status", "channel", "space")
+    list_select_related = ("space",)
+    actions = ["retry_now"]
+
+    @admin.action(description="Retry now (failed or pending deliveries)")
+    def retry_now(self, request, queryset):
+        ids = list(queryset.values_list("pk", flat=True))
+        NotificationDelivery.objects.filter(pk__in=ids).update(status=DeliveryStatus.PENDING, next_at=timezone.now())
+        result = notify.deliver(ids)
+        self.message_user(request, f"sent {result['sent']}, failed {result['failed']}", messages.SUCCESS)

@@ -36,6 +36,10 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
         seq = Space.objects.filter(pk=space_id).values_list("event_seq", flat=True).get()
         event = Event.objects.create(space_id=space_id, seq=seq, kind=kind, member=member, payload=payload)
         transaction.on_commit(lambda: ring(space_id, seq))
+        if kind == "ops.alert":  # every ops alert also leaves through the space's notifier
+            from veronica import notify
+
+            notify.record(event)
     return event
 
 

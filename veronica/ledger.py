@@ -71,6 +71,10 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", **fields: o
                     reason=reason[:300], assignee=task.assignee.name if task.assignee_id else None)
         if to == S.DONE:
             _release_dependents(task, actor)
+        if to == S.VERIFYING:
+            from veronica.engine import checks  # the engine imports the ledger; this edge stays lazy
+
+            checks.enqueue_on_commit(task)
     return task
 
 
@@ -87,6 +91,10 @@ def create_task(space: Space, creator: str, title: str, *, spec: str = "", assig
     spec = require_text(spec, "spec", max_len=MAX_SPEC, allow_empty=True)
     if verify_policy not in VerifyPolicy.values:
         raise VeronicaError(f"verify must be one of {', '.join(VerifyPolicy.values)}", field="verify")
+    if verify_policy == VerifyPolicy.CHECKS and not space.verify_checks:
+        # without checks nothing would ever move the task out of verifying
+        raise VeronicaError("verify 'checks' needs checks, and this space configures none (manifest verify_checks); "
+                            "use verify 'leader' or 'auto'", field="verify")
     dep_ids = sorted(set(depends_on or []))
     with transaction.atomic():
         deps = list(Task.objects.filter(space=space, pk__in=dep_ids))

@@ -25,15 +25,16 @@ from veronica.skills import NAME_RE as SKILL_NAME_RE
 SPACE_SETTINGS = {
     "member_daily_tokens": int, "daily_token_ceiling": int, "daily_usd_ceiling": float, "blackboard_cap": int,
     "stale_task_minutes": int, "retention_days": int, "spawn_cap": int, "default_permission_mode": str,
-    "webhook_secret": str, "rule_review_required": bool,
+    "webhook_secret": str, "rule_review_required": bool, "stuck_run_minutes": int, "mailbox_backlog_minutes": int,
 }
 INT_MAX = 2**31 - 1  # an IntegerField on PostgreSQL
 SETTING_RANGES = {  # inclusive bounds a setting must fall in: the column's and what the engine can use
     "member_daily_tokens": (0, INT_MAX), "daily_token_ceiling": (0, INT_MAX), "daily_usd_ceiling": (0, 999_999.9999),
     "blackboard_cap": (1, 1_000_000), "stale_task_minutes": (0, 525_600), "retention_days": (0, 36_500),
-    "spawn_cap": (0, 100),
+    "spawn_cap": (0, 100), "stuck_run_minutes": (0, 525_600), "mailbox_backlog_minutes": (0, 525_600),
 }
 MAX_SKILL_BODY = 50000  # the skills verb's limit
+NOTIFY_KEYS = {"webhook_url", "slack_url", "email"}
 MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations"}
 
 
@@ -231,6 +232,36 @@ def _rule_domains(cfg_path: Path, domains: list[str]) -> list[str]:
         raise ManifestError(cfg_path, "rule_domains", exc.message.removeprefix("rule_domains: ")) from None
 
 
+def _ops_settings(space_path: Path, cfg: dict) -> dict:
+    """`verify_checks` (an array of {name, command, timeout} tables) and the `[notify]` table. Only
+    what the manifest states is applied, so a notifier an owner set in the console survives a register
+    of a manifest that has none."""
+    from veronica import notify
+    from veronica.engine import checks
+
+    out: dict = {}
+    if "verify_checks" in cfg:
+        try:
+            out["verify_checks"] = checks.clean_spec(cfg["verify_checks"])
+        except VeronicaError as exc:
+            raise ManifestError(space_path, "verify_checks", exc.message) from None
+    if "notify" not in cfg:
+        return out
+    table = cfg["notify"]
+    if not isinstance(table, dict):
+        raise ManifestError(space_path, "notify", "must be a table with webhook_url, slack_url, email")
+    unknown = set(table) - NOTIFY_KEYS
+    if unknown:
+        raise ManifestError(space_path, f"notify.{sorted(unknown)[0]}", f"unknown key (known: {', '.join(sorted(NOTIFY_KEYS))})")
+    try:
+        out["notify_webhook_url"] = notify.clean_url(table.get("webhook_url"), "webhook_url")
+        out["notify_slack_url"] = notify.clean_url(table.get("slack_url"), "slack_url")
+        out["notify_emails"] = notify.clean_emails(table.get("email"), "email")
+    except VeronicaError as exc:
+        raise ManifestError(space_path, f"notify.{exc.field}", exc.message) from None
+    return out
+
+
 def load(directory: str | Path) -> SpaceSpec:
     root = Path(directory).resolve()
     if not root.is_dir():
@@ -256,6 +287,7 @@ def load(directory: str | Path) -> SpaceSpec:
         raise ManifestError(space_path, "settings", "must be a table ([settings])")
     for key, value in settings.items():
         _setting(space_path, key, value)
+    settings = {**settings, **_ops_settings(space_path, cfg)}
     members_dir = root / "members"
     members = [_member(d) for d in sorted(members_dir.iterdir()) if d.is_dir()] if members_dir.is_dir() else []
     leaders = [m.name for m in members if m.role == Role.LEADER]

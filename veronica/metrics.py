@@ -10,8 +10,9 @@ from datetime import timedelta
 
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
 
+from veronica.engine import checks
 from veronica.models import (
-    Approval, ApprovalStatus, Member, Message, Run, RunOutcome, Space, Task, UsageDay, Wake,
+    Approval, ApprovalStatus, Member, Message, NotificationDelivery, Run, RunOutcome, Space, Task, UsageDay, Wake,
 )
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800)
@@ -50,7 +51,7 @@ def render(spaces: QuerySet[Space]) -> str:
     families = [
         _wakes(ids, slugs), _runs(ids, slugs), _aborts(ids, slugs), _run_duration(ids, slugs), _run_tokens(ids, slugs),
         _tokens(ids, slugs), _usd(ids, slugs), _events(spaces), _messages(ids, slugs), _unread(ids, slugs),
-        _tasks(ids, slugs), _members(ids, slugs), _approvals(ids, slugs),
+        _tasks(ids, slugs), _members(ids, slugs), _approvals(ids, slugs), _checks(ids, slugs), _deliveries(ids, slugs),
     ]
     return "\n".join(f.render() for f in families) + "\n"
 
@@ -172,4 +173,19 @@ def _approvals(ids: list[int], slugs: dict[int, str]) -> Family:
     fam = Family("veronica_approvals_pending", "gauge", "Tool calls waiting for an operator.")
     for row in _counts(Approval.objects.filter(space_id__in=ids, status=ApprovalStatus.PENDING), "space_id"):
         fam.add(row["n"], space=slugs[row["space_id"]])
+    return fam
+
+
+def _checks(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_checks_total", "counter", "Verify checks by result: run (all), failed (including timed out), timed_out.")
+    for space_id, row in sorted(checks.counts(ids).items(), key=lambda kv: slugs[kv[0]]):
+        for result in ("run", "failed", "timed_out"):
+            fam.add(row[result], space=slugs[space_id], result=result)
+    return fam
+
+
+def _deliveries(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_notifications_total", "counter", "Outbound ops-alert notifications by channel and status.")
+    for row in _counts(NotificationDelivery.objects.filter(space_id__in=ids), "space_id", "channel", "status"):
+        fam.add(row["n"], space=slugs[row["space_id"]], channel=row["channel"], status=row["status"])
     return fam

@@ -191,6 +191,15 @@ if REDIS_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
+# --- outbound email (the ops notifier's email channel) ----------------------------------------
+EMAIL_BACKEND = env_str("VERONICA_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env_str("VERONICA_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("VERONICA_EMAIL_PORT", 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("VERONICA_EMAIL_USER")
+EMAIL_HOST_PASSWORD = env_str("VERONICA_EMAIL_PASSWORD")
+EMAIL_USE_TLS = env_bool("VERONICA_EMAIL_TLS")
+DEFAULT_FROM_EMAIL = env_str("VERONICA_EMAIL_FROM", "veronica@localhost")
+
 # --- auth / i18n / static -----------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -16,11 +16,11 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, metrics as metrics_module, webhooks
+from veronica import access, metrics as metrics_module, notify, webhooks
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
-from veronica.engine import retention, supervisor
+from veronica.engine import retention, supervisor, watchdogs
 from veronica.errors import VeronicaError, text_problem
 from veronica.models import AccessRole, PermissionMode, Role, Space
 
@@ -171,7 +171,18 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
     if action == "retention":
         days = retention.set_retention_days(space, data.get("retention_days", ""), actor=actor)
         return f"retention is now {days} days" if days else "retention is off (keep forever)"
-    raise VeronicaError("action must be grant, revoke, add_member, remove_member, rotate_webhook, clear_webhook or retention",
+    if action == "notify":
+        notify.configure(space, webhook_url=data.get("webhook_url", ""), slack_url=data.get("slack_url", ""),
+                         emails=data.get("emails", ""), actor=actor)
+        return "notifier saved"
+    if action == "watchdogs":
+        watchdogs.set_thresholds(space, {name: data.get(name, "") for name in watchdogs.THRESHOLDS}, actor=actor)
+        return "watchdog thresholds saved"
+    if action == "notify_test":
+        event = notify.send_test(space, actor=actor)
+        return f"test notification queued (alert #{event.seq}); see the delivery log below"
+    raise VeronicaError("action must be grant, revoke, add_member, remove_member, rotate_webhook, clear_webhook, retention, "
+                        "notify, notify_test or watchdogs",
                         field="action")
 
 
@@ -194,7 +205,8 @@ def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "console/manage.html", _context(
         space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
         member_roles=Role.values, page="manage", webhook=webhooks.status(space), new_secret=new_secret,
-        retention=retention.preview(space)), status=status)
+        retention=retention.preview(space), notifier=notify.config_of(space), deliveries=notify.delivery_rows(space, 30),
+        thresholds=watchdogs.thresholds_of(space)), status=status)
 
 
 # --- tokens -----------------------------------------------------------------------------------------------

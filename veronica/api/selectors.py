@@ -12,7 +12,7 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
 from veronica import blackboard as board_verbs
-from veronica.engine import budget
+from veronica.engine import budget, checks
 from veronica.errors import NotFound, VeronicaError
 from veronica.markdown import render_markdown
 from veronica.models import (
@@ -117,6 +117,7 @@ def space_counts(space: Space) -> dict:
         "tasks": {s.value: by_status.get(s.value, 0) for s in BOARD_ORDER},
         "pending_approvals": Approval.objects.filter(space=space, status=ApprovalStatus.PENDING).count(),
         "open_questions": Question.objects.filter(space=space, answered_at__isnull=True).count(),
+        "checks": checks.counts([space.pk])[space.pk],
     }
 
 
@@ -130,7 +131,10 @@ def space_detail(space: Space, role: str) -> dict:
         "counts": space_counts(space),
         "settings": {"member_daily_tokens": space.member_daily_tokens, "daily_token_ceiling": space.daily_token_ceiling,
                      "blackboard_cap": space.blackboard_cap, "spawn_cap": space.spawn_cap,
-                     "retention_days": space.retention_days, "webhook_secret_set": bool(space.webhook_secret)},
+                     "retention_days": space.retention_days, "webhook_secret_set": bool(space.webhook_secret),
+                     "stale_task_minutes": space.stale_task_minutes, "stuck_run_minutes": space.stuck_run_minutes,
+                     "mailbox_backlog_minutes": space.mailbox_backlog_minutes,
+                     "verify_checks": [{"name": c["name"], "timeout": c["timeout"]} for c in space.verify_checks]},
     }
 
 
@@ -141,7 +145,8 @@ def usage_panel(space: Space) -> dict:
     for r in rows:
         scale = r["budget"] or peak
         r["pct"] = min(100, round(100 * r["tokens_today"] / scale)) if scale else 0
-    return {"members": rows, "total": sum(r["tokens_today"] for r in rows)}
+    return {"members": rows, "total": sum(r["tokens_today"] for r in rows), "checks": checks.counts([space.pk])[space.pk],
+            "checks_configured": checks.configured(space)}
 
 
 def waggle_saved(space: Space) -> list[dict] | None:
@@ -247,6 +252,7 @@ def task_row(task: Task) -> dict:
     return {"id": task.pk, "title": task.title, "status": task.status, "assignee": task.assignee.name if task.assignee_id else None,
             "creator": task.creator_name, "spec": task.spec, "result": task.result, "status_reason": task.status_reason,
             "verify_policy": task.verify_policy, "engine_managed": task.engine_managed,
+            "checking": checks.pending(task), "check_evidence": task.check_evidence,
             "created_at": iso(task.created_at), "updated_at": iso(task.updated_at),
             "started_at": iso(task.started_at), "finished_at": iso(task.finished_at)}
 

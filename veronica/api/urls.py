@@ -38,5 +38,9 @@ urlpatterns = [
     path(S + "webhook/secret/", views.webhook_secret, name="webhook-secret"),
     path(S + "retention/", views.retention_view, name="retention"),
     path(S + "access/", views.space_access, name="access"),
+    path(S + "notify/", views.space_notify, name="notify"),
+    path(S + "notify/test/", views.space_notify_test, name="notify-test"),
+    path(S + "checks/", views.space_checks, name="checks"),
+    path(S + "watchdogs/", views.space_watchdogs, name="watchdogs"),
     path(S + "access/<str:username>/", views.space_access_detail, name="access-user"),
 ]

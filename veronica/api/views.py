@@ -6,12 +6,12 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from veronica import access, blackboard, bus, memory, webhooks
+from veronica import access, blackboard, bus, memory, notify, webhooks
 from veronica.access import OPERATOR, OWNER, VIEWER
 from veronica.api import selectors as sel
 from veronica.api.base import endpoint, error, json_body, text_field
 from veronica.engine import approvals as approval_verbs
-from veronica.engine import retention, supervisor
+from veronica.engine import checks, retention, supervisor, watchdogs
 from veronica.errors import VeronicaError
 from veronica.models import ApprovalStatus, Role, TaskStatus
 
@@ -45,6 +45,8 @@ ENDPOINTS = [
     "GET|POST(owner) /api/spaces/<slug>/access/", "DELETE(owner) /api/spaces/<slug>/access/<username>/",
     "POST(HMAC) /api/spaces/<slug>/webhook/", "POST(HMAC) /api/spaces/<slug>/members/<name>/webhook/",
     "GET|POST|DELETE(owner) /api/spaces/<slug>/webhook/secret/", "GET|PUT(owner)|POST(owner) /api/spaces/<slug>/retention/",
+    "GET|PUT(owner) /api/spaces/<slug>/notify/", "POST(owner) /api/spaces/<slug>/notify/test/",
+    "GET|PUT(owner) /api/spaces/<slug>/checks/", "GET|PUT(owner) /api/spaces/<slug>/watchdogs/",
     "WS /ws/spaces/<slug>/?after=<seq>",
 ]
 
@@ -368,3 +370,42 @@ def retention_view(request: HttpRequest, slug: str):
         retention.set_retention_days(space, data["retention_days"], actor=_actor(request))
         return retention.preview(space)
     return {"removed": retention.purge_space(space), **retention.preview(space)}
+
+
+# --- ops: notifier and verify checks (owners) --------------------------------------------------------
+
+def _notify_state(space) -> dict:
+    return {**notify.config_of(space), "deliveries": notify.delivery_rows(space)}
+
+
+@endpoint("GET", "PUT")
+def space_notify(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "PUT":
+        data = json_body(request)
+        notify.configure(space, webhook_url=data.get("webhook_url"), slack_url=data.get("slack_url"), emails=data.get("emails"),
+                         actor=_actor(request))
+    return _notify_state(space)
+
+
+@endpoint("POST")
+def space_notify_test(request: HttpRequest, slug: str):
+    space, _ = _space(request, slug, OWNER)
+    event = notify.send_test(space, actor=_actor(request))
+    return {"seq": event.seq, "queued": [r for r in notify.delivery_rows(space) if r["seq"] == event.seq]}, 202
+
+
+@endpoint("GET", "PUT")
+def space_checks(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "PUT":
+        checks.configure(space, json_body(request).get("checks"), actor=_actor(request))
+    return {"checks": space.verify_checks, "counts": checks.counts([space.pk])[space.pk]}
+
+
+@endpoint("GET", "PUT")
+def space_watchdogs(request: HttpRequest, slug: str) -> dict:
+    space, _ = _space(request, slug, OWNER)
+    if request.method == "PUT":
+        watchdogs.set_thresholds(space, json_body(request), actor=_actor(request))
+    return watchdogs.thresholds_of(space)

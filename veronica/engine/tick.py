@@ -14,7 +14,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from veronica import bus, events, ledger
-from veronica.engine import alarms, leases, retention, supervisor
+from veronica.engine import alarms, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.errors import Conflict, NotFound
@@ -110,6 +110,7 @@ DUTIES = (
     ("clones_retired", lambda: len(retire_finished_clones())),
     ("swept", lambda: len(sweep_unread())),
     ("purged", retention.purge_if_due),
+    ("ops", lambda: watchdogs.duties()),  # stuck runs, mailbox backlog, notifier retries, lost check runs
 )
 
 

@@ -87,6 +87,8 @@ class Member(models.Model):
     reload_pending = models.BooleanField(default=False, help_text="Skills changed; applied at the next run boundary.")
     rule_domains = models.JSONField(default=list, blank=True)
     max_iterations = models.IntegerField(default=24)
+    stuck_alerted_at = models.DateTimeField(null=True, blank=True, help_text="Stuck-run alert raised; cleared when the episode ends.")
+    backlog_alerted_at = models.DateTimeField(null=True, blank=True, help_text="Mailbox-backlog alert raised; cleared when the episode ends.")
     removed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -21,6 +21,12 @@ class Space(models.Model):
     retention_days = models.IntegerField(default=0, help_text="Purge read mail, events, wakes, runs, ended sessions and closed tasks older than this (0 = keep forever).")
     spawn_cap = models.IntegerField(default=4, help_text="How many live clones members may spawn.")
     default_permission_mode = models.CharField(max_length=10, default="bypass", choices=[("bypass", "bypass"), ("default", "default")])
+    stuck_run_minutes = models.IntegerField(default=30, help_text="A run whose phase has not changed for this long while it holds its lease raises an ops alert (0 = off).")
+    mailbox_backlog_minutes = models.IntegerField(default=60, help_text="Unread mail older than this raises an ops alert (0 = off).")
+    verify_checks = models.JSONField(default=list, blank=True, help_text='Checks for tasks with verify "checks": [{"name", "command", "timeout"}].')
+    notify_webhook_url = models.CharField(max_length=500, blank=True, help_text="Ops alerts are POSTed here as JSON.")
+    notify_slack_url = models.CharField(max_length=500, blank=True, help_text="Slack-compatible incoming webhook for ops alerts.")
+    notify_emails = models.TextField(blank=True, help_text="Comma-separated addresses that receive ops alerts by email.")
     # HMAC needs the secret itself, so it is stored; it is shown once (console / API on rotate) and
     # never again (admin masks it, the API never returns it). See veronica.webhooks.
     webhook_secret = models.CharField(max_length=200, blank=True)

@@ -36,6 +36,7 @@ class Task(models.Model):
     engine_managed = models.BooleanField(default=False, help_text="The engine tick dispatches it when ready.")
     verify_policy = models.CharField(max_length=8, choices=VerifyPolicy.choices, default=VerifyPolicy.AUTO)
     check_evidence = models.TextField(blank=True)
+    check_claimed_at = models.DateTimeField(null=True, blank=True, help_text="A check runner holds this verification.")
     result = models.TextField(blank=True)
     status_reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -9,7 +9,7 @@ from veronica import blackboard, bus, ledger, skills
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str
 from veronica.engine import alarms, budget, supervisor
 from veronica.errors import require_text
-from veronica.models import Member, Role, Task, TaskStatus
+from veronica.models import Member, Role, Space, Task, TaskStatus
 
 
 class WaitForOperator(Exception):
@@ -36,9 +36,17 @@ def list_members(ctx: ToolContext, args: dict) -> str:
     return "\n".join(lines)
 
 
+def is_stale(t: Task, space: Space, now=None) -> bool:
+    """Running past the space's stale_task_minutes (the stale-task watchdog's own test)."""
+    if t.status != TaskStatus.RUNNING or space.stale_task_minutes <= 0 or t.started_at is None:
+        return False
+    return t.started_at < (now or timezone.now()) - timedelta(minutes=space.stale_task_minutes)
+
+
 def _task_line(t: Task) -> str:
     deps = ",".join(f"#{d}" for d in t.depends_on.values_list("pk", flat=True))
-    line = f"#{t.pk} [{t.status}] {t.title} → {t.assignee.name if t.assignee_id else 'unassigned'}"
+    stale = " [stale]" if is_stale(t, t.space) else ""
+    line = f"#{t.pk} [{t.status}]{stale} {t.title} → {t.assignee.name if t.assignee_id else 'unassigned'}"
     if deps:
         line += f" (after {deps})"
     if t.result:
@@ -78,7 +86,7 @@ def task_assign(ctx: ToolContext, args: dict) -> str:
 
 
 def task_list(ctx: ToolContext, args: dict) -> str:
-    qs = Task.objects.filter(space=ctx.space).select_related("assignee").prefetch_related("depends_on").order_by("id")
+    qs = Task.objects.filter(space=ctx.space).select_related("assignee", "space").prefetch_related("depends_on").order_by("id")
     status = arg_str(args, "status", required=False)
     if status and status not in TaskStatus.values:
         raise ToolError(f"argument 'status' must be one of {', '.join(TaskStatus.values)}")
@@ -95,13 +103,24 @@ def task_done(ctx: ToolContext, args: dict) -> str:
         raise ToolError(f"task #{task.pk} is assigned to {task.assignee.name if task.assignee_id else 'nobody'}, not you")
     ledger.complete(task, actor=ctx.member.name, result=arg_str(args, "result", required=False),
                     failed=bool(args.get("failed", False)))
-    return f"task #{task.pk} is now {task.status}"
+    return f"task #{task.pk} is now {task.status}{_checks_note(task)}"
+
+
+def _checks_note(task: Task) -> str:
+    if task.status != TaskStatus.VERIFYING or task.verify_policy != "checks":
+        return ""
+    names = ", ".join(c["name"] for c in _space_checks(task))
+    return f"; its checks ({names}) are queued and the result comes back by mail"
+
+
+def _space_checks(task: Task) -> list[dict]:
+    return Space.objects.filter(pk=task.space_id).values_list("verify_checks", flat=True).get() or []
 
 
 def task_update_status(ctx: ToolContext, args: dict) -> str:
     task = ledger.get_task(ctx.space, arg_int(args, "task_id"))
     ledger.transition(task, arg_str(args, "status"), actor=ctx.member.name, reason=arg_str(args, "reason", required=False))
-    return f"task #{task.pk} is now {task.status}"
+    return f"task #{task.pk} is now {task.status}{_checks_note(task)}"
 
 
 def blackboard_read(ctx: ToolContext, args: dict) -> str:

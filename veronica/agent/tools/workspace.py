@@ -216,12 +216,17 @@ def sandboxed(root: Path, command: str) -> tuple[list[str], str]:
     return argv + ["/bin/sh", "-c", command], SANDBOX_ROOT
 
 
+def sandbox_env(home: str) -> dict[str, str]:
+    """The whole environment a sandboxed command gets (no host variables, no secrets)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
+
+
 def run_command(ctx: ToolContext, args: dict) -> str:
     command = arg_str(args, "command", max_len=2000)
     timeout = arg_int(args, "timeout", default=20, minimum=1, maximum=COMMAND_TIMEOUT_MAX)
     root = root_of(ctx)
     argv, home = sandboxed(root, command)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
+    env = sandbox_env(home)
     try:
         proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, timeout=timeout, start_new_session=True)
     except subprocess.TimeoutExpired:

@@ -1,0 +1,250 @@
+"""Verify checks (CHK): a task with verify "checks" that enters `verifying` gets the space's
+configured commands run against the workspace, in the same sandbox as run_command, by a django-q2
+task off the member's run. The evidence lands on the task; the ledger then moves it to `done`, or
+back to `running` with the failure mailed to its assignee.
+
+A claim (a conditional update of Task.check_claimed_at) makes one verification run once even when
+the on-commit enqueue and the tick's recovery both deliver it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from django.db import transaction
+from django.db.models import Count, Max, Q
+from django.utils import timezone
+
+from veronica import bus, events
+from veronica.agent.tools.base import ToolError, truncate
+from veronica.agent.tools.workspace import sandbox_env, sandboxed, text_of
+from veronica.errors import IllegalTransition, VeronicaError
+from veronica.models import Space, Task, TaskCheck, TaskStatus, VerifyPolicy
+
+log = logging.getLogger(__name__)
+
+ACTOR = "checks"
+MAX_CHECKS = 20
+TIMEOUT_DEFAULT = 60
+TIMEOUT_MAX = 1800
+OUTPUT_CAP = 4000
+RECOVER_AFTER = timedelta(minutes=1)  # a verifying task nobody has claimed by then lost its enqueue
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,59}$")
+
+
+# --- configuration ----------------------------------------------------------------------------------
+
+def clean_spec(value: object, field: str = "verify_checks") -> list[dict]:
+    """[{name, command, timeout}] validated; errors name the entry and the field."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise VeronicaError(f"{field} must be a list of {{name, command, timeout}} tables", field=field)
+    if len(value) > MAX_CHECKS:
+        raise VeronicaError(f"{field} has {len(value)} checks; the limit is {MAX_CHECKS}", field=field)
+    out, seen = [], set()
+    for i, item in enumerate(value):
+        where = f"{field}[{i}]"
+        if not isinstance(item, dict):
+            raise VeronicaError(f"{where} must be a table with name, command and timeout", field=field)
+        unknown = set(item) - {"name", "command", "timeout"}
+        if unknown:
+            raise VeronicaError(f"{where}.{sorted(unknown)[0]}: unknown key (known: command, name, timeout)", field=field)
+        name, command, timeout = item.get("name"), item.get("command"), item.get("timeout", TIMEOUT_DEFAULT)
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise VeronicaError(f"{where}.name must be 1-60 letters, digits, '_', '.' or '-'", field=field)
+        if name in seen:
+            raise VeronicaError(f"{where}.name {name!r} is used twice", field=field)
+        seen.add(name)
+        if not isinstance(command, str) or not command.strip() or len(command) > 2000:
+            raise VeronicaError(f"{where}.command must be a non-empty string of at most 2000 characters", field=field)
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= TIMEOUT_MAX:
+            raise VeronicaError(f"{where}.timeout must be an integer from 1 to {TIMEOUT_MAX} (seconds)", field=field)
+        out.append({"name": name, "command": command, "timeout": timeout})
+    total, budget = sum(c["timeout"] for c in out), worker_budget()
+    if total > budget:
+        # the django-q2 worker would be killed mid-verification and the tick would retry it forever
+        raise VeronicaError(f"{field}: the timeouts add up to {total} s; checks run in one worker task, which may take at most "
+                            f"{budget} s (VERONICA_Q_TIMEOUT minus 30 s)", field=field)
+    return out
+
+
+def worker_budget() -> int:
+    from django.conf import settings
+
+    return settings.Q_TIMEOUT - 30
+
+
+def configured(space: Space) -> bool:
+    return bool(space.verify_checks)
+
+
+# --- queueing ---------------------------------------------------------------------------------------
+
+def enqueue(task_id: int) -> None:
+    from django_q.tasks import async_task
+
+    try:
+        async_task("veronica.engine.checks.run_checks", task_id, q_options={"task_name": f"checks-{task_id}"})
+    except Exception:  # the tick's recovery finds the unclaimed verifying task
+        log.warning("could not enqueue checks for task %s; the tick recovers it", task_id, exc_info=True)
+
+
+def enqueue_on_commit(task: Task) -> None:
+    """Called by the ledger when a task enters verifying."""
+    if task.verify_policy == VerifyPolicy.CHECKS:
+        task_id = task.pk
+        transaction.on_commit(lambda: enqueue(task_id))
+
+
+def _stale_claim_cutoff(space: Space, now) -> object:
+    total = sum(c["timeout"] for c in space.verify_checks) + 60
+    return now - timedelta(seconds=total)
+
+
+def recover() -> int:
+    """Engine tick duty: re-enqueue verifying check tasks nobody holds (lost enqueue, dead worker)."""
+    now = timezone.now()
+    count = 0
+    qs = Task.objects.filter(status=TaskStatus.VERIFYING, verify_policy=VerifyPolicy.CHECKS, updated_at__lt=now - RECOVER_AFTER)
+    for task in qs.select_related("space"):
+        if task.check_claimed_at is None or task.check_claimed_at < _stale_claim_cutoff(task.space, now):
+            enqueue(task.pk)
+            count += 1
+    return count
+
+
+def pending(task: Task) -> bool:
+    """The board's 'checking' chip: queued or executing (evidence lands only when a run finishes)."""
+    return task.status == TaskStatus.VERIFYING and task.verify_policy == VerifyPolicy.CHECKS
+
+
+# --- running --------------------------------------------------------------------------------------
+
+def run_one(root: Path, check: dict) -> dict:
+    """One check in the run_command sandbox. A timeout kills its whole process group."""
+    started = time.monotonic()
+    timeout = check["timeout"]
+    try:
+        argv, home = sandboxed(root, check["command"])
+    except ToolError as exc:
+        return {"exit_code": None, "timed_out": False, "output": f"could not start: {exc}", "duration_ms": 0}
+    proc = subprocess.Popen(argv, cwd=root, env=sandbox_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            out, _ = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            out = b""
+    duration_ms = int((time.monotonic() - started) * 1000)
+    output = text_of(out or b"").strip()
+    if timed_out:
+        output = (f"timed out after {timeout} s\n" + output).strip()
+    return {"exit_code": None if timed_out else proc.returncode, "timed_out": timed_out,
+            "output": truncate(output, OUTPUT_CAP), "duration_ms": duration_ms}
+
+
+def _claim(task_id: int) -> Task | None:
+    now = timezone.now()
+    task = Task.objects.filter(pk=task_id).select_related("space", "assignee").first()
+    if task is None or task.status != TaskStatus.VERIFYING or task.verify_policy != VerifyPolicy.CHECKS:
+        return None
+    free = Q(check_claimed_at__isnull=True) | Q(check_claimed_at__lt=_stale_claim_cutoff(task.space, now))
+    if not Task.objects.filter(free, pk=task_id, status=TaskStatus.VERIFYING).update(check_claimed_at=now):
+        return None
+    task.check_claimed_at = now
+    return task
+
+
+def evidence_text(rows: list[TaskCheck]) -> str:
+    lines = []
+    for r in rows:
+        verdict = "passed" if r.passed else ("timed out" if r.timed_out else "FAILED")
+        code = "" if r.exit_code is None else f" (exit {r.exit_code})"
+        lines.append(f"- {r.name}: {verdict}{code} in {r.duration_ms / 1000:.1f} s")
+        if not r.passed and r.output:
+            lines += ["    " + line for line in r.output.splitlines()[:40]]
+    return "\n".join(lines)
+
+
+def run_checks(task_id: int) -> dict | None:
+    """The django-q2 task: run every configured check once, then move the task through the ledger."""
+    task = _claim(task_id)
+    if task is None:
+        return None
+    space = task.space
+    root = Path(space.workdir).resolve()
+    attempt = (TaskCheck.objects.filter(task=task).aggregate(n=Max("attempt"))["n"] or 0) + 1
+    rows = []
+    for check in space.verify_checks:
+        result = run_one(root, check)
+        passed = not result["timed_out"] and result["exit_code"] == 0
+        rows.append(TaskCheck.objects.create(task=task, space=space, attempt=attempt, name=check["name"], command=check["command"],
+                                             passed=passed, **result))
+    passed = all(r.passed for r in rows)
+    evidence = evidence_text(rows)
+    with transaction.atomic():
+        Task.objects.filter(pk=task.pk).update(check_evidence=evidence, check_claimed_at=None)
+        task.check_evidence, task.check_claimed_at = evidence, None
+        events.emit(space.pk, "task.check_done", task=task.pk, title=task.title, attempt=attempt, passed=passed,
+                    checks=[{"name": r.name, "passed": r.passed, "exit_code": r.exit_code, "timed_out": r.timed_out,
+                             "duration_ms": r.duration_ms} for r in rows])
+        try:
+            _settle(task, passed, evidence)
+        except IllegalTransition:  # someone moved it meanwhile (a leader's verdict): the evidence stays
+            log.info("task %s left verifying while its checks ran", task.pk)
+    return {"task": task.pk, "passed": passed, "attempt": attempt}
+
+
+def _settle(task: Task, passed: bool, evidence: str) -> None:
+    from veronica import ledger
+
+    if passed:
+        ledger.transition(task, TaskStatus.DONE, actor=ACTOR, reason="all checks passed")
+        creator = bus.live_members(task.space).filter(name=task.creator_name).first()
+        if creator is not None and creator.pk != task.assignee_id:
+            bus.send(task.space, bus.SYSTEM, creator.name, f"Task #{task.pk} ({task.title}) passed its checks.\n\n{evidence}",
+                     subject=f"Task #{task.pk} done (checks passed)", task=task)
+        return
+    ledger.transition(task, TaskStatus.RUNNING, actor=ACTOR, reason="checks failed")
+    if task.assignee_id and task.assignee.removed_at is None:
+        body = (f"Task #{task.pk} ({task.title}) failed its checks and is back with you.\n\n{evidence}\n\n"
+                f"Fix the problem, then call task_done with task_id={task.pk} again.")
+        bus.send(task.space, bus.SYSTEM, task.assignee.name, body, subject=f"Task #{task.pk}: checks failed", task=task)
+
+
+# --- counts ---------------------------------------------------------------------------------------
+
+def counts(space_ids: list[int]) -> dict[int, dict]:
+    """Checks run / failed / timed out per space, in one grouped query."""
+    rows = (TaskCheck.objects.filter(space_id__in=space_ids).values("space_id")
+            .annotate(run=Count("id"), failed=Count("id", filter=Q(passed=False)), timed_out=Count("id", filter=Q(timed_out=True)))
+            .order_by("space_id"))
+    out = {sid: {"run": 0, "failed": 0, "timed_out": 0} for sid in space_ids}
+    for row in rows:
+        out[row["space_id"]] = {"run": row["run"], "failed": row["failed"], "timed_out": row["timed_out"]}
+    return out
+
+
+def configure(space: Space, spec: object, *, actor: str) -> Space:
+    """Replace the space's checks (validated first). Tasks already verifying use the new list."""
+    cleaned = clean_spec(spec)
+    with transaction.atomic():
+        Space.objects.filter(pk=space.pk).update(verify_checks=cleaned)
+        space.verify_checks = cleaned
+        events.emit(space.pk, "space.checks_configured", actor=actor, checks=[c["name"] for c in cleaned])
+    return space

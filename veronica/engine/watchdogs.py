@@ -1,0 +1,131 @@
+"""Ops watchdogs beside the stale-task one: a member stuck mid-run and a mailbox backlog.
+
+Each raises one `ops.alert` (which the notifier sends on) plus a mail to the operator, once per
+episode: a marker column on the member is set with a conditional update when the alert fires and
+cleared when the condition ends, so the next episode alerts again.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import F, OuterRef, Q, Subquery
+from django.utils import timezone
+
+from veronica import bus, events, notify
+from veronica.engine import checks
+from veronica.models import Member, Membership, Message, Phase, Space
+
+log = logging.getLogger(__name__)
+WAITING_ON_PEOPLE = (Phase.WAITING_APPROVAL, Phase.WAITING_INPUT)  # a human's turn, not a stuck run
+
+
+def _alert(space: Space, member: Member, subject: str, body: str) -> None:
+    events.emit(space.pk, "ops.alert", member=member, subject=subject, body=body)
+    try:
+        bus.send(space, bus.SYSTEM, bus.OPERATOR, body, subject=f"{subject.capitalize()}: {member.name}")
+    except Exception:
+        log.warning("could not mail the operator about %s (%s)", member.name, subject, exc_info=True)
+
+
+# The shortest threshold a space can set: one indexed query finds every candidate in every space,
+# and each candidate is then judged against its own space's threshold. An idle tick costs the same
+# few statements however many spaces and members there are.
+MIN_THRESHOLD = timedelta(minutes=1)
+
+
+def stuck_runs() -> int:
+    """Members holding their lease whose phase has not changed for the space's stuck_run_minutes."""
+    now = timezone.now()
+    # the episode ends when the lease is released or the phase moves on
+    Member.objects.filter(stuck_alerted_at__isnull=False).filter(Q(lease_token="") | Q(phase_since__gt=F("stuck_alerted_at"))).update(
+        stuck_alerted_at=None)
+    candidates = Member.objects.filter(removed_at__isnull=True, stuck_alerted_at__isnull=True, phase_since__lt=now - MIN_THRESHOLD,
+                                       space__stuck_run_minutes__gt=0).exclude(lease_token="").exclude(phase__in=WAITING_ON_PEOPLE)
+    count = 0
+    for member in candidates.select_related("space"):
+        space = member.space
+        if member.phase_since >= now - timedelta(minutes=space.stuck_run_minutes):
+            continue
+        with transaction.atomic():
+            if not Member.objects.filter(pk=member.pk, stuck_alerted_at__isnull=True).exclude(lease_token="").update(stuck_alerted_at=now):
+                continue
+            minutes = int((now - member.phase_since).total_seconds() // 60)
+            body = (f"{member.name} has been in phase {member.display_phase} for {minutes} minutes while holding its run lease "
+                    f"(threshold {space.stuck_run_minutes} min). Cancel or suspend it if it does not move.")
+            _alert(space, member, "stuck run", body)
+        count += 1
+    return count
+
+
+def _oldest_unread():
+    return Subquery(Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True).order_by("created_at").values("created_at")[:1])
+
+
+def mailbox_backlog() -> int:
+    """Members with unread mail older than the space's mailbox_backlog_minutes."""
+    now = timezone.now()
+    # the episode ends when no unread mail is older than the threshold any more
+    for member in Member.objects.filter(backlog_alerted_at__isnull=False).annotate(oldest=_oldest_unread()).select_related("space"):
+        minutes = member.space.mailbox_backlog_minutes
+        if member.oldest is None or not minutes or member.oldest >= now - timedelta(minutes=minutes):
+            Member.objects.filter(pk=member.pk).update(backlog_alerted_at=None)
+    candidates = Member.objects.filter(removed_at__isnull=True, backlog_alerted_at__isnull=True, space__mailbox_backlog_minutes__gt=0)
+    candidates = candidates.exclude(membership=Membership.FROZEN).annotate(oldest=_oldest_unread()).filter(oldest__lt=now - MIN_THRESHOLD)
+    count = 0
+    for member in candidates.select_related("space"):
+        space = member.space
+        if member.oldest >= now - timedelta(minutes=space.mailbox_backlog_minutes):
+            continue
+        with transaction.atomic():
+            if not Member.objects.filter(pk=member.pk, backlog_alerted_at__isnull=True).update(backlog_alerted_at=now):
+                continue
+            unread = Message.objects.filter(recipient=member, read_at__isnull=True).count()
+            body = (f"{member.name} has {unread} unread messages; the oldest has waited since {member.oldest:%Y-%m-%d %H:%M} UTC "
+                    f"(threshold {space.mailbox_backlog_minutes} min). Its runs may be failing or it may be suspended.")
+            _alert(space, member, "mailbox backlog", body)
+        count += 1
+    return count
+
+
+THRESHOLDS = ("stale_task_minutes", "stuck_run_minutes", "mailbox_backlog_minutes")
+THRESHOLD_MAX = 7 * 24 * 60
+
+
+def thresholds_of(space: Space) -> dict:
+    return {name: getattr(space, name) for name in THRESHOLDS}
+
+
+def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
+    """Change watchdog thresholds (minutes, 0 = off). Every value is checked before any is written."""
+    from veronica.errors import VeronicaError
+
+    cleaned = {}
+    for name, raw in values.items():
+        if name not in THRESHOLDS:
+            raise VeronicaError(f"unknown threshold {name!r} (known: {', '.join(THRESHOLDS)})", field=name)
+        try:
+            value = int(raw) if not isinstance(raw, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not 0 <= value <= THRESHOLD_MAX:
+            raise VeronicaError(f"{name} must be a whole number of minutes from 0 (off) to {THRESHOLD_MAX}", field=name)
+        cleaned[name] = value
+    with transaction.atomic():
+        Space.objects.filter(pk=space.pk).update(**cleaned)
+        for name, value in cleaned.items():
+            setattr(space, name, value)
+        events.emit(space.pk, "space.watchdogs_configured", actor=actor, **cleaned)
+    return space
+
+
+def duties() -> int:
+    """The ops line of the engine tick: watchdogs, notification retries, lost check runs."""
+    done = 0
+    for duty in (stuck_runs, mailbox_backlog, notify.retry_due, checks.recover):
+        try:
+            done += duty()
+        except Exception:  # one failing duty must not starve the others
+            log.exception("ops duty %s failed", duty.__name__)
+    return done
