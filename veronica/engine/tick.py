@@ -10,7 +10,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from veronica import bus, events, ledger
-from veronica.engine import alarms, runner, supervisor
+from veronica.engine import alarms, failures, runner, supervisor
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, Message, Phase, RunStatus, Space, Task, TaskStatus
@@ -40,6 +40,7 @@ def sweep_unread() -> list[int]:
     unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True)
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
     idle = idle.exclude(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # the decision wakes them
+    idle = idle.filter(failures.RUNNABLE)  # parked or backing off: the failure model wakes them
     ids = list(idle.filter(Exists(unread)).values_list("pk", flat=True))
     for member_id in ids:
         enqueue_wake(member_id, "message")
@@ -75,6 +76,7 @@ def tick() -> dict:
         "stale_tasks": stale_tasks(),
         "clones_retired": len(supervisor.retire_idle_clones()),
         "swept": len(sweep_unread()),
+        "retried": len(failures.due_retries()),
     }
     if any(summary.values()):
         log.info("engine tick: %s", summary)
