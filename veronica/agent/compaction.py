@@ -20,6 +20,7 @@ from veronica.agent.runctx import RunContext
 from veronica.models import Member, Phase, Session, Turn, TurnRole
 
 KEEP_RECENT = 6
+DEEP_KEEP = 4  # a run too long on its own keeps its last two steps (call + result) verbatim
 SUMMARY_SYSTEM = ("Summarize this agent conversation for the agent itself: the goals, what was done, open threads, "
                   "and facts it must not forget. Be concise; bullet points.")
 COPIED = ("role", "content", "tool_calls", "tool_call_id", "tool_name", "elided", "mail_ids", "tokens")
@@ -69,8 +70,10 @@ def maybe_compact(member: Member, ctx: RunContext, session: Session, rows: list[
     with ctx.fenced():
         result = _micro(session, rows)
     rows = transcript.turns(session)
-    if metering.estimate_tokens(system, transcript.to_messages(rows), tools) >= limit:
-        result = {**_full(member, ctx, session, rows, provider), "elided": result["elided"]}
+    for deep in (False, True):  # the earlier conversation first; then this run's own older steps
+        if metering.estimate_tokens(system, transcript.to_messages(rows), tools) < limit:
+            break
+        result = {**_full(member, ctx, session, rows, provider, deep=deep), "elided": result["elided"]}
         session = transcript.open_session(member)
         rows = transcript.turns(session)
     after = metering.estimate_tokens(system, transcript.to_messages(rows), tools)
@@ -87,26 +90,39 @@ def _micro(session: Session, rows: list[Turn]) -> dict:
     return {"mode": "micro", "elided": len(old)}
 
 
-def work_in_progress(rows: list[Turn]) -> int:
-    """Where the turns that must survive verbatim start: the last brief when the conversation has not
-    reached a final answer (an unanswered brief, tool results, held calls), else the end."""
+def split(rows: list[Turn], *, deep: bool = False) -> tuple[list[Turn], list[Turn]]:
+    """What to summarize and what must survive verbatim. A finished conversation is summarized whole.
+    Work in progress (an unanswered brief, tool results, held calls) keeps its last brief and what
+    followed; deep (one run that alone is too long) keeps only its recent steps, from a model turn on,
+    so no tool result is ever separated from its call."""
     if not rows or (rows[-1].role == TurnRole.ASSISTANT and not rows[-1].tool_calls):
-        return len(rows)
-    return max((i for i, t in enumerate(rows) if t.role == TurnRole.USER), default=0)
+        return rows, []
+    cut = max((i for i, t in enumerate(rows) if t.role == TurnRole.USER), default=0)
+    if deep or cut == 0:
+        cut = len(rows) - DEEP_KEEP
+        while cut > 1 and rows[cut].role != TurnRole.ASSISTANT:
+            cut -= 1
+        if cut <= 1:
+            return [], rows
+    return rows[:cut], rows[cut:]
 
 
-def _full(member: Member, ctx: RunContext, session: Session, rows: list[Turn], provider: Provider | None = None) -> dict:
-    cut = work_in_progress(rows)
-    head, tail = rows[:cut], rows[cut:]
+def _full(member: Member, ctx: RunContext, session: Session, rows: list[Turn], provider: Provider | None = None,
+          *, deep: bool = False) -> dict:
+    head, tail = split(rows, deep=deep)
     if not head:
         return {"mode": "full", "turns": 0}
     summary = _summarize(member, ctx, head, provider)  # the model call runs outside any transaction
+    briefs = [t for t in head if t.role == TurnRole.USER]
+    if tail and briefs and not any(t.role == TurnRole.USER for t in tail):  # the goal in progress stays verbatim
+        summary += "\n\nThe request you are working on (verbatim):\n" + briefs[-1].content
     with ctx.fenced():
         Session.objects.filter(pk=session.pk).update(ended_at=Now(), end_reason="compacted")
         fresh = Session.objects.create(member=member)
         transcript.append(fresh, TurnRole.USER, summary)
-        transcript.append(fresh, TurnRole.ASSISTANT, "Understood; continuing from this summary.")
-        for turn in tail:  # the work in progress carries over verbatim (its brief keeps its mail ids)
+        if not tail or tail[0].role == TurnRole.USER:  # roles keep alternating
+            transcript.append(fresh, TurnRole.ASSISTANT, "Understood; continuing from this summary.")
+        for turn in tail:  # the work in progress carries over verbatim (an unanswered brief keeps its mail ids)
             transcript.append(fresh, turn.role, **{f: getattr(turn, f) for f in COPIED if f != "role"})
     return {"mode": "full", "turns": len(head), "kept": len(tail), "summary_chars": len(summary)}
 
