@@ -60,6 +60,17 @@ def fresh(member: Member) -> Member:
     return Member.objects.get(pk=member.pk)
 
 
+def quiet(member: Member, still: float = 3.0) -> None:
+    """Wait until no wake has arrived for `still` seconds and the slot is free."""
+    last, since = None, time.monotonic()
+    while time.monotonic() - since < still:
+        close_old_connections()
+        now = (member.wakes.count(), Run.objects.filter(member=member).count(), bool(fresh(member).lease_token))
+        if now != last:
+            last, since = now, time.monotonic()
+        time.sleep(0.25)
+
+
 def written_by(member: Member) -> dict:
     close_old_connections()
     return {
@@ -84,11 +95,12 @@ def test_a_worker_paused_past_its_lease_writes_nothing_when_it_continues(tmp_pat
                 ticking(lambda: Run.objects.filter(member=w1, outcome=RunOutcome.DONE).exists()
                         and not fresh(w1).lease_token, 60, "the next run to answer the goal")
                 expired_run = Run.objects.get(member=w1, outcome=RunOutcome.LEASE_EXPIRED)
-                before = written_by(w1)
-                os.killpg(paused.pid, signal.SIGCONT)
-                wait_for(lambda: "lost its lease" in log.read_text() or written_by(w1) != before, 20,
-                         message="the stale run to go on after SIGCONT")
-                time.sleep(1)
+                quiet(w1)  # every wake delivered and settled: from here on only the paused run could write
+            before = written_by(w1)  # the next run's cluster is gone: only the paused run is left
+            os.killpg(paused.pid, signal.SIGCONT)
+            wait_for(lambda: "lost its lease" in log.read_text() or written_by(w1) != before, 20,
+                     message="the stale run to go on after SIGCONT")
+            time.sleep(1)
         finally:
             os.killpg(paused.pid, signal.SIGCONT)
     assert written_by(w1) == before, "the paused run wrote after it lost its lease"
