@@ -99,7 +99,7 @@ def veronica_step(space, worker, steps: int) -> float:
     class Policy:
         n = 0
 
-        def complete(self, system, messages, tools, *, should_stop):
+        def complete(self, system, messages, tools, *, should_stop, on_event=None):
             self.n += 1
             if self.n > steps:
                 return Reply(text="done", usage=Usage(input=10, output=2))

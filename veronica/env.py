@@ -68,3 +68,51 @@ def env_url(name: str, schemes: tuple[str, ...]) -> str:
 def env_path(name: str, default: Path) -> Path:
     raw = os.environ.get(name, "").strip()
     return Path(raw).expanduser().resolve() if raw else default
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum {maximum}")
+    return value
+
+
+PRICE_FIELDS = ("input", "output", "cache_read", "cache_write")
+
+
+def env_prices(name: str) -> dict[str, dict[str, float]]:
+    """A JSON file of local price overrides, USD per million tokens:
+    {"openai:my-model": {"input": 0.5, "output": 1.5, "cache_read": 0.05, "cache_write": 0}}."""
+    import json
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    path = Path(raw).expanduser()
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{name}={raw!r}: cannot read the file ({exc.strerror})") from None
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ImproperlyConfigured(f"{name}={raw!r} must hold an object of model spec -> prices")
+    for spec, prices in data.items():
+        if not isinstance(prices, dict) or "input" not in prices or "output" not in prices:
+            raise ImproperlyConfigured(f"{name}: '{spec}' must be an object with at least 'input' and 'output'")
+        for key, value in prices.items():
+            if key not in PRICE_FIELDS:
+                raise ImproperlyConfigured(f"{name}: '{spec}'.{key} is not one of {', '.join(PRICE_FIELDS)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ImproperlyConfigured(f"{name}: '{spec}'.{key}={value!r} must be a number >= 0 (USD per million tokens)")
+    return data

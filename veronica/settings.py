@@ -12,7 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from veronica.env import env_bool, env_choice, env_int, env_list, env_path, env_str, env_url
+from veronica.env import env_bool, env_choice, env_float, env_int, env_list, env_path, env_prices, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = env_path("VERONICA_DATA_DIR", BASE_DIR / "data")
@@ -227,6 +227,16 @@ CONTEXT_WINDOWS.update(_context_windows(env_list("VERONICA_CONTEXT_WINDOWS")))
 CONTEXT_WINDOW_DEFAULT = env_int("VERONICA_CONTEXT_WINDOW_DEFAULT", 128_000, minimum=1000)
 ENGINE_TICK_SECONDS = env_int("VERONICA_ENGINE_TICK_SECONDS", 5, minimum=1)
 
+# Model calls through the vendors' SDKs (read when a run starts; bad values are refused here).
+OPENAI_BASE_URL = env_url("OPENAI_BASE_URL", ("http", "https"))
+ANTHROPIC_BASE_URL = env_url("ANTHROPIC_BASE_URL", ("http", "https"))
+MODEL_TIMEOUT = env_float("VERONICA_MODEL_TIMEOUT", 120.0, minimum=1, maximum=3600)
+MODEL_MAX_RETRIES = env_int("VERONICA_MODEL_MAX_RETRIES", 4, minimum=0, maximum=20)
+MODEL_BACKOFF = env_float("VERONICA_MODEL_BACKOFF", 1.0, minimum=0, maximum=60)
+MODEL_MAX_TOKENS = env_int("VERONICA_MODEL_MAX_TOKENS", 4096, minimum=1, maximum=1_000_000)
+MODEL_STREAM = env_bool("VERONICA_MODEL_STREAM", True)
+MODEL_PRICES = env_prices("VERONICA_MODEL_PRICES")
+
 # waggle: mine in a django-q2 task so mining never slows a member's turn (tests and the in-process
 # demo mine inline: VERONICA_WAGGLE_SWEEP_ASYNC=0).
 WAGGLE = {"sweep_async": env_bool("VERONICA_WAGGLE_SWEEP_ASYNC", True)}
@@ -242,4 +252,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"httpx2": {"level": "WARNING"}},  # the SDKs' HTTP client logs every request at INFO
 }

@@ -118,6 +118,7 @@
       if (/^blackboard\./.test(k)) out.push("blackboard");
       if (/^message\./.test(k)) out.push("messages");
     } else if (page === "member") {
+      if (k === "agent.delta") return out;  // a preview: the live text is appended, no re-fetch
       const mine = ev.member === memberName;
       if (mine) out.push("header", "transcript");
       if (/^task\./.test(k) && ev.payload && ev.payload.assignee === memberName) out.push("header");
@@ -142,6 +143,7 @@
     if (k === "blackboard.updated") return "by " + (p.writer || "?") + " (" + p.chars + " chars)";
     if (k === "member.phase") return (p.phase || "") + (p.tool ? ":" + p.tool : "");
     if (k === "ops.alert") return (p.subject || "") + (p.body ? ": " + p.body : "");
+    if (k === "agent.retry") return p.text || ("retrying: " + (p.reason || ""));
     const parts = [];
     Object.keys(p).forEach(function (key) {
       if (key === "member_name") return;
@@ -178,6 +180,76 @@
     while (list.children.length > TIMELINE_MAX) list.removeChild(list.lastChild);
   }
 
+  // --- live text: agent.delta previews a streaming reply until its agent.text (the persisted turn) -----
+
+  function liveEntry(ev) {
+    const list = document.getElementById("timeline");
+    if (!list || (page === "member" && ev.member !== memberName)) return null;
+    let li = list.querySelector('li[data-live="' + CSS.escape(ev.member || "") + '"]');
+    if (!li) {
+      li = document.createElement("li");
+      li.className = "ev kind-agent-delta live";
+      li.dataset.live = ev.member || "";
+      const kind = document.createElement("span");
+      kind.className = "kind";
+      kind.textContent = "texting";
+      const who = document.createElement("span");
+      who.className = "who";
+      who.textContent = ev.member || "";
+      const text = document.createElement("span");
+      text.className = "text";
+      li.append(kind, " ", who, " ", text);
+      list.prepend(li);
+    }
+    return li.querySelector(".text");
+  }
+
+  function liveTranscript() {
+    const list = page === "member" ? document.querySelector("[data-panel='transcript'] ol.transcript") : null;
+    if (!list) return null;
+    let li = list.querySelector("li.turn.live");
+    if (!li) {
+      li = document.createElement("li");
+      li.className = "turn role-assistant live";
+      const meta = document.createElement("div");
+      meta.className = "meta";
+      const badge = document.createElement("span");
+      badge.className = "badge";
+      badge.textContent = "assistant (live)";
+      meta.append(badge);
+      const text = document.createElement("div");
+      text.className = "md live-text";
+      li.append(meta, text);
+      list.append(li);
+    }
+    return li.querySelector(".live-text");
+  }
+
+  function liveText(ev) {
+    const p = ev.payload || {};
+    [liveEntry(ev), ev.member === memberName ? liveTranscript() : null].forEach(function (el) {
+      if (!el) return;
+      if ((p.offset || 0) === 0) el.textContent = "";
+      el.textContent += p.text || "";  // textContent only: model text is never HTML here
+    });
+  }
+
+  function liveDone(ev) {
+    const list = document.getElementById("timeline");
+    const li = list && list.querySelector('li[data-live="' + CSS.escape(ev.member || "") + '"]');
+    if (li) li.remove();
+    if (ev.member === memberName) {
+      const turn = document.querySelector("[data-panel='transcript'] li.turn.live");
+      if (turn) turn.remove();
+    }
+  }
+
+  function onEvent(ev) {
+    if (ev.kind === "agent.delta") { liveText(ev); return; }
+    if (ev.kind === "agent.text" || ev.kind === "agent.retry" || ev.kind === "tool.called" || ev.kind === "run.ended") liveDone(ev);
+    addToTimeline(ev);
+  }
+
   // --- the stream ----------------------------------------------------------------------------------
 
   function setStatus(state, text) {
@@ -206,7 +278,7 @@
         }
         if (data.type !== "event" || data.seq <= last) return;  // never apply an event twice
         last = data.seq;
-        addToTimeline(data);
+        onEvent(data);
         if (data.seq > pageSeq) {  // older ones are already on the page
           refresh(panelsFor(data));
           if (data.kind === "ops.alert") toast(summary(data), "error");

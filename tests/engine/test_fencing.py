@@ -136,3 +136,23 @@ def test_the_lease_minimum_is_above_the_heartbeat(settings):
     from django.conf import settings as live
 
     assert live.RUN_LEASE_SECONDS >= 3 * live.RUN_HEARTBEAT_SECONDS
+
+
+def test_a_suspend_is_seen_while_streamed_text_keeps_renewing_the_lease(space, monkeypatch):
+    """Live deltas are fenced writes (each renews the lease); the cancel check must not starve."""
+    from veronica.agent.runctx import Cancelled
+
+    clock = [1000.0]
+    monkeypatch.setattr(slot.time, "monotonic", lambda: clock[0])
+    w1 = w1_of(space)
+    lease = slot.claim(w1, "message")
+    supervisor.suspend(w1, actor="op")
+    stopped = False
+    for _ in range(10):
+        clock[0] += 0.3
+        with lease.fenced():  # a streamed delta's event
+            pass
+        stopped = lease.should_stop()
+        if stopped:
+            break
+    assert stopped and type(lease.stop_reason()) is Cancelled

@@ -1,118 +1,315 @@
-"""Wire format over real HTTP against a local server (no client patching)."""
-import json
-import threading
+"""Both vendors through their official SDKs against our mock servers (real HTTP, both wire formats,
+JSON and SSE streaming), with every scripted fault. No client patching."""
+from __future__ import annotations
+
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 
+from tests.vendors import faults as f
+from tests.vendors.mock_anthropic import MockAnthropic
+from tests.vendors.mock_openai import MockOpenAI
 from veronica.agent.providers.anthropic import AnthropicProvider
 from veronica.agent.providers.base import Cancelled, ProviderError
 from veronica.agent.providers.openai_compat import OpenAIProvider
+from veronica.agent.providers.sdk import CallConfig
 
 MESSAGES = [
     {"role": "user", "content": "list the files"},
     {"role": "assistant", "content": "", "tool_calls": [{"id": "t1", "name": "list_dir", "args": {"path": "."}}]},
     {"role": "tool", "tool_call_id": "t1", "name": "list_dir", "content": "a.py"},
 ]
-TOOLS = [{"name": "list_dir", "description": "List", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": []}}]
+TOOLS = [{"name": "list_dir", "description": "List", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": []}},
+         {"name": "read_file", "description": "Read", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": []}}]
+FAST = {"timeout": 1.0, "max_retries": 2, "backoff": 0.01, "stream": True, "max_tokens": 256}
+NEVER = lambda: False  # noqa: E731
 
 
-class Server:
-    def __init__(self):
-        self.requests, self.script = [], []
-        outer = self
+@dataclass
+class Vendor:
+    name: str
+    mock: MockOpenAI | MockAnthropic
+    make: Callable[..., OpenAIProvider | AnthropicProvider]
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append((self.path, dict(self.headers), body))
-                status, payload, delay = outer.script.pop(0) if outer.script else (500, {}, 0)
-                time.sleep(delay)
-                data = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    if status == 429:
-                        self.send_header("Retry-After", "0")
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def provider(self, **cfg):
+        return self.make(**cfg)
 
 
-@pytest.fixture
-def server():
-    srv = Server()
-    yield srv
-    srv.httpd.shutdown()
+def _vendor(name: str):
+    mock_cls, provider_cls = {"openai": (MockOpenAI, OpenAIProvider), "anthropic": (MockAnthropic, AnthropicProvider)}[name]
+    mock = mock_cls().start()
+    return mock, Vendor(name, mock, lambda **cfg: provider_cls("model-x", mock.base_url, "test-key", CallConfig(**{**FAST, **cfg})))
 
 
-OPENAI_REPLY = {"choices": [{"message": {"content": None, "tool_calls": [
-    {"id": "call_9", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"a.py\"}"}}]}}],
-    "usage": {"prompt_tokens": 120, "completion_tokens": 15, "prompt_tokens_details": {"cached_tokens": 20}}}
-ANTHROPIC_REPLY = {"content": [{"type": "text", "text": "Reading."}, {"type": "tool_use", "id": "tu_1", "name": "read_file",
-                                                                       "input": {"path": "a.py"}}],
-                   "usage": {"input_tokens": 90, "output_tokens": 12, "cache_read_input_tokens": 30}}
+@pytest.fixture(params=["openai", "anthropic"])
+def vendor(request):
+    mock, v = _vendor(request.param)
+    yield v
+    mock.stop()
 
 
-def test_openai_wire_format_and_usage(server):
-    server.script = [(200, OPENAI_REPLY, 0)]
-    reply = OpenAIProvider("gpt-test", server.url, "sk-1").complete("SYS", MESSAGES, TOOLS, should_stop=lambda: False)
-    path, headers, body = server.requests[0]
-    assert path == "/chat/completions" and headers["Authorization"] == "Bearer sk-1"
-    assert body["model"] == "gpt-test" and body["messages"][0] == {"role": "system", "content": "SYS"}
-    assert body["messages"][2]["tool_calls"][0]["function"] == {"name": "list_dir", "arguments": "{\"path\": \".\"}"}
-    assert body["messages"][3] == {"role": "tool", "tool_call_id": "t1", "content": "a.py"}
-    assert body["tools"][0]["type"] == "function" and body["tools"][0]["function"]["name"] == "list_dir"
-    assert reply.tool_calls[0].name == "read_file" and reply.tool_calls[0].args == {"path": "a.py"}
-    assert (reply.usage.input, reply.usage.output, reply.usage.cache_read) == (100, 15, 20)
+@pytest.fixture(params=[True, False], ids=["stream", "json"])
+def stream(request):
+    return request.param
 
 
-def test_anthropic_wire_format_and_usage(server):
-    server.script = [(200, ANTHROPIC_REPLY, 0)]
-    reply = AnthropicProvider("claude-test", server.url, "ak-1").complete("SYS", MESSAGES, TOOLS, should_stop=lambda: False)
-    path, headers, body = server.requests[0]
-    assert path == "/v1/messages" and headers["x-api-key"] == "ak-1" and headers["anthropic-version"]
-    assert body["system"] == "SYS" and body["tools"][0]["input_schema"]["type"] == "object"
-    assert body["messages"][1] == {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "list_dir", "input": {"path": "."}}]}
-    assert body["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": "t1", "content": "a.py"}
-    assert reply.text == "Reading." and reply.tool_calls[0].args == {"path": "a.py"}
-    assert (reply.usage.input, reply.usage.output, reply.usage.cache_read) == (90, 12, 30)
+def call(provider, events=None, should_stop=NEVER):
+    return provider.complete("SYS", MESSAGES, TOOLS, should_stop=should_stop, on_event=(events.append if events is not None else None))
 
 
-def test_retries_429_and_5xx_then_succeeds(server):
-    server.script = [(429, {"error": "slow down"}, 0), (503, {"error": "busy"}, 0), (200, OPENAI_REPLY, 0)]
-    provider = OpenAIProvider("m", server.url, "k")
-    provider.backoff = 0.01
-    assert provider.complete("S", MESSAGES, TOOLS, should_stop=lambda: False).tool_calls
-    assert len(server.requests) == 3
+# --- wire format -------------------------------------------------------------------------------------
+
+def test_openai_wire_format_and_usage(stream):
+    mock, v = _vendor("openai")
+    try:
+        mock.push(f.tool_call("read_file", {"path": "a.py"}))
+        reply = call(v.provider(stream=stream))
+        req = mock.model_requests()[0]
+        body = req.body
+        assert req.path == "/v1/chat/completions" and req.headers["authorization"] == "Bearer test-key"
+        assert body["model"] == "model-x" and body["messages"][0] == {"role": "system", "content": "SYS"}
+        assert body["messages"][2]["tool_calls"][0]["function"] == {"name": "list_dir", "arguments": "{\"path\": \".\"}"}
+        assert body["messages"][3] == {"role": "tool", "tool_call_id": "t1", "content": "a.py"}
+        assert body["tools"][0] == {"type": "function", "function": TOOLS[0]}
+        assert bool(body.get("stream")) is stream and (body.get("stream_options") == {"include_usage": True}) is stream
+        assert reply.tool_calls[0].name == "read_file" and reply.tool_calls[0].args == {"path": "a.py"}
+        assert reply.finish_reason == "tool_calls"
+        usage = req.usage
+        assert (reply.usage.input, reply.usage.output) == (usage["prompt_tokens"], usage["completion_tokens"])
+        assert not reply.usage.estimated
+    finally:
+        mock.stop()
 
 
-def test_a_client_error_is_not_retried(server):
-    server.script = [(400, {"error": "bad tool schema"}, 0)]
-    with pytest.raises(ProviderError, match="HTTP 400"):
-        AnthropicProvider("m", server.url, "k").complete("S", MESSAGES, TOOLS, should_stop=lambda: False)
-    assert len(server.requests) == 1
+def test_anthropic_wire_format_usage_and_cache_breakpoints(stream):
+    mock, v = _vendor("anthropic")
+    try:
+        mock.push(f.tool_call("read_file", {"path": "a.py"}, text="Reading."))
+        reply = call(v.provider(stream=stream))
+        req = mock.model_requests()[0]
+        body = req.body
+        assert req.path == "/v1/messages" and req.headers["anthropic-version"]
+        assert body["max_tokens"] == 256 and bool(body.get("stream")) is stream
+        assert body["system"] == [{"type": "text", "text": "SYS", "cache_control": {"type": "ephemeral"}}]
+        assert body["tools"][0]["input_schema"]["type"] == "object" and "cache_control" not in body["tools"][0]
+        assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}  # the tool schemas are the stable prefix
+        assert body["messages"][1] == {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "list_dir", "input": {"path": "."}}]}
+        assert body["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": "t1", "content": "a.py",
+                                                     "cache_control": {"type": "ephemeral"}}
+        assert reply.text == "Reading." and reply.tool_calls[0].args == {"path": "a.py"}
+        assert reply.finish_reason == "tool_calls"
+        assert (reply.usage.input, reply.usage.output) == (req.usage["input_tokens"], req.usage["output_tokens"])
+    finally:
+        mock.stop()
 
 
-def test_a_model_call_in_flight_is_aborted_by_cancel(server):
-    server.script = [(200, OPENAI_REPLY, 5)]
+def test_streamed_text_reaches_on_event_as_it_is_generated(vendor):
+    vendor.mock.push(f.text("The quick brown fox jumps over the lazy dog", chunks=5))
+    events: list[dict] = []
+    reply = call(vendor.provider(), events)
+    deltas = [e["delta"] for e in events if e["type"] == "text"]
+    assert len(deltas) >= 5 and "".join(deltas) == reply.text == "The quick brown fox jumps over the lazy dog"
+    assert reply.finish_reason == "stop"
+
+
+def test_one_connection_is_reused_across_calls(vendor):
+    provider = vendor.provider(stream=False)
+    call(provider)
+    call(vendor.provider(stream=False))  # a new provider for the same endpoint shares the pooled client
+    ports = [r.port for r in vendor.mock.model_requests()]
+    assert len(ports) == 2 and ports[0] == ports[1]
+
+
+# --- faults: transient ones are retried (visibly), permanent ones are not ----------------------------------
+
+TRANSIENT = {
+    "429 Retry-After": (f.rate_limit(retry_after=0.2), "HTTP 429"),
+    "429 retry-after-ms": (f.rate_limit(retry_after=None, ms=150), "HTTP 429"),
+    "500": (f.status(500), "HTTP 500"),
+    "503": (f.status(503, "unavailable"), "HTTP 503"),
+    "529 overloaded": (f.overloaded(), "HTTP 529"),
+    "hang past the read timeout": (f.hang(5), "timeout"),
+    "malformed body": (f.malformed(), "malformed response"),
+    "malformed stream": (f.malformed(stream_after=2), "malformed response"),
+    "error event mid-stream": (f.stream_error(after=2), "stream error"),
+}
+
+
+@pytest.mark.parametrize("fault", list(TRANSIENT), ids=list(TRANSIENT))
+def test_transient_faults_are_retried_with_visible_state(vendor, fault, stream):
+    behaviour, reason = TRANSIENT[fault]
+    if fault in ("malformed stream", "error event mid-stream") and not stream:
+        pytest.skip("a stream fault needs a stream")
+    vendor.mock.push(behaviour, f.text("recovered"))
+    events: list[dict] = []
+    reply = call(vendor.provider(stream=stream), events)
+    assert reply.text == "recovered"
+    retries = [e for e in events if e["type"] == "retry"]
+    assert len(retries) == 1 and retries[0]["reason"].startswith(reason), retries
+    assert len(vendor.mock.model_requests()) == 2
+
+
+def test_overloaded_reason_reads_like_the_console_line():
+    mock, v = _vendor("anthropic")
+    try:
+        mock.push(f.overloaded())
+        events: list[dict] = []
+        call(v.provider(), events)
+        assert events[0]["type"] == "retry" and events[0]["reason"] == "HTTP 529 overloaded"
+    finally:
+        mock.stop()
+
+
+@pytest.mark.parametrize("behaviour,expected", [(f.rate_limit(retry_after=0.4), 0.4), (f.rate_limit(retry_after=None, ms=300), 0.3)],
+                         ids=["Retry-After", "retry-after-ms"])
+def test_the_vendors_retry_delay_is_honoured(vendor, behaviour, expected):
+    vendor.mock.push(behaviour)
+    events: list[dict] = []
+    call(vendor.provider(), events)
+    assert events[0]["type"] == "retry" and events[0]["delay"] == pytest.approx(expected)
+    first, second = vendor.mock.model_requests()[:2]
+    assert second.started - first.started >= expected
+
+
+def test_transient_faults_give_up_after_max_retries(vendor):
+    vendor.mock.push(f.status(500), f.status(502), f.overloaded())
+    with pytest.raises(ProviderError) as caught:
+        call(vendor.provider(max_retries=2))
+    error = caught.value
+    assert not error.permanent and error.status == 529 and error.request_id.startswith("req_")
+    assert "gave up after 3 attempt(s)" in str(error) and len(vendor.mock.model_requests()) == 3
+
+
+@pytest.mark.parametrize("behaviour,status", [(f.unauthorized(), 401), (f.context_overflow(), 400), (f.status(403, "forbidden"), 403),
+                                              (f.status(404, "model not found"), 404)], ids=["401", "400 context", "403", "404"])
+def test_permanent_faults_are_not_retried_and_carry_the_request_id(vendor, behaviour, status, stream):
+    vendor.mock.push(behaviour)
+    with pytest.raises(ProviderError) as caught:
+        call(vendor.provider(stream=stream))
+    error = caught.value
+    assert error.permanent and error.status == status and error.request_id.startswith("req_")
+    assert error.request_id in str(error) and len(vendor.mock.model_requests()) == 1
+
+
+def test_context_overflow_says_so(vendor):
+    vendor.mock.push(f.context_overflow())
+    with pytest.raises(ProviderError, match="context length|prompt is too long"):
+        call(vendor.provider())
+
+
+def test_a_wrong_key_is_permanent(vendor):
+    provider = type(vendor.provider())("model-x", vendor.mock.base_url, "wrong-key", CallConfig(**FAST))
+    with pytest.raises(ProviderError) as caught:
+        call(provider)
+    assert caught.value.permanent and caught.value.status == 401
+
+
+def test_a_dead_base_url_is_a_transient_connection_error(vendor):
+    vendor.mock.stop()
+    with pytest.raises(ProviderError, match="connection error") as caught:
+        call(vendor.provider(max_retries=1))
+    assert not caught.value.permanent and caught.value.status is None
+
+
+def test_a_long_retry_after_goes_back_to_the_engine(vendor):
+    vendor.mock.push(f.rate_limit(retry_after=600))
+    with pytest.raises(ProviderError) as caught:
+        call(vendor.provider())
+    assert not caught.value.permanent and caught.value.retry_after == 600 and len(vendor.mock.model_requests()) == 1
+
+
+# --- replies that are not final answers, and usage -------------------------------------------------------
+
+def test_empty_reply_and_max_tokens_cut_are_reported(vendor, stream):
+    vendor.mock.push(f.empty(), f.max_tokens("cut mid-sen"))
+    empty, cut = call(vendor.provider(stream=stream)), call(vendor.provider(stream=stream))
+    assert empty.empty and not empty.truncated
+    assert cut.truncated and cut.finish_reason == "length" and cut.text == "cut mid-sen"
+
+
+def test_a_reply_without_usage_is_estimated_never_zero(vendor, stream):
+    vendor.mock.push(f.no_usage("an answer"))
+    reply = call(vendor.provider(stream=stream))
+    assert reply.usage.estimated and reply.usage.input > 0 and reply.usage.output > 0
+
+
+def test_openai_cached_tokens_are_metered_apart():
+    mock, v = _vendor("openai")
+    try:
+        big = [{"role": "user", "content": "x" * 8000}]
+        provider = v.provider()
+        first = provider.complete("SYS", big, TOOLS, should_stop=NEVER)
+        second = provider.complete("SYS", big + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}],
+                                   TOOLS, should_stop=NEVER)
+        assert first.usage.cache_read == 0
+        reported = mock.model_requests()[1].usage
+        assert second.usage.cache_read == reported["prompt_tokens_details"]["cached_tokens"] >= 1024
+        assert second.usage.input == reported["prompt_tokens"] - second.usage.cache_read
+    finally:
+        mock.stop()
+
+
+def test_anthropic_cache_reads_the_previous_turns_prefix(stream):
+    mock, v = _vendor("anthropic")
+    try:
+        tools = TOOLS * 40  # tool schemas: the bulk of every request, as in the real tool set
+        provider = v.provider(stream=stream)
+        history = [{"role": "user", "content": "start"}]
+        first = provider.complete("SYS " * 200, history, tools, should_stop=NEVER)
+        history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "next"}]
+        second = provider.complete("SYS " * 200, history, tools, should_stop=NEVER)
+        assert first.usage.cache_read == 0 and first.usage.cache_write > 1024
+        assert second.usage.cache_read >= first.usage.cache_write and second.usage.cache_write > 0
+        assert second.usage.input < second.usage.cache_read / 10
+    finally:
+        mock.stop()
+
+
+# --- cancel aborts the stream: the vendor sees the connection close and stops generating ---------------------
+
+def _cancel_after(seconds: float):
+    start = time.monotonic()
+    return lambda: time.monotonic() - start > seconds
+
+
+@pytest.mark.parametrize("behaviour", [f.generate(chunks=400, delay=0.05), f.hang(30)], ids=["mid-stream", "before-headers"])
+def test_cancel_closes_the_connection_and_the_vendor_stops_generating(vendor, behaviour):
+    vendor.mock.push(behaviour)
+    provider = vendor.provider(timeout=30.0)
+    assert provider.client is not None  # the SDK's first import is slow on a loaded machine: not part of the timing
+    should_stop = _cancel_after(0.5)
+    started = time.monotonic()
+    with pytest.raises(Cancelled) as caught:
+        call(provider, [], should_stop)
+    cancelled_at = time.monotonic()
+    if behaviour["kind"] == "generate":  # tokens generated before the hang-up are billed: an estimate rides along
+        assert caught.value.usage.estimated and caught.value.usage.output > 0
+    assert cancelled_at - started < 1.5
+    record = vendor.mock.model_requests()[0]
+    deadline = time.monotonic() + 2
+    while record.disconnected_at is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert record.disconnected_at is not None, "the vendor never saw the connection close"
+    assert record.disconnected_at - cancelled_at < 2
+    sent = record.chunks_sent
+    time.sleep(0.3)
+    assert record.chunks_sent == sent and sent < 50  # generation stopped at the disconnect
+
+
+def test_cancel_during_backoff_does_not_wait_it_out(vendor):
+    vendor.mock.push(f.rate_limit(retry_after=20))
+    provider = vendor.provider()
+    assert provider.client is not None
     started = time.monotonic()
     with pytest.raises(Cancelled):
-        OpenAIProvider("m", server.url, "k").complete("S", MESSAGES, TOOLS, should_stop=lambda: time.monotonic() - started > 0.3)
-    assert time.monotonic() - started < 2
+        call(provider, [], _cancel_after(0.3))
+    assert time.monotonic() - started < 1.5 and len(vendor.mock.model_requests()) == 1
 
 
-def test_missing_key_is_a_clear_preflight_error(monkeypatch):
+def test_missing_key_is_a_clear_permanent_preflight_error(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    with pytest.raises(ProviderError, match="ANTHROPIC_API_KEY is not set"):
+    with pytest.raises(ProviderError, match="ANTHROPIC_API_KEY is not set") as caught:
         AnthropicProvider.from_env("claude-x")
+    assert caught.value.permanent

@@ -15,6 +15,7 @@ from django.db import transaction
 
 from veronica import bus, events
 from veronica.agent import compaction, metering, transcript, waggle_bridge
+from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
 from veronica.agent.providers import get_provider
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
@@ -126,7 +127,7 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     """One metered model call. Failed calls are metered too; the breaker is checked after every one."""
     member = ctx.member
     try:
-        reply = provider.complete(system, messages, specs, should_stop=ctx.should_stop)
+        reply = provider.complete(system, messages, specs, should_stop=ctx.should_stop, on_event=LiveSink(member, ctx))
     except ProviderCancelled:
         raise ctx.stop_reason() from None
     except ProviderError as exc:

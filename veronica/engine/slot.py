@@ -71,7 +71,7 @@ class RunLease:
 
     def __init__(self, member: Member, token: str, run: Run, source: str) -> None:
         self.member, self.token, self.run, self.source = member, token, run, source
-        self._last_beat = time.monotonic()
+        self._last_check = time.monotonic()  # the last renewal that also read the cancel flag
         self._stop: Cancelled | None = None
         self._depth = 0
 
@@ -83,7 +83,8 @@ class RunLease:
         except LeaseLost as lost:
             self._stop = lost
             raise
-        self._last_beat = time.monotonic()
+        if honour_cancel:  # fenced writes renew too, but only this reads a suspend
+            self._last_check = time.monotonic()
 
     def check(self) -> None:
         self._renew(honour_cancel=True)
@@ -91,7 +92,7 @@ class RunLease:
     def should_stop(self) -> bool:
         if self._stop is not None:
             return True
-        if time.monotonic() - self._last_beat < settings.RUN_HEARTBEAT_SECONDS:
+        if time.monotonic() - self._last_check < settings.RUN_HEARTBEAT_SECONDS:
             return False
         try:
             self._renew(honour_cancel=True)

@@ -119,7 +119,7 @@ class Member(models.Model):
 
     @property
     def display_phase(self) -> str:
-        """Suspended wins over the fine phase; executing / waiting-approval carry the tool name."""
+        """Suspended wins over the fine phase; executing / waiting-approval carry the tool name, thinking a retry."""
         if self.removed_at is not None:
             return "removed"
         if self.membership == Membership.FROZEN:
@@ -127,6 +127,6 @@ class Member(models.Model):
         if self.run_status == RunStatus.SUSPENDED:
             return "suspended"
         phase = self.phase or self.run_status
-        if phase in (Phase.EXECUTING, Phase.WAITING_APPROVAL) and self.phase_tool:
+        if phase in (Phase.EXECUTING, Phase.WAITING_APPROVAL, Phase.THINKING) and self.phase_tool:  # thinking: retry state
             return f"{phase}:{self.phase_tool}"
         return phase

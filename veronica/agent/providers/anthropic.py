@@ -1,28 +1,56 @@
-"""Anthropic Messages API with tools. ANTHROPIC_API_KEY; ANTHROPIC_BASE_URL for proxies/tests."""
+"""Anthropic Messages API with tools, through the official `anthropic` SDK. ANTHROPIC_API_KEY;
+ANTHROPIC_BASE_URL for proxies and tests (the host only: the SDK adds `/v1/messages`).
+
+Prompt caching: the prompt is hashed in the order tools → system → messages, so `cache_control`
+sits on the last tool (the tool schemas, most of every request), on the system block (persona,
+skills, rules: stable for a run and across runs) and on the last block of the conversation (each
+turn then reads the transcript so far from the cache and writes only what is new).
+"""
 from __future__ import annotations
 
 import os
+import threading
 
+from veronica.agent.providers import sdk
 from veronica.agent.providers.base import ProviderError, Reply, ToolCall, Usage
-from veronica.agent.providers.http import post_json
 
-API_VERSION = "2023-06-01"
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+CACHE = {"type": "ephemeral"}
+FINISH = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
+          "model_context_window_exceeded": "length", "refusal": "content_filter"}
+
+
+def endpoint_from_env() -> tuple[str, str]:
+    from django.conf import settings
+
+    return (settings.ANTHROPIC_BASE_URL or DEFAULT_BASE_URL).rstrip("/"), os.environ.get("ANTHROPIC_API_KEY", "")
+
+
+def make_client(base_url: str, api_key: str, timeout: float):
+    import anthropic
+
+    return sdk.shared(("anthropic", base_url, api_key), lambda http: anthropic.Anthropic(
+        api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout, http_client=http), timeout)
 
 
 class AnthropicProvider:
-    def __init__(self, model: str, base_url: str, api_key: str, max_tokens: int = 4096, timeout: float = 120.0) -> None:
+    vendor = "anthropic"
+
+    def __init__(self, model: str, base_url: str, api_key: str, cfg: sdk.CallConfig | None = None) -> None:
         self.model, self.base_url, self.api_key = model, base_url.rstrip("/"), api_key
-        self.max_tokens, self.timeout = max_tokens, timeout
-        self.backoff = float(os.environ.get("VERONICA_MODEL_BACKOFF", "1.0"))
+        self.cfg = cfg or sdk.CallConfig.from_settings()
         self.label = f"anthropic:{model}"
 
     @classmethod
     def from_env(cls, model: str) -> "AnthropicProvider":
-        key = os.environ.get("ANTHROPIC_API_KEY", "")
+        base, key = endpoint_from_env()
         if not key:
-            raise ProviderError("ANTHROPIC_API_KEY is not set")
-        return cls(model, os.environ.get("ANTHROPIC_BASE_URL", "https://api.anthropic.com"), key,
-                   int(os.environ.get("VERONICA_MAX_TOKENS", "4096")), float(os.environ.get("VERONICA_MODEL_TIMEOUT", "120")))
+            raise ProviderError("ANTHROPIC_API_KEY is not set", permanent=True)
+        return cls(model, base, key)
+
+    @property
+    def client(self):
+        return make_client(self.base_url, self.api_key, self.cfg.timeout)
 
     def request_body(self, system: str, messages: list[dict], tools: list[dict]) -> dict:
         wire: list[dict] = []
@@ -43,28 +71,56 @@ class AnthropicProvider:
                 push("user", {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]})
             else:
                 push("user", {"type": "text", "text": m["content"]})
-        body = {"model": self.model, "max_tokens": self.max_tokens, "system": system, "messages": wire}
+        if wire:
+            wire[-1]["content"][-1] = {**wire[-1]["content"][-1], "cache_control": CACHE}
+        body = {"model": self.model, "max_tokens": self.cfg.max_tokens, "messages": wire}
+        if system:  # the API refuses an empty text block
+            body["system"] = [{"type": "text", "text": system, "cache_control": CACHE}]
         if tools:
             body["tools"] = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in tools]
+            body["tools"][-1]["cache_control"] = CACHE
         return body
 
-    def parse(self, payload: dict) -> Reply:
-        if not isinstance(payload, dict) or "content" not in payload:
-            raise ProviderError(f"unexpected response shape: {str(payload)[:300]}")
-        text, calls = [], []
-        for block in payload["content"]:
-            if block.get("type") == "text":
-                text.append(block.get("text", ""))
-            elif block.get("type") == "tool_use":
-                calls.append(ToolCall(id=block["id"], name=block["name"], args=block.get("input") or {}))
-        usage = payload.get("usage") or {}
-        return Reply(text="\n".join(text), tool_calls=calls,
-                     usage=Usage(input=usage.get("input_tokens", 0), output=usage.get("output_tokens", 0),
-                                 cache_read=usage.get("cache_read_input_tokens", 0) or 0,
-                                 cache_write=usage.get("cache_creation_input_tokens", 0) or 0))
+    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop, on_event=None) -> Reply:
+        body = self.request_body(system, messages, tools)
+        estimate = sdk.estimate_tokens(system, body["messages"], body.get("tools") or [])
+        client = self.client
 
-    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop) -> Reply:
-        headers = {"x-api-key": self.api_key, "anthropic-version": API_VERSION, "content-type": "application/json"}
-        payload = post_json(f"{self.base_url}/v1/messages", headers, self.request_body(system, messages, tools),
-                            should_stop=should_stop, timeout=self.timeout, backoff=self.backoff)
-        return self.parse(payload)
+        def attempt(emit, aborted: threading.Event) -> Reply:
+            if not self.cfg.stream:
+                return self.parse(client.messages.create(**body), estimate)
+            with client.messages.stream(**body) as stream:  # leaving the block closes the response
+                for event in stream:
+                    if aborted.is_set():
+                        return Reply()
+                    if event.type == "text" and event.text:
+                        emit(event.text)
+                return self.parse(stream.get_final_message(), estimate)
+
+        return sdk.call(attempt, vendor="anthropic", cfg=self.cfg, should_stop=should_stop, on_event=on_event,
+                        input_estimate=estimate)
+
+    def parse(self, message, estimate: int) -> Reply:
+        content = getattr(message, "content", None)
+        if content is None or getattr(message, "type", "message") != "message":
+            raise sdk.Malformed(f"not a message: {str(message)[:200]}")
+        text, calls = [], []
+        for block in content:
+            if block.type == "text":
+                text.append(block.text or "")
+            elif block.type == "tool_use":
+                calls.append(ToolCall(id=block.id, name=block.name, args=block.input if isinstance(block.input, dict) else {}))
+        joined = "\n".join(t for t in text if t)
+        return Reply(text=joined, tool_calls=calls, finish_reason=FINISH.get(message.stop_reason or "", ""),
+                     usage=usage_of(getattr(message, "usage", None), estimate, joined, calls))
+
+
+def usage_of(usage, estimate: int, text: str, calls: list[ToolCall]) -> Usage:
+    """input_tokens excludes the cache: read and written prefix tokens are reported (and priced) apart."""
+    read = getattr(usage, "cache_read_input_tokens", None) or 0
+    written = getattr(usage, "cache_creation_input_tokens", None) or 0
+    uncached = getattr(usage, "input_tokens", None) or 0
+    if usage is None or uncached + read + written <= 0:
+        out = sdk.estimate_tokens(text, [c.args for c in calls]) if (text or calls) else 1
+        return Usage(input=estimate, output=out, estimated=True)
+    return Usage(input=uncached, output=getattr(usage, "output_tokens", 0) or 0, cache_read=read, cache_write=written)

@@ -44,7 +44,7 @@ def _key(name: str, args: dict) -> str:
 class OfflineProvider:
     label = "offline (deterministic local policy)"
 
-    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop) -> Reply:
+    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop, on_event=None) -> Reply:
         simulate_latency(should_stop)
         names = {t["name"] for t in tools}
         brief_at = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)

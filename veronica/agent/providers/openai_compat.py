@@ -1,27 +1,57 @@
-"""Any OpenAI-compatible chat-completions endpoint with tool calling (OpenAI, vLLM, Ollama,
-llama.cpp server, LiteLLM proxy). Configured by OPENAI_BASE_URL and OPENAI_API_KEY."""
+"""Any OpenAI-compatible chat-completions endpoint with tool calling (OpenAI, vLLM, Ollama, llama.cpp
+server, LiteLLM proxy), through the official `openai` SDK. OPENAI_BASE_URL and OPENAI_API_KEY.
+
+Streamed by default (text reaches the console as it is generated; `stream_options.include_usage`
+asks for the usage chunk). Tool-call deltas are accumulated here rather than by the SDK's
+`.stream()` helper, which raises on `finish_reason: length` instead of returning the cut reply.
+"""
 from __future__ import annotations
 
 import json
 import os
+import threading
 
+from veronica.agent.providers import sdk
 from veronica.agent.providers.base import ProviderError, Reply, ToolCall, Usage
-from veronica.agent.providers.http import post_json
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length",
+          "content_filter": "content_filter"}
+
+
+def endpoint_from_env() -> tuple[str, str]:
+    from django.conf import settings
+
+    return (settings.OPENAI_BASE_URL or DEFAULT_BASE_URL).rstrip("/"), os.environ.get("OPENAI_API_KEY", "")
+
+
+def make_client(base_url: str, api_key: str, timeout: float):
+    import openai
+
+    # local servers take no key, but the SDK insists on one
+    return sdk.shared(("openai", base_url, api_key), lambda http: openai.OpenAI(
+        api_key=api_key or "no-key", base_url=base_url, max_retries=0, timeout=timeout, http_client=http), timeout)
 
 
 class OpenAIProvider:
-    def __init__(self, model: str, base_url: str, api_key: str, timeout: float = 120.0) -> None:
-        self.model, self.base_url, self.api_key, self.timeout = model, base_url.rstrip("/"), api_key, timeout
-        self.backoff = float(os.environ.get("VERONICA_MODEL_BACKOFF", "1.0"))
+    vendor = "openai"
+
+    def __init__(self, model: str, base_url: str, api_key: str, cfg: sdk.CallConfig | None = None) -> None:
+        self.model, self.base_url, self.api_key = model, base_url.rstrip("/"), api_key
+        self.cfg = cfg or sdk.CallConfig.from_settings()
         self.label = f"openai:{model}"
 
     @classmethod
     def from_env(cls, model: str) -> "OpenAIProvider":
-        base = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
-        key = os.environ.get("OPENAI_API_KEY", "")
+        base, key = endpoint_from_env()
         if not key and "api.openai.com" in base:
-            raise ProviderError("OPENAI_API_KEY is not set (needed for api.openai.com; local servers may leave it empty)")
-        return cls(model, base, key, float(os.environ.get("VERONICA_MODEL_TIMEOUT", "120")))
+            raise ProviderError("OPENAI_API_KEY is not set (needed for api.openai.com; local servers may leave it empty)",
+                                permanent=True)
+        return cls(model, base, key)
+
+    @property
+    def client(self):
+        return make_client(self.base_url, self.api_key, self.cfg.timeout)
 
     def request_body(self, system: str, messages: list[dict], tools: list[dict]) -> dict:
         wire = [{"role": "system", "content": system}]
@@ -41,29 +71,100 @@ class OpenAIProvider:
             body["tools"] = [{"type": "function", "function": t} for t in tools]
         return body
 
-    def parse(self, payload: dict) -> Reply:
-        try:
-            message = payload["choices"][0]["message"]
-        except (KeyError, IndexError, TypeError):
-            raise ProviderError(f"unexpected response shape: {str(payload)[:300]}") from None
-        calls = []
-        for raw in message.get("tool_calls") or []:
-            fn = raw.get("function", {})
-            try:
-                args = json.loads(fn.get("arguments") or "{}")
-            except json.JSONDecodeError:
-                args = {"_unparsed": fn.get("arguments", "")}
-            calls.append(ToolCall(id=raw.get("id") or f"call_{len(calls)}", name=fn.get("name", ""), args=args if isinstance(args, dict) else {}))
-        usage = payload.get("usage") or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
-        return Reply(text=message.get("content") or "", tool_calls=calls,
-                     usage=Usage(input=(usage.get("prompt_tokens") or 0) - cached, output=usage.get("completion_tokens") or 0,
-                                 cache_read=cached))
+    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop, on_event=None) -> Reply:
+        body = self.request_body(system, messages, tools)
+        estimate = sdk.estimate_tokens(body["messages"], body.get("tools") or [])
+        client = self.client
 
-    def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop) -> Reply:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        payload = post_json(f"{self.base_url}/chat/completions", headers, self.request_body(system, messages, tools),
-                            should_stop=should_stop, timeout=self.timeout, backoff=self.backoff)
-        return self.parse(payload)
+        def attempt(emit, aborted: threading.Event) -> Reply:
+            if not self.cfg.stream:
+                return self.parse(client.chat.completions.create(**body), estimate)
+            stream = client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True})
+            acc = StreamedReply()
+            with stream:  # leaving the block closes the response (and, unread, its connection)
+                for chunk in stream:
+                    if aborted.is_set():
+                        break
+                    delta = acc.add(chunk)
+                    if delta:
+                        emit(delta)
+            return acc.reply(estimate)
+
+        return sdk.call(attempt, vendor="openai", cfg=self.cfg, should_stop=should_stop, on_event=on_event,
+                        input_estimate=estimate)
+
+    def parse(self, completion, estimate: int) -> Reply:
+        choices = getattr(completion, "choices", None)
+        if not choices or getattr(choices[0], "message", None) is None:
+            raise sdk.Malformed(f"no choices in the reply: {str(completion)[:200]}")
+        message = choices[0].message
+        calls = [tool_call(c.id, c.function.name, c.function.arguments, i) for i, c in enumerate(message.tool_calls or [])
+                 if getattr(c, "function", None) is not None]
+        text = message.content or ""
+        return Reply(text=text, tool_calls=calls, finish_reason=FINISH.get(choices[0].finish_reason or "", ""),
+                     usage=usage_of(completion.usage, estimate, text, calls))
+
+
+class StreamedReply:
+    """Chat-completion chunks folded into one reply: text, tool calls by index, finish reason, usage."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls: dict[int, dict] = {}
+        self.finish = ""
+        self.usage = None
+        self.chunks = 0
+
+    def add(self, chunk) -> str:
+        self.chunks += 1
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        choices = getattr(chunk, "choices", None) or []
+        if not choices:
+            return ""
+        choice = choices[0]
+        if choice.finish_reason:
+            self.finish = choice.finish_reason
+        delta = choice.delta
+        if delta is None:
+            return ""
+        for part in delta.tool_calls or []:
+            slot = self.calls.setdefault(part.index if part.index is not None else len(self.calls),
+                                         {"id": "", "name": "", "arguments": ""})
+            slot["id"] = part.id or slot["id"]
+            if part.function is not None:
+                slot["name"] = part.function.name or slot["name"]
+                slot["arguments"] += part.function.arguments or ""
+        if delta.content:
+            self.text.append(delta.content)
+            return delta.content
+        return ""
+
+    def reply(self, estimate: int) -> Reply:
+        if not self.chunks:
+            raise sdk.Malformed("the stream ended without a single chunk")
+        calls = [tool_call(c["id"], c["name"], c["arguments"], i) for i, (_, c) in enumerate(sorted(self.calls.items()))]
+        text = "".join(self.text)
+        return Reply(text=text, tool_calls=calls, finish_reason=FINISH.get(self.finish, ""),
+                     usage=usage_of(self.usage, estimate, text, calls))
+
+
+def tool_call(call_id: str | None, name: str | None, arguments: str | None, index: int) -> ToolCall:
+    try:
+        args = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        args = {"_unparsed": arguments or ""}
+    return ToolCall(id=call_id or f"call_{index}", name=name or "", args=args if isinstance(args, dict) else {})
+
+
+def usage_of(usage, estimate: int, text: str, calls: list[ToolCall]) -> Usage:
+    """prompt_tokens includes the cached ones: input is the uncached rest. No usage -> an estimate."""
+    prompt = getattr(usage, "prompt_tokens", None) or 0
+    if usage is None or prompt <= 0:
+        out = sdk.estimate_tokens(text, [c.args for c in calls]) if (text or calls) else 1
+        return Usage(input=estimate, output=out, estimated=True)
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) or 0
+    written = getattr(details, "cache_write_tokens", None) or 0
+    return Usage(input=max(prompt - cached - written, 0), output=getattr(usage, "completion_tokens", 0) or 0,
+                 cache_read=cached, cache_write=written)

@@ -1,28 +1,40 @@
-"""Preflight: every member's model spec and provider keys, the workdirs, the services."""
+"""Preflight: the database, the broker, every space's workdir, every member's model spec and keys,
+one real authenticated request per distinct model endpoint, and a price for every model."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from veronica.agent.providers import get_provider
+from veronica.agent.providers import get_provider, pricing
 from veronica.agent.providers.base import ProviderError
+from veronica.agent.providers.probe import endpoint_for, probe
 from veronica.errors import VeronicaError
 from veronica.models import Member, Space
 
 
 class Command(BaseCommand):
-    help = "Check the database, the broker, every space's workdir and every member's provider (keys included)."
+    help = ("Check the database, the broker, every space's workdir and every member's provider: keys, one list-models "
+            "request per distinct endpoint (wrong key, dead URL, doubled /v1) and a known price per model.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-probe", action="store_true", help="skip the network requests to model endpoints")
 
     def handle(self, *args, **options):
-        problems = 0
+        problems = warnings = 0
 
         def report(ok: bool, text: str) -> None:
             nonlocal problems
             problems += not ok
             self.stdout.write(("  ✓ " if ok else "  ✗ ") + text)
+
+        def warn(text: str) -> None:
+            nonlocal warnings
+            warnings += 1
+            self.stdout.write("  ! " + text)
 
         connection.ensure_connection()
         report(True, f"database: {connection.vendor}")
@@ -34,14 +46,46 @@ class Command(BaseCommand):
                 report(True, "redis: reachable")
             except redis.RedisError as exc:
                 report(False, f"redis: {exc}")
+        specs: dict[str, list[str]] = {}  # model spec -> who uses it
         for space in Space.objects.all():
             report(Path(space.workdir).is_dir(), f"space {space.slug}: workdir {space.workdir}")
             for member in Member.objects.filter(space=space, removed_at__isnull=True):
                 try:
                     get_provider(member.model)
                     report(True, f"  {member.name}: {member.model}")
+                    specs.setdefault(member.model, []).append(f"{space.slug}/{member.name}")
                 except (ProviderError, VeronicaError) as exc:
                     report(False, f"  {member.name}: {member.model}: {exc}")
+        learning = os.environ.get("VERONICA_LEARNING_MODEL", "")
+        if learning and learning != "offline":
+            specs.setdefault(learning, []).append("VERONICA_LEARNING_MODEL")
+        if not options["no_probe"]:
+            problems_before = problems
+            self.probe_endpoints(specs, report, warn)
+            if problems > problems_before:
+                self.stdout.write("    (members on a failing endpoint fail every run until it is fixed)")
+        for spec, users in sorted(specs.items()):
+            if not pricing.known(spec):
+                warn(f"no price known for {spec} (used by {', '.join(users[:3])}): it is metered in tokens at $0, so a "
+                     "USD ceiling never trips; add it to VERONICA_MODEL_PRICES")
         if problems:
-            raise CommandError(f"{problems} problem(s) found")
-        self.stdout.write(self.style.SUCCESS("all checks passed"))
+            raise CommandError(f"{problems} problem(s) found" + (f", {warnings} warning(s)" if warnings else ""))
+        self.stdout.write(self.style.SUCCESS("all checks passed" + (f" ({warnings} warning(s))" if warnings else "")))
+
+    def probe_endpoints(self, specs: dict[str, list[str]], report, warn) -> None:
+        by_endpoint: dict = {}
+        for spec in specs:
+            try:
+                endpoint = endpoint_for(spec)
+            except Exception:  # noqa: BLE001 - a bad spec was reported above
+                continue
+            if endpoint is not None:
+                by_endpoint.setdefault(endpoint, []).append(spec)
+        for endpoint, endpoint_specs in by_endpoint.items():
+            result = probe(endpoint)
+            report(result.ok, result.text)
+            if result.ok and result.models:
+                for spec in endpoint_specs:
+                    model = spec.partition(":")[2]
+                    if model not in result.models and not any(m.startswith(model) for m in result.models):
+                        warn(f"{spec}: the endpoint does not list model '{model}' (listed: {', '.join(result.models[:5])})")

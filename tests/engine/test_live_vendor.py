@@ -1,0 +1,104 @@
+"""A member's run against the mock vendors, in-process: live text and retry state reach the event
+log (throttled), prompt caching is metered and priced."""
+from __future__ import annotations
+
+import pytest
+
+from tests.vendors import faults as f
+from tests.vendors.mock_anthropic import MockAnthropic
+from tests.vendors.mock_openai import MockOpenAI
+from veronica import bus
+from veronica.agent.live import LiveSink
+from veronica.engine import runner, supervisor
+from veronica.models import Event, Member, UsageDay
+
+
+@pytest.fixture
+def anthropic_mock(settings, monkeypatch):
+    with MockAnthropic(api_key="ak-test") as mock:
+        settings.ANTHROPIC_BASE_URL = mock.base_url
+        settings.MODEL_BACKOFF = 0.01
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "ak-test")
+        yield mock
+
+
+@pytest.fixture
+def openai_mock(settings, monkeypatch):
+    with MockOpenAI(api_key="sk-test") as mock:
+        settings.OPENAI_BASE_URL = mock.base_url
+        settings.MODEL_BACKOFF = 0.01
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        yield mock
+
+
+def member_on(space, model: str) -> Member:
+    w1 = supervisor.get_member(space, "w1")
+    Member.objects.filter(pk=w1.pk).update(model=model)
+    return Member.objects.get(pk=w1.pk)
+
+
+def kinds(space, kind: str) -> list[dict]:
+    return [e.payload for e in Event.objects.filter(space=space, kind=kind).order_by("seq")]
+
+
+def test_anthropic_run_streams_live_text_and_meters_cache_tokens_and_usd(space, anthropic_mock):
+    w1 = member_on(space, "anthropic:claude-haiku-4-5")
+    anthropic_mock.push(f.text("Hello from a streamed answer, in pieces.", chunks=4, delay=0.3))
+    bus.send(space, "boss", "w1", "say hello")
+    assert runner.wake(w1.pk, "message") == "done"
+    body = anthropic_mock.model_requests()[0].body
+    assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"} and body["system"][0]["cache_control"]
+    deltas = kinds(space, "agent.delta")
+    assert 2 <= len(deltas) < 6 and "".join(d["text"] for d in deltas) in "Hello from a streamed answer, in pieces."
+    assert any(p["phase"] == "texting" for p in kinds(space, "member.phase"))
+    first = UsageDay.objects.get(member=w1)
+    assert first.cache_write_tokens > 1024 and first.cache_read_tokens == 0 and first.usd > 0
+
+    bus.send(space, "boss", "w1", "again")
+    assert runner.wake(w1.pk, "message") == "done"
+    second = UsageDay.objects.get(member=w1)
+    assert second.cache_read_tokens >= first.cache_write_tokens  # the second run read the stable prefix
+
+
+def test_openai_run_shows_the_retry_state_and_recovers(space, openai_mock):
+    w1 = member_on(space, "openai:gpt-4.1-mini")
+    openai_mock.push(f.overloaded(), f.text("fine now"))
+    bus.send(space, "boss", "w1", "hello")
+    assert runner.wake(w1.pk, "message") == "done"
+    retries = kinds(space, "agent.retry")
+    assert len(retries) == 1 and retries[0]["reason"] == "HTTP 529 overloaded" and retries[0]["text"].startswith("retrying")
+    assert any(p["phase"] == "thinking" and p["tool"].startswith("retrying") for p in kinds(space, "member.phase"))
+    assert kinds(space, "agent.text")[-1]["text"] == "fine now"
+    assert UsageDay.objects.get(member=w1).usd > 0
+
+
+class FakeCtx:
+    def __init__(self):
+        self.phases = []
+
+    def phase(self, phase, tool=""):
+        self.phases.append((phase, tool))
+
+    def fenced(self):  # the run's lease fence (veronica.agent.runctx); always held here
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def test_live_text_is_throttled_not_one_event_per_token(space):
+    w1 = supervisor.get_member(space, "w1")
+    now = [0.0]
+    ctx = FakeCtx()
+    sink = LiveSink(w1, ctx, every=0.25, clock=lambda: now[0])
+    for i in range(100):  # 100 tokens over one second
+        sink({"type": "text", "delta": f"t{i} "})
+        now[0] += 0.01
+    deltas = kinds(space, "agent.delta")
+    assert 3 <= len(deltas) <= 4
+    assert [d["offset"] for d in deltas] == [sum(len(x["text"]) for x in deltas[:i]) for i in range(len(deltas))]
+    assert ctx.phases == [("texting", "")]
+    sink({"type": "retry", "delay": 8.0, "reason": "HTTP 529 overloaded"})
+    assert kinds(space, "agent.retry")[0]["text"] == "retrying in 8 s: HTTP 529 overloaded"
+    assert ctx.phases[-1] == ("thinking", "retrying in 8 s: HTTP 529 overloaded")
+    sink({"type": "text", "delta": "again"})  # the next attempt starts a new preview, in phase texting
+    assert ctx.phases[-1] == ("texting", "")

@@ -1,0 +1,363 @@
+"""The fault-injection scheme shared by the mock vendor servers (OpenAI and Anthropic wire formats).
+
+Each model request pops the next scripted behaviour; an empty script answers `text("done")`.
+A behaviour is a plain dict (so a test in another process can post it as JSON to `/_mock/script`):
+
+    text(content, chunks=1, delay=0)   a normal answer; streamed in `chunks` pieces `delay` s apart
+    tool_call(name, args, text="")     one tool call (optionally with text before it)
+    generate(chunks=400, delay=0.05)   a long stream that keeps producing until the client disconnects
+    rate_limit(retry_after=1, ms=None) 429 with Retry-After (seconds) or retry-after-ms
+    status(code, message)              any HTTP error (500, 503, ...)
+    overloaded()                       529 overloaded (Anthropic's overload status)
+    hang(seconds=30)                   read the request, send nothing (until the client disconnects)
+    malformed(stream_after=0)          a 200 whose body is not the vendor's JSON (or a broken SSE event
+                                       after `stream_after` good chunks)
+    stream_error(after=1)              a stream that ends in the vendor's in-stream error event (overloaded)
+    empty()                            a 200 with no text and no tool calls
+    max_tokens(text)                   an answer cut at the token limit
+    unauthorized()                     401
+    context_overflow()                 400 "prompt is too long" / context_length_exceeded
+    no_usage(text)                     an answer without a usage block
+
+Every request is recorded (path, headers, body, client port, behaviour, timings; for streams the
+chunks sent and when the client disconnected) for assertions.
+"""
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def text(content: str = "done", chunks: int = 1, delay: float = 0.0) -> dict:
+    return {"kind": "text", "text": content, "chunks": chunks, "delay": delay}
+
+
+def tool_call(name: str, args: dict, text: str = "") -> dict:
+    return {"kind": "tool_call", "name": name, "args": args, "text": text}
+
+
+def generate(chunks: int = 400, delay: float = 0.05) -> dict:
+    return {"kind": "generate", "chunks": chunks, "delay": delay}
+
+
+def rate_limit(retry_after: float | None = 1, ms: int | None = None) -> dict:
+    return {"kind": "status", "status": 429, "message": "rate limited", "retry_after": retry_after, "retry_after_ms": ms}
+
+
+def status(code: int, message: str = "server error", retry_after: float | None = None) -> dict:
+    return {"kind": "status", "status": code, "message": message, "retry_after": retry_after, "retry_after_ms": None}
+
+
+def overloaded() -> dict:
+    return status(529, "Overloaded")
+
+
+def hang(seconds: float = 30) -> dict:
+    return {"kind": "hang", "seconds": seconds}
+
+
+def malformed(stream_after: int = 0) -> dict:
+    return {"kind": "malformed", "stream_after": stream_after}
+
+
+def stream_error(after: int = 1) -> dict:
+    """A 200 stream that breaks off with the vendor's in-stream error event (overloaded) after `after` chunks."""
+    return {"kind": "stream_error", "after": after}
+
+
+def empty() -> dict:
+    return {"kind": "empty"}
+
+
+def max_tokens(content: str = "The answer is cut off mid-sen") -> dict:
+    return {"kind": "max_tokens", "text": content}
+
+
+def unauthorized() -> dict:
+    return status(401, "invalid x-api-key")
+
+
+def context_overflow() -> dict:
+    return {"kind": "status", "status": 400, "message": "context", "overflow": True, "retry_after": None, "retry_after_ms": None}
+
+
+def no_usage(content: str = "an answer without usage") -> dict:
+    return {"kind": "text", "text": content, "chunks": 1, "delay": 0.0, "usage": False}
+
+
+def tokens(data) -> int:
+    """The mock's tokenizer: four characters of canonical JSON per token."""
+    raw = data if isinstance(data, str) else json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return max(len(raw) // 4, 1)
+
+
+@dataclass
+class Record:
+    method: str
+    path: str
+    headers: dict
+    body: dict | None
+    port: int
+    behaviour: dict | None = None
+    started: float = field(default_factory=time.monotonic)
+    chunks_sent: int = 0
+    disconnected_at: float | None = None
+    finished_at: float | None = None
+    usage: dict | None = None
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (cancel, timeout) is part of the script, not a server error."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):
+            super().handle_error(request, client_address)
+
+
+class ClientGone(Exception):
+    """The client closed the connection (cancel); the server stops generating."""
+
+
+class MockVendor:
+    """A real HTTP server on a free port, in a thread. Subclasses speak one vendor's wire format."""
+
+    dialect = "base"
+
+    def __init__(self, api_key: str = "test-key", host: str = "127.0.0.1", port: int = 0) -> None:
+        self.api_key = api_key
+        self.script: list[dict] = []
+        self.requests: list[Record] = []
+        self.lock = threading.Lock()
+        self.httpd = _Server((host, port), self._handler())
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread: threading.Thread | None = None
+
+    # --- control -------------------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def push(self, *behaviours: dict) -> "MockVendor":
+        with self.lock:
+            self.script.extend(behaviours)
+        return self
+
+    def next_behaviour(self) -> dict:
+        with self.lock:
+            return self.script.pop(0) if self.script else text("done")
+
+    def model_requests(self) -> list[Record]:
+        return [r for r in self.requests if r.method == "POST" and not r.path.startswith("/_mock")]
+
+    def start(self) -> "MockVendor":
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name=f"mock-{self.dialect}", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.httpd.shutdown()
+            self.thread = None
+        self.httpd.server_close()
+
+    def __enter__(self) -> "MockVendor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- vendor hooks (subclasses) ------------------------------------------------------------------
+    def authorized(self, headers) -> bool:
+        raise NotImplementedError
+
+    def route(self, method: str, path: str) -> str | None:
+        """'model', 'models' or None (404)."""
+        raise NotImplementedError
+
+    def error_body(self, status: int, message: str, overflow: bool = False) -> dict:
+        raise NotImplementedError
+
+    def answer(self, handler: "Handler", record: Record, behaviour: dict) -> None:
+        raise NotImplementedError
+
+    def models_body(self) -> dict:
+        raise NotImplementedError
+
+    def request_id_header(self) -> str:
+        raise NotImplementedError
+
+    # --- plumbing -------------------------------------------------------------------------------
+    def _handler(self):
+        vendor = self
+
+        class Bound(Handler):
+            pass
+
+        Bound.vendor = vendor
+        return Bound
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so connection reuse is observable (client port)
+    vendor: MockVendor
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def _serve(self, method: str) -> None:
+        vendor = self.vendor
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        if self.path.startswith("/_mock/"):
+            return self._control(method, body)
+        record = Record(method, self.path, {k.lower(): v for k, v in self.headers.items()}, body, self.client_address[1])
+        with vendor.lock:
+            vendor.requests.append(record)
+        kind = vendor.route(method, self.path.split("?")[0])
+        if kind is None:
+            return self.send_json(404, vendor.error_body(404, f"no route {method} {self.path}"))
+        if not vendor.authorized(record.headers):
+            return self.send_json(401, vendor.error_body(401, "invalid api key"))
+        if kind == "models":
+            return self.send_json(200, vendor.models_body())
+        behaviour = record.behaviour = vendor.next_behaviour()
+        try:
+            if behaviour["kind"] == "status":
+                extra = {}
+                if behaviour.get("retry_after") is not None:
+                    extra["Retry-After"] = str(behaviour["retry_after"])
+                if behaviour.get("retry_after_ms") is not None:
+                    extra["retry-after-ms"] = str(behaviour["retry_after_ms"])
+                self.send_json(behaviour["status"], vendor.error_body(behaviour["status"], behaviour["message"],
+                                                                      behaviour.get("overflow", False)), extra)
+            elif behaviour["kind"] == "hang":
+                self.wait_for_disconnect(record, behaviour["seconds"])
+            elif behaviour["kind"] == "stream_error" and not (body or {}).get("stream"):
+                self.send_json(529, vendor.error_body(529, "Overloaded"))
+            elif behaviour["kind"] == "malformed" and not (body or {}).get("stream"):
+                self.send_raw(200, b'{"id": "broken", "choices": [', "application/json")
+            else:
+                vendor.answer(self, record, behaviour)
+        except ClientGone:
+            record.disconnected_at = record.disconnected_at or time.monotonic()
+            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError):
+            record.disconnected_at = record.disconnected_at or time.monotonic()
+            self.close_connection = True
+        record.finished_at = time.monotonic()
+
+    def _control(self, method: str, body) -> None:
+        vendor = self.vendor
+        if method == "POST" and self.path == "/_mock/script":
+            vendor.push(*(body or []))
+            return self.send_json(200, {"queued": len(vendor.script)})
+        if method == "POST" and self.path == "/_mock/reset":
+            with vendor.lock:
+                vendor.script.clear()
+                vendor.requests.clear()
+            return self.send_json(200, {"ok": True})
+        if self.path == "/_mock/requests":
+            rows = [{"method": r.method, "path": r.path, "body": r.body, "port": r.port, "behaviour": r.behaviour,
+                     "chunks_sent": r.chunks_sent, "disconnected": r.disconnected_at is not None, "usage": r.usage}
+                    for r in vendor.requests]
+            return self.send_json(200, rows)
+        return self.send_json(404, {"error": "unknown control path"})
+
+    # --- writing --------------------------------------------------------------------------------
+    def send_raw(self, status: int, data: bytes, content_type: str, extra: dict | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header(self.vendor.request_id_header(), f"req_{id(data):x}{int(time.time() * 1000) % 100000}")
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def send_json(self, status: int, payload, extra: dict | None = None) -> None:
+        self.send_raw(status, json.dumps(payload).encode(), "application/json", extra)
+
+    def start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header(self.vendor.request_id_header(), f"req_stream{int(time.time() * 1000) % 100000}")
+        self.end_headers()
+        self.wfile.flush()
+
+    def send_event(self, record: Record, data: str, event: str | None = None) -> None:
+        if self.client_gone():
+            raise ClientGone()
+        frame = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
+        raw = frame.encode()
+        self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+        self.wfile.flush()
+        record.chunks_sent += 1
+
+    def end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def client_gone(self) -> bool:
+        """A readable socket that reads b'' is a closed peer (the client aborted its request)."""
+        sock = self.connection
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                return sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+        return False
+
+    def pause(self, record: Record, seconds: float) -> None:
+        """Sleep, but notice a disconnect within ~20 ms (a cancelled client stops the generation)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.client_gone():
+                record.disconnected_at = time.monotonic()
+                raise ClientGone()
+            time.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+
+    def wait_for_disconnect(self, record: Record, seconds: float) -> None:
+        self.pause(record, seconds)
+        self.close_connection = True
+
+
+def serve_main(vendor_cls, argv=None) -> None:
+    """`python -m tests.vendors.mock_openai --port 0 --key K`: print the URL, serve until killed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=f"mock {vendor_cls.dialect} vendor server with scripted faults")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--key", default="test-key")
+    parser.add_argument("--script", default="", help="JSON list of behaviours to queue at start")
+    args = parser.parse_args(argv)
+    vendor = vendor_cls(api_key=args.key, host=args.host, port=args.port)
+    if args.script:
+        vendor.push(*json.loads(args.script))
+    print(vendor.root, flush=True)
+    try:
+        vendor.httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass

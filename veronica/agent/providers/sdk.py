@@ -1,0 +1,328 @@
+"""What the two vendor adapters share around the official SDKs.
+
+* One pooled HTTP client per process and endpoint (connection reuse across calls and runs).
+* Each attempt runs on a worker thread; the caller's thread relays streamed text to `on_event`,
+  polls `should_stop` (both touch the database, so they stay on the caller's thread) and, on cancel,
+  shuts down the socket the worker is using. Closing a socket another thread is blocked on does not
+  wake it on Linux; `shutdown()` does, and it sends the FIN the vendor needs to stop generating.
+* The retry loop is ours (the SDKs run with `max_retries=0`): the SDK's own loop sleeps where a
+  cancel cannot reach it and says nothing about it, while the console must show "retrying in 8 s:
+  HTTP 529 overloaded". It honours `retry-after-ms` / `Retry-After` (parsed like the SDKs do),
+  `x-should-retry`, and backs off exponentially with jitter otherwise.
+"""
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import os
+import queue
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import httpcore2
+import httpx2
+
+from veronica.agent.providers.base import CancelCheck, Cancelled, EventSink, ProviderError, Usage
+
+POLL_SECONDS = 0.05
+MAX_INLINE_WAIT = 60.0  # a longer Retry-After is handed to the engine's re-wake backoff instead
+RETRYABLE_STATUSES = {408, 409, 429}
+
+
+class Malformed(Exception):
+    """The vendor answered 200 with something that is not a usable reply (retried like a 5xx)."""
+
+
+@dataclass(frozen=True)
+class CallConfig:
+    timeout: float = 120.0
+    max_retries: int = 4
+    backoff: float = 1.0
+    stream: bool = True
+    max_tokens: int = 4096
+
+    @classmethod
+    def from_settings(cls) -> "CallConfig":
+        from django.conf import settings
+
+        return cls(timeout=settings.MODEL_TIMEOUT, max_retries=settings.MODEL_MAX_RETRIES, backoff=settings.MODEL_BACKOFF,
+                   stream=settings.MODEL_STREAM, max_tokens=settings.MODEL_MAX_TOKENS)
+
+
+# --- sockets a worker thread is using, so another thread can abort them -----------------------------
+
+_IN_USE: dict[int, object] = {}
+_IN_USE_LOCK = threading.Lock()
+
+
+class _TrackedStream(httpcore2.NetworkStream):
+    """Records, per thread, the socket it last read or wrote (the request that thread is making)."""
+
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self._inner = inner
+
+    def _mark(self) -> None:
+        with _IN_USE_LOCK:
+            _IN_USE[threading.get_ident()] = self._inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self._mark()
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._mark()
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        return _TrackedStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str):
+        return self._inner.get_extra_info(info)
+
+
+class _TrackingBackend(httpcore2.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore2.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        return _TrackedStream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        return _TrackedStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def abort_thread_socket(thread_id: int | None) -> bool:
+    """Shut down the socket `thread_id` is using: its blocked read returns and the peer sees FIN."""
+    with _IN_USE_LOCK:
+        stream = _IN_USE.pop(thread_id, None) if thread_id is not None else None
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    return True
+
+
+def track_sockets(http: httpx2.Client) -> None:
+    """httpx2 takes no network backend argument: swap ours into its pools (the direct one and any
+    proxy from HTTPS_PROXY / ALL_PROXY, which a custom transport= would silently drop)."""
+    for transport in [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]:
+        pool = getattr(transport, "_pool", None)
+        if pool is not None and hasattr(pool, "_network_backend"):
+            pool._network_backend = _TrackingBackend()
+
+
+_CLIENTS: dict[tuple, object] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
+    """One SDK client per process and endpoint, over an HTTP client whose sockets can be aborted."""
+    full_key = (os.getpid(), timeout, *key)  # a forked worker never shares its parent's sockets
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(full_key)
+        if client is None:
+            http = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)), follow_redirects=True)
+            track_sockets(http)
+            client = _CLIENTS[full_key] = make(http)
+        return client
+
+
+# --- one attempt on a worker thread -----------------------------------------------------------------
+
+Attempt = Callable[[Callable[[str], None], threading.Event], object]
+
+
+def run_attempt(attempt: Attempt, *, should_stop: CancelCheck, on_event: EventSink | None, streamed: list[int]):
+    """Run `attempt(emit, aborted)` on a worker thread; relay its text, abort it on cancel."""
+    inbox: queue.Queue = queue.Queue()
+    aborted = threading.Event()
+
+    def work() -> None:
+        try:
+            inbox.put(("done", attempt(lambda delta: inbox.put(("text", delta)), aborted)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            inbox.put(("error", exc))
+        finally:
+            with _IN_USE_LOCK:
+                _IN_USE.pop(threading.get_ident(), None)
+
+    worker = threading.Thread(target=work, name="model-call", daemon=True)
+    worker.start()
+    while True:
+        try:
+            kind, value = inbox.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            kind, value = "", None
+        if kind == "done":
+            return value
+        if kind == "error":
+            raise value
+        if kind == "text" and value:
+            streamed[0] += len(value)
+            if on_event is not None:
+                on_event({"type": "text", "delta": value})
+        if should_stop():
+            aborted.set()
+            abort_thread_socket(worker.ident)
+            raise Cancelled("model call aborted; the connection was closed")
+
+
+# --- errors -------------------------------------------------------------------------------------------
+
+def retry_after(headers) -> float | None:
+    """Seconds the vendor asked us to wait: retry-after-ms, then Retry-After (seconds or an HTTP date)."""
+    if headers is None:
+        return None
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) / divisor
+        except ValueError:
+            continue
+        if math.isfinite(value) and value >= 0:
+            return value
+    raw = headers.get("retry-after")
+    parsed = email.utils.parsedate_tz(raw) if raw else None
+    return max(email.utils.mktime_tz(parsed) - time.time(), 0.0) if parsed else None
+
+
+def _label(exc) -> str:
+    kind = getattr(exc, "type", None) or getattr(exc, "code", None)
+    body = getattr(exc, "body", None)
+    if not kind and isinstance(body, dict):
+        error = body.get("error") if isinstance(body.get("error"), dict) else body
+        kind = error.get("type") or error.get("code")
+    if isinstance(kind, str) and kind:
+        return kind.removesuffix("_error").replace("_", " ")
+    return ""
+
+
+def _api_message(exc) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error") if isinstance(body.get("error"), dict) else body
+        if isinstance(error.get("message"), str):
+            return error["message"][:300]
+    return str(getattr(exc, "message", "") or exc)[:300]
+
+
+def classify(exc: BaseException, vendor: str) -> ProviderError:
+    """Map an SDK exception onto the seam: permanent (auth, not found, bad request, context overflow)
+    or transient (rate limit, 5xx, 529, connection, timeout, malformed body), with the request id."""
+    status = getattr(exc, "status_code", None)
+    request_id = getattr(exc, "request_id", None) or ""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if isinstance(exc, (Malformed, json.JSONDecodeError)) or type(exc).__name__ in ("ValidationError", "APIResponseValidationError"):
+        return ProviderError(f"{vendor}: malformed response ({exc})", status=status, request_id=request_id)
+    if status in (None, 200) and isinstance(getattr(exc, "body", None), dict):  # an error event inside a 200 stream
+        label = _label(exc) or "error"
+        return ProviderError(f"{vendor}: stream error {label}: {_api_message(exc)}", status=None, request_id=request_id,
+                             permanent=_label_type(exc) in ("invalid_request_error", "authentication_error", "permission_error"))
+    if status is None:  # APIConnectionError / APITimeoutError and the transport errors under them
+        timed_out = "timeout" in type(exc).__name__.lower() or "timed out" in str(exc).lower()
+        return ProviderError(f"{vendor}: {'timeout' if timed_out else 'connection error'} ({exc})", status=None)
+    label = "overloaded" if status == 529 else _label(exc)  # 529 is Anthropic's; proxies pass it through
+    reason = f"HTTP {status}" + (f" {label}" if label else "")
+    should = headers.get("x-should-retry") if headers is not None else None
+    transient = status in RETRYABLE_STATUSES or status >= 500
+    if should in ("true", "false"):
+        transient = should == "true"
+    message = f"{vendor}: {reason}: {_api_message(exc)}" + (f" (request id {request_id})" if request_id else "")
+    return ProviderError(message, permanent=not transient, status=status, request_id=request_id,
+                         retry_after=retry_after(headers))
+
+
+def _label_type(exc) -> str:
+    kind = getattr(exc, "type", None)
+    if not kind and isinstance(getattr(exc, "body", None), dict):
+        error = exc.body.get("error")
+        kind = error.get("type") if isinstance(error, dict) else None
+    return kind or ""
+
+
+def reason_of(error: ProviderError) -> str:
+    """Short text for the console: 'HTTP 529 overloaded', 'timeout', 'malformed response'."""
+    text = str(error).split(": ", 1)[-1]
+    if text.startswith(("HTTP ", "stream error")):
+        return text.split(": ", 1)[0]
+    return text.split(" (", 1)[0]
+
+
+# --- the call: attempts and visible retries --------------------------------------------------------------
+
+def backoff_delay(attempt: int, base: float) -> float:
+    """Exponential from `base` seconds, capped at 30 s, minus up to 25 % jitter (as the SDKs do)."""
+    return min(base * (2 ** attempt), 30.0) * (1 - 0.25 * random.random())
+
+
+def sleep_unless_stopped(seconds: float, should_stop: CancelCheck) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if should_stop():
+            raise Cancelled("cancelled while backing off")
+        time.sleep(min(POLL_SECONDS, max(deadline - time.monotonic(), 0)))
+
+
+def call(attempt: Attempt, *, vendor: str, cfg: CallConfig, should_stop: CancelCheck, on_event: EventSink | None,
+         input_estimate: int):
+    """Run the attempt with retries; the last error (or a permanent one) is raised as ProviderError."""
+    last: ProviderError | None = None
+    for n in range(cfg.max_retries + 1):
+        if should_stop():
+            raise Cancelled("cancelled before the model call")
+        streamed = [0]
+        try:
+            return run_attempt(attempt, should_stop=should_stop, on_event=on_event, streamed=streamed)
+        except Cancelled as exc:  # what was generated before the hang-up is billed: say so
+            exc.usage = Usage(input=input_estimate, output=max(streamed[0] // 4, 1), estimated=True) if streamed[0] else None
+            raise
+        except ProviderError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every SDK failure is classified below
+            if not _is_vendor_failure(exc):
+                raise
+            last = classify(exc, vendor)
+            if streamed[0]:  # the vendor generated (and billed) part of an answer before failing
+                last.usage = Usage(input=input_estimate, output=max(streamed[0] // 4, 1), estimated=True)
+            if last.permanent or n == cfg.max_retries:
+                break
+            delay = last.retry_after if last.retry_after is not None else backoff_delay(n, cfg.backoff)
+            if delay > MAX_INLINE_WAIT:
+                break
+            if on_event is not None:
+                on_event({"type": "retry", "delay": round(delay, 2), "reason": reason_of(last), "attempt": n + 1,
+                          "of": cfg.max_retries})
+            sleep_unless_stopped(delay, should_stop)
+    assert last is not None
+    if not last.permanent:
+        last.args = (f"{last.args[0]} [gave up after {n + 1} attempt(s)]",)
+    raise last
+
+
+def _is_vendor_failure(exc: BaseException) -> bool:
+    """SDK errors, transport errors and unparseable bodies; anything else is a bug and propagates."""
+    module = type(exc).__module__.split(".")[0]
+    return module in ("openai", "anthropic", "httpx2", "httpcore2", "pydantic", "pydantic_core") or \
+        isinstance(exc, (Malformed, json.JSONDecodeError, OSError))
+
+
+def estimate_tokens(*parts) -> int:
+    """chars / 4 of everything sent: the estimate for a reply without usage."""
+    return max(sum(len(p if isinstance(p, str) else json.dumps(p, default=str)) for p in parts) // 4, 1)
