@@ -156,3 +156,53 @@ def test_a_suspend_is_seen_while_streamed_text_keeps_renewing_the_lease(space, m
         if stopped:
             break
     assert stopped and type(lease.stop_reason()) is Cancelled
+
+
+def test_a_lease_below_the_minimum_is_refused_at_start_up_with_its_name():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    environ = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    environ["VERONICA_RUN_LEASE_SECONDS"] = "2"
+    proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parents[2], env=environ,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "VERONICA_RUN_LEASE_SECONDS=2 is below the minimum 3" in proc.stderr
+
+
+def test_ask_operator_keeps_its_question_inside_the_fence_and_resumes_with_the_answer(space, scripted, django_user_model):
+    """Row-writing tools run in a savepoint inside the fence; waiting for an operator must not roll it back."""
+    from veronica.engine import approvals
+    from veronica.models import Question
+
+    operator = django_user_model.objects.create_user("op")
+    w1 = w1_of(space)
+    provider = scripted(("ask_operator", {"question": "Which branch?"}), "thanks")
+    bus.send(space, "boss", "w1", "ship it")
+    assert runner.wake(w1.pk, "message") == "waiting"
+    question = Question.objects.get()
+    assert question.text == "Which branch?" and w1_of(space).phase == "waiting-input"
+    approvals.answer(question, text="main", user=operator)
+    assert runner.wake(w1.pk, "resume") == "done"
+    assert provider.requests[-1][-1]["content"] == "The operator answered: main"
+
+
+def test_a_failing_row_writing_tool_leaves_nothing_half_written(space, scripted):
+    """A row-writing tool that fails after a write rolls back its savepoint; the run goes on."""
+    from veronica.agent.tools import swarm
+
+    def half_then_fail(ctx, args):
+        bus.send(ctx.space, "w1", "w2", "half of the work")
+        raise RuntimeError("boom after a write")
+    tool = next(t for t in swarm.TOOLS if t.name == "send_message")
+    real = tool.fn
+    tool.fn = half_then_fail
+    try:
+        scripted(("send_message", {"to": "w2", "body": "x"}), "ok")
+        bus.send(space, "boss", "w1", "tell w2")
+        assert runner.wake(w1_of(space).pk, "message") == "done"
+    finally:
+        tool.fn = real
+    assert not Message.objects.filter(recipient__name="w2").exists()
+    assert "boom after a write" in Turn.objects.get(role="tool").content
