@@ -153,3 +153,8 @@ def test_the_roster_shows_why_a_member_is_parked(space, scripted):
     runner.wake(w1_of(space).pk, "message")
     row = next(r for r in roster(space) if r["name"] == "w1")
     assert row["display_phase"] == "error" and row["parked"] and "invalid key" in row["error_reason"]
+
+
+def test_an_idle_retry_duty_costs_one_statement(space, django_assert_num_queries):
+    with django_assert_num_queries(1):
+        assert failures.due_retries() == []

@@ -83,20 +83,24 @@ def _count(q: Q):
 
 def due_retries() -> list[int]:
     """The tick's duty: wake members whose backoff ran out, or whose config changed while parked.
+    One select when idle (nobody failing costs nothing per member).
 
-    The retry time moves on by a lease (not cleared) when we ring, so a lost wake is rung again and a
-    delivered one is settled by the run's own finish (cleared on success, a longer backoff on failure)."""
+    The retry time moves on by a lease (it is not cleared) when we ring, so a lost wake is rung again
+    and a delivered one is settled by the run's own finish (cleared on success, backed off on failure)."""
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
+    due = idle.filter(Q(retry_at__lte=Now()) | (Q(parked_config__gt="") & ~PARKED))
     woken = []
-    for member in idle.filter(retry_at__lte=Now()):
-        if Member.objects.filter(pk=member.pk, retry_at=member.retry_at).update(
-                retry_at=Now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)):
-            enqueue_wake(member.pk, "resume")
-            woken.append(member.pk)
-    for member in idle.exclude(parked_config="").exclude(PARKED):
-        with transaction.atomic():
-            if Member.objects.filter(pk=member.pk, parked_config=member.parked_config).update(parked_config="", failures=0):
+    for member in due.annotate(config=CONFIG):
+        if member.parked_config and member.parked_config != member.config:
+            with transaction.atomic():
+                if not Member.objects.filter(pk=member.pk, parked_config=member.parked_config).update(parked_config="", failures=0):
+                    continue
                 events.emit(member.space_id, "member.unparked", member=member, actor="config change")
                 transaction.on_commit(lambda pk=member.pk: enqueue_wake(pk, "resume"))
-                woken.append(member.pk)
+        elif not Member.objects.filter(pk=member.pk, retry_at=member.retry_at).update(
+                retry_at=Now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)):
+            continue
+        else:
+            enqueue_wake(member.pk, "resume")
+        woken.append(member.pk)
     return woken
