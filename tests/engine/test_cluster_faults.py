@@ -87,7 +87,11 @@ def test_a_worker_paused_past_its_lease_writes_nothing_when_it_continues(tmp_pat
     log = tmp_path / "paused-cluster.log"
     with qcluster(workers=1, log_path=log, VERONICA_OFFLINE_DELAY_MS="15000", VERONICA_RUN_LEASE_SECONDS="3") as paused:
         bus.send(space, "boss", "w1", "the goal")
-        wait_for(lambda: Run.objects.filter(member=w1, ended_at__isnull=True).exists(), 30, message="run in flight")
+        # in the model call: brief written and phase `thinking` committed (a pause inside a transaction
+        # would hold the member's row lock: that is issue 10.4's database timeouts, not this test)
+        wait_for(lambda: fresh(w1).phase == "thinking" and Turn.objects.filter(session__member=w1).exists(), 30,
+                 message="the model call in flight")
+        time.sleep(0.3)
         os.killpg(paused.pid, signal.SIGSTOP)  # the whole cluster freezes mid model call
         try:
             with qcluster(workers=1):
