@@ -233,7 +233,37 @@ WORKSPACES_DIR = env_path("VERONICA_WORKSPACES_DIR", DATA_DIR / "workspaces")
 COMMAND_SANDBOX = env_choice("VERONICA_COMMAND_SANDBOX", ("bwrap", "none"), "bwrap")
 # Simulated model latency for the offline provider (tests and benchmarks only; 0 in normal use).
 OFFLINE_DELAY_MS = env_int("VERONICA_OFFLINE_DELAY_MS", 0, minimum=0, maximum=600000)
-RUN_LEASE_SECONDS = env_int("VERONICA_RUN_LEASE_SECONDS", 60, minimum=2)
+# A run renews its lease at every step, and every RUN_HEARTBEAT_SECONDS while a model call or a tool
+# call (run_command: up to 30 s) is in flight; what renews nothing is the few DB writes between
+# steps. The minimum lease is three heartbeats, so a live run never loses its slot to the watchdog.
+RUN_HEARTBEAT_SECONDS = 1.0
+RUN_LEASE_SECONDS = env_int("VERONICA_RUN_LEASE_SECONDS", 60, minimum=3)
+# Failure model: a transient provider failure re-wakes the member after RETRY_BASE * 2^(n-1) seconds
+# (capped at RETRY_MAX); a permanent one parks it until an operator resumes it or its config changes.
+RUN_RETRY_BASE_SECONDS = env_int("VERONICA_RUN_RETRY_BASE_SECONDS", 15, minimum=1)
+RUN_RETRY_MAX_SECONDS = env_int("VERONICA_RUN_RETRY_MAX_SECONDS", 900, minimum=1)
+# Automatic compaction: when the next request would pass COMPACT_AT (percent) of the model's context
+# window. Known windows per model below; VERONICA_CONTEXT_WINDOWS="model=tokens,..." adds or overrides
+# (a model name or a prefix such as "gpt-4.1"; "offline" is the local policy, which has no real limit).
+COMPACT_AT_PERCENT = env_int("VERONICA_COMPACT_AT_PERCENT", 80, minimum=10, maximum=100)
+CONTEXT_WINDOWS = {
+    "offline": 1_000_000, "gpt-4.1": 1_047_576, "gpt-4o": 128_000, "gpt-5": 400_000, "o3": 200_000, "o4-mini": 200_000,
+    "claude-opus-4": 200_000, "claude-sonnet-4": 200_000, "claude-haiku-4-5": 200_000, "claude-3-5": 200_000,
+}
+
+
+def _context_windows(items: list[str]) -> dict[str, int]:
+    windows = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1000:
+            raise ImproperlyConfigured(f"VERONICA_CONTEXT_WINDOWS item {item!r} must be MODEL=TOKENS with TOKENS >= 1000")
+        windows[name.strip()] = int(size)
+    return windows
+
+
+CONTEXT_WINDOWS.update(_context_windows(env_list("VERONICA_CONTEXT_WINDOWS")))
+CONTEXT_WINDOW_DEFAULT = env_int("VERONICA_CONTEXT_WINDOW_DEFAULT", 128_000, minimum=1000)
 # The engine tick (lease expiry, cron, alarms, dispatch, watchdogs, sweep) runs this often in the one
 # active ticker of the deployment; a dead worker's member runs again within its lease + about this.
 ENGINE_TICK_SECONDS = env_int("VERONICA_ENGINE_TICK_SECONDS", 2, minimum=1, maximum=60)

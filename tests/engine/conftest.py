@@ -22,6 +22,10 @@ class ScriptedProvider:
         if self.on_call:
             self.on_call(len(self.systems))
         step = self.replies.pop(0) if self.replies else "done"
+        if isinstance(step, Exception):  # a fault: ProviderError(permanent=..., usage=...)
+            raise step
+        if isinstance(step, Reply):  # a reply as the vendor sent it (empty, cut off, without usage)
+            return step
         if isinstance(step, str):
             return Reply(text=step, usage=Usage(input=100, output=10))
         name, args = step

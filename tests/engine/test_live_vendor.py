@@ -79,6 +79,11 @@ class FakeCtx:
     def phase(self, phase, tool=""):
         self.phases.append((phase, tool))
 
+    def fenced(self):  # the run's lease fence (veronica.agent.runctx); always held here
+        import contextlib
+
+        return contextlib.nullcontext()
+
 
 def test_live_text_is_throttled_not_one_event_per_token(space):
     w1 = supervisor.get_member(space, "w1")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from veronica import events
+from veronica.agent.runctx import LeaseLost
 from veronica.models import Member, Phase
 
 EVERY = 0.25
@@ -43,7 +44,7 @@ class LiveSink:
         if not self.pending:
             return
         piece, self.pending = self.pending[:MAX_DELTA], ""
-        events.emit(self.member.space_id, "agent.delta", member=self.member, offset=self.sent, text=piece)
+        self.emit("agent.delta", offset=self.sent, text=piece)
         self.sent += len(piece)
         self.last = self.clock()
 
@@ -51,5 +52,13 @@ class LiveSink:
         """The next attempt streams from the start: the console drops the preview it has."""
         self.pending, self.sent = "", 0
         detail = f"retrying in {delay:.0f} s: {reason}" if delay >= 1 else f"retrying: {reason}"
-        events.emit(self.member.space_id, "agent.retry", member=self.member, delay=delay, reason=reason, text=detail)
+        self.emit("agent.retry", delay=delay, reason=reason, text=detail)
         self.ctx.phase(Phase.THINKING, detail[:60])
+
+    def emit(self, kind: str, **payload) -> None:
+        """Fenced like every write of the run; a lost lease drops the preview (should_stop ends the call)."""
+        try:
+            with self.ctx.fenced():
+                events.emit(self.member.space_id, kind, member=self.member, **payload)
+        except LeaseLost:
+            pass

@@ -1,5 +1,11 @@
 """The agent loop: resolve held calls, brief, then model call -> tool calls -> results, until a
-final answer, a wait (approval / question), the iteration limit (paused) or the budget breaker."""
+final answer, a wait (approval / question), the iteration limit (paused) or the budget breaker.
+
+Every write goes through `ctx.fenced()` (veronica.agent.runctx): a run that lost its lease writes
+nothing more and stops. Replies that are not answers are not taken for one: an empty reply is asked
+again once and is then an error; a reply cut off at the token limit is kept as a partial answer and
+the model is asked to continue (twice at most, then the run fails: the limit is too low for the work).
+"""
 from __future__ import annotations
 
 import json
@@ -8,30 +14,38 @@ import logging
 from django.db import transaction
 
 from veronica import bus, events
-from veronica.agent import transcript, waggle_bridge
+from veronica.agent import compaction, metering, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
 from veronica.agent.providers import get_provider
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
-from veronica.agent.providers.base import ProviderError
-from veronica.agent.providers.pricing import usd_for
-from veronica.agent.tools import Tool, ToolContext, ToolError, tools_for, truncate
+from veronica.agent.providers.base import Provider, ProviderError, Reply
+from veronica.agent.runctx import Cancelled, RunContext
+from veronica.agent.tools import Tool, ToolContext, ToolError, tools_for, truncate, workspace
 from veronica.agent.tools.swarm import WaitForOperator
-from veronica.engine import budget
-from veronica.engine.runner import Cancelled, RunContext
 from veronica.errors import VeronicaError
-from veronica.models import Approval, ApprovalStatus, Member, Phase, PermissionMode, Question, Run, RunOutcome, TurnRole
+from veronica.models import Approval, ApprovalStatus, Member, Phase, PermissionMode, Question, RunOutcome, TurnRole
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Cancelled", "run_member"]
+
 WAITING = RunOutcome.WAITING
 INTERRUPTED = "error: this call was interrupted before it finished (the worker restarted). Check the current state before retrying."
+OVER_BUDGET = "error: not run: the daily token budget tripped before this call could run."
+CONTINUE = "Your reply was cut off at the output token limit. Continue exactly where it stopped."
+EMPTY_RETRIES = 1
+MAX_CONTINUATIONS = 2
+# Workspace tools touch files, never the DB, and run_command may take 30 s: they run beside the
+# run's thread while the lease is renewed. Every other tool writes rows and runs inside the fence.
+LOCAL_TOOLS = frozenset(t.name for t in workspace.TOOLS)
 
 
 def run_member(member: Member, ctx: RunContext) -> str:
-    if member.reload_pending:  # skills / prompt changes apply here, at the run boundary
-        Member.objects.filter(pk=member.pk).update(reload_pending=False)
-    session = transcript.open_session(member)
+    with ctx.fenced():
+        if member.reload_pending:  # skills / prompt changes apply here, at the run boundary
+            Member.objects.filter(pk=member.pk).update(reload_pending=False)
+        session = transcript.open_session(member)
     tools = tools_for(member.role)
     tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run)
     rows = transcript.turns(session)
@@ -51,30 +65,52 @@ def run_member(member: Member, ctx: RunContext) -> str:
     if unread or ctx.source == "timer":
         brief = wake_brief(member, ctx.source, unread)
         ids = [m.pk for m in unread]
-        if unanswered_brief:  # a cancelled run left its brief unanswered: fold it into the new one
-            last.content, last.mail_ids = brief, sorted(set(last.mail_ids) | set(ids))
-            last.save(update_fields=["content", "mail_ids"])
-        else:
-            transcript.append(session, TurnRole.USER, brief, mail_ids=ids)
-        events.emit(member.space_id, "member.briefed", member=member, source=ctx.source, unread=len(unread))
+        with ctx.fenced():
+            if unanswered_brief:  # a stopped or failed run left its brief unanswered: fold it into the new one
+                last.content = brief if last.mail_ids else f"{last.content}\n\n{brief}"
+                last.mail_ids = sorted(set(last.mail_ids) | set(ids))
+                last.save(update_fields=["content", "mail_ids"])
+            else:
+                transcript.append(session, TurnRole.USER, brief, mail_ids=ids)
+            events.emit(member.space_id, "member.briefed", member=member, source=ctx.source, unread=len(unread))
 
     provider = get_provider(member.model)
     system = system_prompt(member)
     specs = [t.spec() for t in tools.values()]
+    empties = cuts = 0
     for _ in range(member.max_iterations):
-        with transaction.atomic():  # one commit: heartbeat + phase
-            ctx.check()
-            ctx.phase(Phase.THINKING)
-        rows = transcript.turns(session)
-        try:
-            reply = provider.complete(system, transcript.to_messages(rows), specs, should_stop=ctx.should_stop,
-                                      on_event=LiveSink(member, ctx))
-        except ProviderCancelled:
-            raise Cancelled("model call aborted") from None
-        with transaction.atomic():  # one commit: the model's turn, its usage, mail read
-            record_usage(member, ctx.run, member.model, reply.usage)
+        ctx.check()
+        ctx.phase(Phase.THINKING)
+        session, rows = compaction.maybe_compact(member, ctx, session, transcript.turns(session), system, specs, provider)
+        tctx.session = session
+        reply, tripped = call_model(ctx, provider, system, transcript.to_messages(rows), specs)
+        if reply.empty:
+            if tripped:  # nothing to keep: the brief stays unanswered for the next day's run
+                return stop_for_budget(member, ctx, tctx, reply)
+            empties += 1
+            if empties > EMPTY_RETRIES:
+                raise ProviderError(f"the model returned {empties} empty replies in a row (no text, no tool calls)")
+            with ctx.fenced():
+                events.emit(member.space_id, "agent.empty_reply", member=member, finish_reason=reply.finish_reason)
+            continue
+        empties = 0
+        if reply.truncated:
+            cuts += 1
+            if cuts > MAX_CONTINUATIONS:
+                raise ProviderError(f"the reply was cut off at the output token limit {cuts} times in a row; "
+                                    "raise the model's max tokens", permanent=True)
+            reply = Reply(text=reply.text, usage=reply.usage, finish_reason=reply.finish_reason)  # cut calls are not run
+        else:
+            cuts = 0
+        with ctx.fenced():  # one commit: the model's turn and the mail it answered
             answer_turn(member, session, rows, reply)
+            if reply.truncated:  # not a final answer: the next call (or the next run) continues it
+                transcript.append(session, TurnRole.USER, CONTINUE)
         waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # settles replays: used or missed
+        if tripped:
+            return stop_for_budget(member, ctx, tctx, reply)
+        if reply.truncated:
+            continue
         if not reply.tool_calls:
             ctx.phase(Phase.READY)
             return RunOutcome.DONE
@@ -82,43 +118,60 @@ def run_member(member: Member, ctx: RunContext) -> str:
             ctx.check()
             if execute(member, ctx, tools, tctx, {"id": call.id, "name": call.name, "args": call.args}) is WAITING:
                 return WAITING
-        if budget.check_breaker(member) or budget.is_tripped(member):
-            ctx.phase(Phase.PAUSED)
-            return RunOutcome.BUDGET
-    ctx.phase(Phase.PAUSED)
-    events.emit(member.space_id, "run.paused", member=member, reason=f"iteration limit {member.max_iterations} reached")
+    with ctx.fenced():
+        ctx.phase(Phase.PAUSED)
+        events.emit(member.space_id, "run.paused", member=member, reason=f"iteration limit {member.max_iterations} reached")
     return RunOutcome.PAUSED
 
 
-def answer_turn(member: Member, session, rows, reply) -> None:
+def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[dict], specs: list[dict]) -> tuple[Reply, bool]:
+    """One metered model call. Failed calls are metered too; the breaker is checked after every one."""
+    member = ctx.member
+    try:
+        reply = provider.complete(system, messages, specs, should_stop=ctx.should_stop, on_event=LiveSink(member, ctx))
+    except ProviderCancelled:
+        raise ctx.stop_reason() from None
+    except ProviderError as exc:
+        metering.record(ctx, member.model, exc.usage)
+        raise
+    reply = metering.with_usage(reply, system, messages, specs)
+    return reply, metering.record(ctx, member.model, reply.usage)
+
+
+def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: Reply) -> str:
+    """Over budget right after a model call: its tool calls are answered, not run."""
+    with ctx.fenced():
+        for call in reply.tool_calls:
+            persist_result(member, tctx, {"id": call.id, "name": call.name}, OVER_BUDGET)
+        ctx.phase(Phase.PAUSED)
+    return RunOutcome.BUDGET
+
+
+def answer_turn(member: Member, session, rows, reply: Reply) -> None:
     """Persist the model's turn; the mail its brief carried is read from this moment on."""
     calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
-    with transaction.atomic(savepoint=False):
-        transcript.append(session, TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total)
-        brief = next((t for t in reversed(rows) if t.role == TurnRole.USER), None)
-        if brief is not None and brief.mail_ids:
-            bus.mark_read(member, brief.mail_ids)
-        if reply.text:
-            events.emit(member.space_id, "agent.text", member=member, text=reply.text[:2000])
+    transcript.append(session, TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total)
+    brief = next((t for t in reversed(rows) if t.role == TurnRole.USER), None)
+    if brief is not None and brief.mail_ids:
+        bus.mark_read(member, brief.mail_ids)
+    if reply.text:
+        events.emit(member.space_id, "agent.text", member=member, text=reply.text[:2000], truncated=reply.truncated)
 
 
-def record_usage(member: Member, run: Run, model: str, usage) -> None:
-    from django.db.models import F
-
-    with transaction.atomic(savepoint=False):
-        budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
-                     cache_write=usage.cache_write, usd=usd_for(model, usage))
-        Run.objects.filter(pk=run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
-
-
-def run_tool(tool: Tool, tctx: ToolContext, args: dict) -> str:
-    """Tool errors come back as text the model can read; they never crash the run."""
+def run_tool(tool: Tool, tctx: ToolContext, args: dict, *, savepoint: bool = True):
+    """Tool errors come back as text the model can read; they never crash the run. A tool that
+    writes rows runs in a savepoint, so a failing one leaves nothing half-written; ask_operator's
+    WaitForOperator is returned (not raised) so its question survives the savepoint."""
     try:
-        return truncate(tool.fn(tctx, args))
+        if not savepoint:
+            return truncate(tool.fn(tctx, args))
+        with transaction.atomic():
+            try:
+                return truncate(tool.fn(tctx, args))
+            except WaitForOperator as wait:
+                return wait
     except (ToolError, VeronicaError) as exc:
         return f"error: {exc}"
-    except WaitForOperator:
-        raise
     except Exception as exc:  # an unexpected tool bug is still just a tool result
         log.exception("tool %s crashed", tool.name)
         return f"error: {tool.name} failed unexpectedly ({type(exc).__name__}: {exc})"
@@ -128,42 +181,61 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
     tool = tools.get(call["name"])
     args = call["args"] if isinstance(call["args"], dict) else {}
     if tool is None:
-        return persist_result(member, tctx, call, f"error: unknown tool '{call['name']}'; available: {', '.join(sorted(tools))}")
+        with ctx.fenced():
+            return persist_result(member, tctx, call, f"error: unknown tool '{call['name']}'; available: {', '.join(sorted(tools))}")
     mode = Member.objects.filter(pk=member.pk).values_list("permission_mode", flat=True).first()  # read per call
     if tool.needs_approval and mode == PermissionMode.DEFAULT:
         return hold_for_approval(member, ctx, call)
-    with transaction.atomic(savepoint=False):
+    with ctx.fenced():
         ctx.phase(Phase.EXECUTING, tool.name)
         events.emit(member.space_id, "tool.called", member=member, tool=tool.name, args=_short(args))
-    try:
+    return run_and_persist(member, ctx, tools, tctx, tool, call, args)
+
+
+def run_and_persist(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, tool: Tool, call: dict,
+                    args: dict, *, consume=None) -> str | None:
+    """Run one call and persist its result under the lease (with `consume`, the held decision it used)."""
+    if tool.name in LOCAL_TOOLS:
+        result = ctx.keep_alive(lambda: run_tool(tool, tctx, args, savepoint=False))
+        with ctx.fenced():
+            if consume:
+                consume()
+            return persist_result(member, tctx, call, observe(member, tctx, tools, tool, args, result))
+    with ctx.fenced():  # a row-writing tool: its effects and its result commit together, or not at all
+        if consume:
+            consume()
         result = run_tool(tool, tctx, {**args, "_call_id": call["id"]} if tool.name == "ask_operator" else args)
-    except WaitForOperator:
-        ctx.phase(Phase.WAITING_INPUT)
-        return WAITING
+        if isinstance(result, WaitForOperator):
+            ctx.phase(Phase.WAITING_INPUT)
+            return WAITING
+        return persist_result(member, tctx, call, observe(member, tctx, tools, tool, args, result))
+
+
+def observe(member: Member, tctx: ToolContext, tools: dict[str, Tool], tool: Tool, args: dict, result: str) -> str:
     if not tool.mutates and not result.startswith("error:"):
-        result += waggle_bridge.after_call(member, tctx, tools, tool.name, args, result)
-    elif tool.mutates:
+        return result + waggle_bridge.after_call(member, tctx, tools, tool.name, args, result)
+    if tool.mutates:
         waggle_bridge.observe(member, tctx, tool.name, args, result, mutates=True)
-    return persist_result(member, tctx, call, result)
+    return result
 
 
 def persist_result(member: Member, tctx: ToolContext, call: dict, result: str) -> None:
-    with transaction.atomic(savepoint=False):
-        transcript.append(tctx.session, TurnRole.TOOL, result, tool_call_id=call["id"], tool_name=call["name"])
-        events.emit(member.space_id, "tool.result", member=member, tool=call["name"], ok=not result.startswith("error:"),
-                    chars=len(result), preview=result[:200])
+    """Callers hold the run's fence."""
+    transcript.append(tctx.session, TurnRole.TOOL, result, tool_call_id=call["id"], tool_name=call["name"])
+    events.emit(member.space_id, "tool.result", member=member, tool=call["name"], ok=not result.startswith("error:"),
+                chars=len(result), preview=result[:200])
     return None
 
 
 def hold_for_approval(member: Member, ctx: RunContext, call: dict) -> str:
-    with transaction.atomic():
+    with ctx.fenced():
         approval, created = Approval.objects.get_or_create(
             member=member, tool_call_id=call["id"],
             defaults={"space_id": member.space_id, "tool_name": call["name"], "tool_args": call["args"]})
         if created:
             events.emit(member.space_id, "approval.requested", member=member, approval=approval.pk, tool=call["name"],
                         args=_short(call["args"]))
-    ctx.phase(Phase.WAITING_APPROVAL, call["name"])
+        ctx.phase(Phase.WAITING_APPROVAL, call["name"])
     return WAITING
 
 
@@ -174,21 +246,32 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
         if approval.status == ApprovalStatus.PENDING:
             ctx.phase(Phase.WAITING_APPROVAL, call["name"])
             return WAITING
-        Approval.objects.filter(pk=approval.pk).update(consumed=True)
+
+        def consume() -> None:
+            Approval.objects.filter(pk=approval.pk).update(consumed=True)
         if approval.status == ApprovalStatus.DENIED:
             reason = approval.reason or "no reason given"
-            return persist_result(member, tctx, call, f"error: the operator denied this {call['name']} call. Reason: {reason}")
+            with ctx.fenced():
+                consume()
+                return persist_result(member, tctx, call, f"error: the operator denied this {call['name']} call. Reason: {reason}")
         tool = tools.get(call["name"])
+        if tool is None:
+            with ctx.fenced():
+                consume()
+                return persist_result(member, tctx, call, f"error: unknown tool {call['name']}")
         ctx.phase(Phase.EXECUTING, call["name"])
-        return persist_result(member, tctx, call, run_tool(tool, tctx, call["args"]) if tool else f"error: unknown tool {call['name']}")
+        args = call["args"] if isinstance(call["args"], dict) else {}
+        return run_and_persist(member, ctx, tools, tctx, tool, call, args, consume=consume)
     question = Question.objects.filter(member=member, tool_call_id=call["id"]).first()
     if question is not None:
         if question.answered_at is None:
             ctx.phase(Phase.WAITING_INPUT)
             return WAITING
-        Question.objects.filter(pk=question.pk).update(consumed=True)
-        return persist_result(member, tctx, call, f"The operator answered: {question.answer}")
-    return persist_result(member, tctx, call, INTERRUPTED)
+        with ctx.fenced():
+            Question.objects.filter(pk=question.pk).update(consumed=True)
+            return persist_result(member, tctx, call, f"The operator answered: {question.answer}")
+    with ctx.fenced():
+        return persist_result(member, tctx, call, INTERRUPTED)
 
 
 def _short(args: dict) -> dict:

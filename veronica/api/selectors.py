@@ -95,6 +95,9 @@ def member_row(member: Member, usage: UsageDay | None) -> dict:
         "tripped": bool(usage and usage.tripped),
         "budget": budget.effective_budget(member),
         "offline": member.model.startswith("offline"),
+        "error_reason": member.error_reason,  # the failure model: why it failed, and whether it is parked
+        "parked": bool(member.parked_config) and member.parked_config == f"{member.model}|{member.permission_mode}",
+        "retry_at": iso(member.retry_at),
     }
 
 

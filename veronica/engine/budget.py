@@ -47,11 +47,12 @@ def is_tripped(member: Member) -> bool:
 
 
 def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
-          usd: Decimal = Decimal(0), model_calls: int = 1) -> None:
+          usd: Decimal = Decimal(0), model_calls: int = 1, estimated_calls: int = 0) -> None:
     """Add one model call's usage to today's row with F() increments (no read-modify-write)."""
     increments = dict(input_tokens=F("input_tokens") + input_tokens, output_tokens=F("output_tokens") + output_tokens,
                       cache_read_tokens=F("cache_read_tokens") + cache_read, cache_write_tokens=F("cache_write_tokens") + cache_write,
-                      usd=F("usd") + usd, model_calls=F("model_calls") + model_calls)
+                      usd=F("usd") + usd, model_calls=F("model_calls") + model_calls,
+                      estimated_calls=F("estimated_calls") + estimated_calls)
     with transaction.atomic(savepoint=False):
         if not UsageDay.objects.filter(member=member, day=today()).update(**increments):
             usage_today(member)

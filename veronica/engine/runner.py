@@ -1,100 +1,32 @@
-"""The wake task and the run slot.
+"""The wake task: claim the slot, run the agent, finish under the lease.
 
-A wake claims the member with one conditional UPDATE (idle + active + no lease -> busy + lease).
-No claim, no run: the run in flight drains the mailbox and re-checks for unread work when it ends.
-The lease is renewed between steps; a worker that dies leaves it to expire and the tick re-wakes.
+A wake claims the member with one conditional UPDATE (veronica.engine.slot). No claim, no run: the
+run in flight drains the mailbox and re-checks for unread work when it ends; a parked member or one
+waiting out a backoff is not claimed at all. The engine calls the agent runtime (never the reverse):
+the run sees the slot only through the RunContext protocol of veronica.agent.runctx.
 """
 from __future__ import annotations
 
 import logging
-import time
-import uuid
-from datetime import timedelta
 
-from django.conf import settings
-from django.db import transaction
-from django.utils import timezone
-
-from veronica import events
-from veronica.engine import budget
-from veronica.engine.wakes import enqueue_wake
-from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus, Wake
+from veronica.agent.providers.base import ProviderError
+from veronica.agent.runctx import Cancelled, LeaseLost
+from veronica.engine import budget, failures, slot
+from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
+from veronica.models import Member, RunOutcome, RunStatus, Wake
 
 log = logging.getLogger(__name__)
 
-
-class Cancelled(Exception):
-    """Suspend / remove asked the run to stop, or its lease was lost."""
+__all__ = ["Cancelled", "LeaseLost", "has_unread", "wake"]
 
 
-# Mail that arrived during these runs was coalesced into them: wake again to drain it. A run that
-# ended waiting for an operator, paused at its iteration limit, errored or hit its budget must not
-# loop on its own mail (the decision, new mail or the tick's sweep wakes it).
-REWAKE_AFTER = {RunOutcome.DONE, RunOutcome.ABORTED}
-
-
-def lease_delta() -> timedelta:
-    return timedelta(seconds=settings.RUN_LEASE_SECONDS)
-
-
-class RunContext:
-    """What a run needs from the engine: cancellation, lease heartbeat and phase reporting."""
-
-    HEARTBEAT_EVERY = 1.0
-
-    def __init__(self, member: Member, token: str, run: Run, source: str) -> None:
-        self.member, self.token, self.run, self.source = member, token, run, source
-        self._last_beat = 0.0
-
-    def check(self) -> None:
-        """Between every model and tool step: renew the lease unless a cancel was asked for."""
-        alive = Member.objects.filter(pk=self.member.pk, lease_token=self.token, cancel_requested=False).update(
-            lease_expires_at=timezone.now() + lease_delta())
-        self._last_beat = time.monotonic()
-        if not alive:
-            raise Cancelled(f"run of {self.member.name} cancelled")
-
-    def should_stop(self) -> bool:
-        """Polled while a model call is in flight; rate-limited to one query a second."""
-        if time.monotonic() - self._last_beat < self.HEARTBEAT_EVERY:
-            return False
-        try:
-            self.check()
-        except Cancelled:
-            return True
-        return False
-
-    def phase(self, phase: str, tool: str = "") -> None:
-        set_phase(self.member, phase, tool)
-
-
-def set_phase(member: Member, phase: str, tool: str = "") -> None:
-    """Phases are derived from the member's own events: the row follows the event we emit."""
-    if member.phase == phase and member.phase_tool == tool:
-        return
-    now = timezone.now()
-    with transaction.atomic(savepoint=False):
-        Member.objects.filter(pk=member.pk).update(phase=phase, phase_tool=tool, phase_since=now)
-        events.emit(member.space_id, "member.phase", member=member, phase=phase, tool=tool)
-    member.phase, member.phase_tool, member.phase_since = phase, tool, now
-
-
-def claim(member_id: int) -> str | None:
-    token = uuid.uuid4().hex
-    claimed = Member.objects.filter(
-        pk=member_id, run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="",
-    ).update(run_status=RunStatus.BUSY, lease_token=token, lease_expires_at=timezone.now() + lease_delta(), cancel_requested=False)
-    return token if claimed else None
-
-
-def release(member: Member, token: str) -> bool:
-    """Give the slot back. A suspended member stays suspended; a lost lease changes nothing."""
-    Member.objects.filter(pk=member.pk, lease_token=token, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE)
-    return bool(Member.objects.filter(pk=member.pk, lease_token=token).update(lease_token="", lease_expires_at=None, cancel_requested=False))
-
-
-def has_unread(member_id: int) -> bool:
-    return Message.objects.filter(recipient_id=member_id, read_at__isnull=True).exists()
+def describe(exc: ProviderError) -> str:
+    parts = [str(exc)]
+    if exc.status:
+        parts.append(f"HTTP {exc.status}")
+    if exc.request_id:
+        parts.append(f"request {exc.request_id}")
+    return "; ".join(parts)
 
 
 def wake(member_id: int, source: str) -> str:
@@ -107,39 +39,31 @@ def wake(member_id: int, source: str) -> str:
         return "not-active"
     if budget.is_tripped(member):
         return "budget-tripped"
-    token = claim(member_id)
-    if token is None:
-        return "coalesced"
+    lease = slot.claim(member, source)
+    if lease is None:
+        return failures.why_not_claimed(member_id)
     Wake.objects.filter(pk=received.pk).update(claimed=True)  # the metrics split wakes by claimed / coalesced
-    member.refresh_from_db()
-    run = Run.objects.create(member=member, source=source, lease_token=token, started_at=timezone.now())
-    events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
-    outcome, error = RunOutcome.DONE, ""
-    try:
-        from veronica.agent.loop import run_member
+    from veronica.agent.loop import run_member
 
-        outcome = run_member(member, RunContext(member, token, run, source))
+    outcome, error, permanent = RunOutcome.DONE, "", False
+    try:
+        outcome = run_member(lease.member, lease)
+    except LeaseLost:
+        log.warning("run of %s lost its lease; it stops and writes nothing", member.name)
+        return "lease-lost"
     except Cancelled:
         outcome = RunOutcome.ABORTED
-    except Exception as exc:  # one member's crash never touches another's run
+    except ProviderError as exc:
+        log.warning("run of %s failed: %s (permanent=%s)", member.name, exc, exc.permanent)
+        outcome, error, permanent = RunOutcome.ERROR, describe(exc), exc.permanent
+    except Exception as exc:  # one member's crash never touches another's run; retried with backoff
         log.exception("run of %s crashed", member.name)
         outcome, error = RunOutcome.ERROR, f"{type(exc).__name__}: {exc}"
-    finish(member, token, run, outcome, error)
+    try:
+        slot.finish(lease, outcome, error, permanent=permanent)
+    except LeaseLost:
+        log.warning("run of %s lost its lease before it finished; the watchdog ended it", member.name)
+        return "lease-lost"
     return outcome
 
-
-def finish(member: Member, token: str, run: Run, outcome: str, error: str = "") -> None:
-    Run.objects.filter(pk=run.pk).update(ended_at=timezone.now(), outcome=outcome, error=error[:2000])
-    if outcome == RunOutcome.ERROR:
-        set_phase(member, Phase.ERROR)
-    elif outcome == RunOutcome.ABORTED:
-        set_phase(member, Phase.READY)
-    events.emit(member.space_id, "run.ended", member=member, run=run.pk, outcome=outcome, error=error[:300])
-    if not release(member, token):
-        return  # the watchdog already took the lease back and re-woke the member
-    if outcome not in REWAKE_AFTER:
-        return  # waiting on a person, paused or over budget: new mail or the decision wakes it
-    fresh = Member.objects.filter(pk=member.pk).first()
-    if fresh and fresh.is_active and fresh.run_status == RunStatus.IDLE and has_unread(member.pk):
-        enqueue_wake(member.pk, "message")
 

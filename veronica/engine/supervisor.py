@@ -62,12 +62,15 @@ def suspend(member: Member, *, actor: str) -> Member:
 
 
 def resume(member: Member, *, actor: str) -> Member:
+    """Un-suspend, and un-park a member a permanent error (or a backoff) is holding: it runs now."""
+    from veronica.engine import failures
+
     with transaction.atomic():
         changed = Member.objects.filter(pk=member.pk, run_status=RunStatus.SUSPENDED).update(run_status=RunStatus.IDLE)
         if changed:
             events.emit(member.space_id, "member.resumed", member=member, actor=actor)
-            if member.membership == Membership.ACTIVE:
-                wake_on_commit([member.pk], "resume")
+        if (failures.unpark(member, actor=actor) or changed) and member.membership == Membership.ACTIVE:
+            wake_on_commit([member.pk], "resume")
     return _refresh(member)
 
 
@@ -270,12 +273,28 @@ def clear_session(member: Member, *, actor: str) -> None:
 
 
 def compact(member: Member, kind: str, *, actor: str) -> dict:
+    """Compaction claims the run slot like a wake, so it never races a run; a wake that arrives
+    meanwhile coalesces and the mail is drained when the slot is released. Its call is metered."""
+    from veronica.agent.compaction import compact_session
+    from veronica.agent.runctx import LeaseLost
+    from veronica.engine import slot
+    from veronica.models import RunOutcome
+
     if kind not in ("micro", "full"):
         raise VeronicaError("kind must be 'micro' or 'full'", field="kind")
-    _refuse_busy(member, "compact")
-    from veronica.agent.compaction import compact_session
-
-    return compact_session(member, kind, actor=actor)
+    lease = slot.claim(member, "compact", held_ok=True)
+    if lease is None:
+        raise Conflict(f"cannot compact '{member.name}' while it is running (or suspended, frozen or removed); "
+                       "wait, or resume it first", field="member")
+    try:
+        result = compact_session(lease.member, kind, lease, actor=actor)
+    except LeaseLost:
+        raise Conflict(f"compaction of '{member.name}' lost its lease; nothing was changed", field="member") from None
+    except Exception as exc:
+        slot.finish(lease, RunOutcome.ABORTED, f"compaction failed: {type(exc).__name__}: {exc}", settle=False)
+        raise
+    slot.finish(lease, RunOutcome.DONE, settle=False)
+    return result
 
 
 def set_schedule(member: Member, cron: str, *, actor: str) -> Member:

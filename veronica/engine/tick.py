@@ -14,7 +14,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from veronica import bus, events, ledger
-from veronica.engine import alarms, leases, retention, supervisor, watchdogs
+from veronica.engine import alarms, failures, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.errors import Conflict, NotFound
@@ -52,6 +52,7 @@ def sweep_unread() -> list[int]:
     woken_lately = Wake.objects.filter(member=OuterRef("pk"), created_at__gte=cutoff)
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
     idle = idle.exclude(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # the decision wakes them
+    idle = idle.filter(failures.RUNNABLE)  # parked or backing off: the failure model wakes them
     ids = list(idle.filter(Exists(unread)).exclude(Exists(woken_lately)).values_list("pk", flat=True))
     for member_id in ids:
         enqueue_wake(member_id, "message")
@@ -109,6 +110,7 @@ DUTIES = (
     ("stale_tasks", stale_tasks),
     ("clones_retired", lambda: len(retire_finished_clones())),
     ("swept", lambda: len(sweep_unread())),
+    ("retried", lambda: len(failures.due_retries())),  # backoff elapsed: the failure model's re-wake
     ("purged", retention.purge_if_due),
     ("ops", lambda: watchdogs.duties()),  # stuck runs, mailbox backlog, notifier retries, lost check runs
 )

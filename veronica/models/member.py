@@ -84,6 +84,12 @@ class Member(models.Model):
     lease_token = models.CharField(max_length=40, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # failure model (DESIGN §3): consecutive failed runs, when a transient one is retried, and why
+    failures = models.IntegerField(default=0, help_text="Consecutive failed runs; a clean run resets it.")
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="Backoff after a transient failure: no run before this.")
+    error_reason = models.TextField(blank=True, help_text="The last failure, shown on the roster and member page.")
+    parked_config = models.CharField(max_length=200, blank=True,
+                                     help_text="Parked by a permanent error under this 'model|permission mode'; resume or a change un-parks.")
     reload_pending = models.BooleanField(default=False, help_text="Skills changed; applied at the next run boundary.")
     rule_domains = models.JSONField(default=list, blank=True)
     max_iterations = models.IntegerField(default=24)

@@ -141,6 +141,7 @@ class UsageDay(models.Model):
     usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     runs = models.IntegerField(default=0)
     model_calls = models.IntegerField(default=0)
+    estimated_calls = models.IntegerField(default=0, help_text="Calls whose usage the vendor did not report (estimated).")
     tripped = models.BooleanField(default=False, help_text="The budget breaker tripped; no more runs today.")
 
     class Meta:

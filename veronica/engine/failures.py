@@ -1,0 +1,106 @@
+"""The failure model (DESIGN §3): what happens to a member whose run failed.
+
+transient (429 / 5xx / timeouts / an empty reply, already retried inside the call, or a crash): the
+    member is re-woken after an exponential backoff, until a run succeeds.
+permanent (auth, not found, bad request, context overflow, missing key): the member is parked in
+    phase `error` with the reason and one ops alert; it runs again when an operator resumes it or
+    its config (model, permission mode) changes.
+Either way the work in progress stays where it was: unread mail stays unread, an unanswered brief
+or tool result stays at the end of the transcript, and the next run picks it up from there.
+"""
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Concat, Now
+
+from veronica import bus, events
+from veronica.engine.wakes import enqueue_wake
+from veronica.models import Member, Membership, RunStatus
+
+# The config a member was parked under; a change to either field un-parks it.
+CONFIG = Concat(F("model"), Value("|"), F("permission_mode"))
+PARKED = Q(parked_config=CONFIG)
+IN_BACKOFF = Q(retry_at__gt=Now())
+# The claim's gate for new work: not parked under its current config, not waiting out a backoff.
+RUNNABLE = ~PARKED & ~IN_BACKOFF
+
+
+def backoff_seconds(failures: int) -> float:
+    """Exponential with jitter (80-100 %), so members that failed together do not retry together."""
+    base = settings.RUN_RETRY_BASE_SECONDS * 2 ** max(failures - 1, 0)
+    return min(base, settings.RUN_RETRY_MAX_SECONDS) * random.uniform(0.8, 1.0)
+
+
+def record(member: Member, reason: str, *, permanent: bool) -> None:
+    """Inside the failed run's fenced finish: count the failure, then back off or park."""
+    count = member.failures + 1
+    if permanent:
+        Member.objects.filter(pk=member.pk).update(failures=count, retry_at=None, error_reason=reason[:2000], parked_config=CONFIG)
+        body = f"{member.name} is parked after a permanent error: {reason[:500]}. Fix the cause, then resume it."
+        events.emit(member.space_id, "ops.alert", member=member, subject="member parked", body=body)
+        bus.send(member.space, bus.SYSTEM, bus.OPERATOR, body, subject=f"Parked: {member.name}")
+        events.emit(member.space_id, "member.parked", member=member, reason=reason[:300])
+        return
+    delay = backoff_seconds(count)
+    Member.objects.filter(pk=member.pk).update(failures=count, retry_at=Now() + timedelta(seconds=delay),
+                                               error_reason=f"{reason[:1900]} (failure {count}; retrying in {delay:.0f} s)")
+    events.emit(member.space_id, "member.retry_scheduled", member=member, failures=count, delay=round(delay, 1), reason=reason[:300])
+
+
+def clear(member: Member) -> None:
+    """A run that got through: the failure streak is over."""
+    if member.failures or member.retry_at or member.error_reason or member.parked_config:
+        Member.objects.filter(pk=member.pk).update(failures=0, retry_at=None, error_reason="", parked_config="")
+        member.failures, member.retry_at, member.error_reason, member.parked_config = 0, None, "", ""
+
+
+def unpark(member: Member, *, actor: str) -> bool:
+    """The operator's resume: forget the failure streak and run again now."""
+    with transaction.atomic():
+        changed = Member.objects.filter(pk=member.pk).filter(Q(parked_config__gt="") | Q(retry_at__isnull=False)).update(
+            failures=0, retry_at=None, error_reason="", parked_config="")
+        if changed:
+            events.emit(member.space_id, "member.unparked", member=member, actor=actor)
+    return bool(changed)
+
+
+def why_not_claimed(member_id: int) -> str:
+    """For the wake's outcome string: a held member is not a coalesced wake."""
+    held = Member.objects.filter(pk=member_id).aggregate(parked=_count(PARKED), backoff=_count(IN_BACKOFF))
+    return "parked" if held["parked"] else "backoff" if held["backoff"] else "coalesced"
+
+
+def _count(q: Q):
+    from django.db.models import Count
+
+    return Count("pk", filter=q)
+
+
+def due_retries() -> list[int]:
+    """The tick's duty: wake members whose backoff ran out, or whose config changed while parked.
+    One select when idle (nobody failing costs nothing per member).
+
+    The retry time moves on by a lease (it is not cleared) when we ring, so a lost wake is rung again
+    and a delivered one is settled by the run's own finish (cleared on success, backed off on failure)."""
+    idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
+    due = idle.filter(Q(retry_at__lte=Now()) | (Q(parked_config__gt="") & ~PARKED))
+    woken = []
+    for member in due.annotate(config=CONFIG):
+        if member.parked_config and member.parked_config != member.config:
+            with transaction.atomic():
+                if not Member.objects.filter(pk=member.pk, parked_config=member.parked_config).update(parked_config="", failures=0):
+                    continue
+                events.emit(member.space_id, "member.unparked", member=member, actor="config change")
+                transaction.on_commit(lambda pk=member.pk: enqueue_wake(pk, "resume"))
+        elif not Member.objects.filter(pk=member.pk, retry_at=member.retry_at).update(
+                retry_at=Now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)):
+            continue
+        else:
+            enqueue_wake(member.pk, "resume")
+        woken.append(member.pk)
+    return woken

@@ -1,0 +1,201 @@
+"""The run slot and its lease: claim, the fenced writes of the holder, finish and release.
+
+A member has one slot. Whoever holds it (a wake's run, an operator's compaction) holds a lease
+token with an expiry on the database's clock. Every write the holder makes is fenced: it runs in a
+transaction that first renews the lease with
+
+    UPDATE member SET lease_expires_at = NOW() + lease
+     WHERE id = ? AND lease_token = ? AND lease_expires_at > NOW()
+
+and rolls back when that matches no row. A holder paused past its lease (SIGSTOP, a swap storm)
+therefore writes nothing when it wakes up: the watchdog has ended its Run row and a new run may
+own the slot. Expiry is only ever compared on the database's clock, never a host's.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Callable, TypeVar
+
+from django.conf import settings
+from django.db import connections, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from veronica import events
+from veronica.agent.runctx import Cancelled, LeaseLost
+from veronica.engine import failures
+from veronica.engine.wakes import enqueue_wake
+from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Mail that arrived during these runs was coalesced into them: wake again to drain it. A run that
+# ended waiting for an operator, paused at its iteration limit, errored or hit its budget must not
+# loop on its own mail (the decision, new mail, the backoff or the tick's sweep wakes it).
+REWAKE_AFTER = {RunOutcome.DONE, RunOutcome.ABORTED}
+
+
+def lease_delta() -> timedelta:
+    return timedelta(seconds=settings.RUN_LEASE_SECONDS)
+
+
+def renew(member_id: int, token: str, *, honour_cancel: bool) -> None:
+    """Renew-and-check on the DB clock. Raises LeaseLost, or Cancelled when a stop was asked for."""
+    held = Member.objects.filter(pk=member_id, lease_token=token, lease_expires_at__gt=Now())
+    if held.filter(cancel_requested=False).update(lease_expires_at=Now() + lease_delta()) if honour_cancel else \
+            held.update(lease_expires_at=Now() + lease_delta()):
+        return
+    if honour_cancel and held.exists():
+        raise Cancelled("the run was asked to stop")
+    raise LeaseLost(f"the lease {token[:8]} of member {member_id} is gone")
+
+
+def write_phase(member: Member, phase: str, tool: str = "") -> None:
+    """Phases are derived from the member's own events: the row follows the event we emit."""
+    if member.phase == phase and member.phase_tool == tool:
+        return
+    with transaction.atomic(savepoint=False):
+        Member.objects.filter(pk=member.pk).update(phase=phase, phase_tool=tool, phase_since=Now())
+        events.emit(member.space_id, "member.phase", member=member, phase=phase, tool=tool)
+    member.phase, member.phase_tool = phase, tool
+
+
+class RunLease:
+    """The engine's side of veronica.agent.runctx.RunContext, for one claimed slot."""
+
+    def __init__(self, member: Member, token: str, run: Run, source: str) -> None:
+        self.member, self.token, self.run, self.source = member, token, run, source
+        self._last_check = time.monotonic()  # the last renewal that also read the cancel flag
+        self._stop: Cancelled | None = None
+        self._depth = 0
+
+    def _renew(self, *, honour_cancel: bool) -> None:
+        if isinstance(self._stop, LeaseLost):
+            raise self._stop
+        try:
+            renew(self.member.pk, self.token, honour_cancel=honour_cancel)
+        except LeaseLost as lost:
+            self._stop = lost
+            raise
+        if honour_cancel:  # fenced writes renew too, but only this reads a suspend
+            self._last_check = time.monotonic()
+
+    def check(self) -> None:
+        self._renew(honour_cancel=True)
+
+    def should_stop(self) -> bool:
+        if self._stop is not None:
+            return True
+        if time.monotonic() - self._last_check < settings.RUN_HEARTBEAT_SECONDS:
+            return False
+        try:
+            self._renew(honour_cancel=True)
+        except Cancelled as exc:
+            self._stop = exc
+            return True
+        return False
+
+    def stop_reason(self) -> Cancelled:
+        return self._stop or Cancelled("model call aborted")
+
+    @contextmanager
+    def fenced(self):
+        if self._depth:  # already inside this run's fence: one renew per transaction is enough
+            yield
+            return
+        with transaction.atomic():
+            self._renew(honour_cancel=False)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+
+    def keep_alive(self, fn: Callable[[], T]) -> T:
+        """Run fn in a helper thread (it must not touch the DB) and renew the lease while it runs.
+        A lost lease abandons the step: its result is never written."""
+        box: dict = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the run's thread
+                box["error"] = exc
+            finally:
+                connections.close_all()  # this thread's own connections, if fn opened any
+                done.set()
+
+        threading.Thread(target=target, name=f"step-{self.member.pk}", daemon=True).start()
+        while not done.wait(settings.RUN_HEARTBEAT_SECONDS):
+            self._renew(honour_cancel=False)  # a cancel waits for the step; its result is kept
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def phase(self, phase: str, tool: str = "") -> None:
+        if self.member.phase == phase and self.member.phase_tool == tool:
+            return
+        with self.fenced():
+            write_phase(self.member, phase, tool)
+
+
+def claim(member: Member, source: str, *, held_ok: bool = False) -> RunLease | None:
+    """One conditional UPDATE takes the slot; the Run row is written in the same commit, so a run
+    never exists without its lease nor a lease without its Run row. A parked member is not claimed,
+    nor one in backoff unless the wake is the retry itself (source `resume`: the backoff's own ring,
+    an operator's resume, a decision). held_ok: compaction may claim both, it is how a context
+    overflow gets fixed."""
+    token = uuid.uuid4().hex
+    gate = Q() if held_ok else ~failures.PARKED if source == "resume" else failures.RUNNABLE
+    with transaction.atomic():
+        claimed = Member.objects.filter(
+            gate, pk=member.pk, run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True,
+            lease_token="",
+        ).update(run_status=RunStatus.BUSY, lease_token=token, lease_expires_at=Now() + lease_delta(), cancel_requested=False)
+        if not claimed:
+            return None
+        run = Run.objects.create(member=member, source=source, lease_token=token, started_at=Now())
+        events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
+    member.refresh_from_db()
+    return RunLease(member, token, run, source)
+
+
+def release(member: Member, token: str) -> None:
+    """Give the slot back (inside the fenced finish). A suspended member stays suspended."""
+    Member.objects.filter(pk=member.pk, lease_token=token, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE)
+    Member.objects.filter(pk=member.pk, lease_token=token).update(lease_token="", lease_expires_at=None, cancel_requested=False)
+
+
+def has_unread(member_id: int) -> bool:
+    return Message.objects.filter(recipient_id=member_id, read_at__isnull=True).exists()
+
+
+def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = False, settle: bool = True) -> None:
+    """End the Run row, settle the failure streak, release the slot: all under the lease, or
+    nothing at all (LeaseLost) when the watchdog has already ended this run. settle=False (compaction)
+    leaves the failure streak as it was."""
+    member = lease.member
+    with lease.fenced():
+        Run.objects.filter(pk=lease.run.pk, lease_token=lease.token, ended_at__isnull=True).update(
+            ended_at=Now(), outcome=outcome, error=error[:2000])
+        if outcome == RunOutcome.ERROR:
+            write_phase(member, Phase.ERROR)
+            failures.record(member, error, permanent=permanent)
+        elif outcome == RunOutcome.ABORTED:
+            write_phase(member, Phase.READY)
+        elif settle:
+            failures.clear(member)
+        events.emit(member.space_id, "run.ended", member=member, run=lease.run.pk, outcome=outcome, error=error[:300])
+        release(member, lease.token)
+    if outcome not in REWAKE_AFTER:
+        return  # waiting on a person, paused, over budget or failed: the decision, new mail or the backoff wakes it
+    fresh = Member.objects.filter(pk=member.pk).first()
+    if fresh and fresh.is_active and fresh.run_status == RunStatus.IDLE and has_unread(member.pk):
+        enqueue_wake(member.pk, "message")
