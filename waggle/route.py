@@ -18,7 +18,9 @@ derived from its content, so the same route always gets the same name.
 Confidence: a route may fire only after the prefix that triggers it was seen in at least
 ``min_contexts`` distinct contexts (different argument values: near-copies of one task count
 once) and the Wilson lower bound of "replayed steps the agent then made itself" over those
-sightings reaches ``min_confidence``. The sightings come from a pair index (the positions of
+sightings reaches ``min_confidence``; each replayed step (and each fan-out element) seen in
+enough contexts must reach it on its own too, so a route replays only its predictable steps (see
+``choose_trigger``). The sightings come from a pair index (the positions of
 each pair of consecutive call shapes), so judging a route never scans the whole trace.
 """
 from __future__ import annotations
