@@ -18,7 +18,9 @@ derived from its content, so the same route always gets the same name.
 Confidence: a route may fire only after the prefix that triggers it was seen in at least
 ``min_contexts`` distinct contexts (different argument values: near-copies of one task count
 once) and the Wilson lower bound of "replayed steps the agent then made itself" over those
-sightings reaches ``min_confidence``. The sightings come from a pair index (the positions of
+sightings reaches ``min_confidence``; each replayed step (and each fan-out element) seen in
+enough contexts must reach it on its own too, so a route replays only its predictable steps (see
+``choose_trigger``). The sightings come from a pair index (the positions of
 each pair of consecutive call shapes), so judging a route never scans the whole trace.
 """
 from __future__ import annotations
@@ -494,8 +496,14 @@ def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = (
 def used_steps(tail: Sequence[ConcreteStep], calls: Sequence[Call | None], start: int) -> int:
     """How many of ``tail`` the agent made itself from ``start`` on, before its first call that is
     none of them (a barrier or the end of the session ends the run)."""
+    return sum(used_flags(tail, calls, start))
+
+
+def used_flags(tail: Sequence[ConcreteStep], calls: Sequence[Call | None], start: int) -> list[bool]:
+    """For each step of ``tail``: did the agent make it itself from ``start`` on, before its first
+    call that is none of them (see :func:`used_steps`)."""
     remaining = Counter(tail)
-    used = 0
+    made: Counter = Counter()
     for c in calls[start:]:
         if c is None or c.barrier:
             break
@@ -503,8 +511,13 @@ def used_steps(tail: Sequence[ConcreteStep], calls: Sequence[Call | None], start
         if remaining.get(inv, 0) <= 0:
             break
         remaining[inv] -= 1
-        used += 1
-    return used
+        made[inv] += 1
+    flags = []
+    for step in tail:
+        flags.append(made.get(step, 0) > 0)
+        if flags[-1]:
+            made[step] -= 1
+    return flags
 
 
 HISTORY = 200  # earlier calls of the session a replay leaves out when already made (the ring's size)
@@ -537,15 +550,32 @@ def prefix_evidence(route: Route, index: TraceIndex, m: int, cap: int = DEFAULT_
 
 
 def prefix_evidence_by_cap(route: Route, index: TraceIndex, m: int, caps: Sequence[int]
-                           ) -> dict[int, tuple[int, int, int]]:
-    """:func:`prefix_evidence` for several fan-out caps in one pass over the sightings."""
+                           ) -> dict[int, tuple[int, int, int, float]]:
+    """:func:`prefix_evidence` for several fan-out caps in one pass over the sightings:
+    cap -> (contexts, steps offered, steps used, sum over contexts of the share used)."""
+    tallies, _ = _sightings(route, index, m, max(caps), caps)
+    return tallies
+
+
+def element_evidence(route: Route, index: TraceIndex, m: int, cap: int = DEFAULT_FANOUT_CAP
+                     ) -> tuple[int, list[tuple[int, int]]]:
+    """Per position of the replayed tail (fixed steps first, then the fan-out's elements in list
+    order, up to ``cap`` of them): (contexts that would have been offered it, of those the ones
+    where the agent made it itself), over the distinct contexts where the first ``m`` steps occur.
+    Returns (contexts, per-position tallies)."""
+    tallies, per = _sightings(route, index, m, cap, (cap,))
+    return tallies[cap][0], per
+
+
+def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence[int]
+               ) -> tuple[dict[int, tuple[int, int, int, float]], list[tuple[int, int]]]:
     calls = index.calls
     n = len(calls)
     seen: set = set()
-    top = max(caps)
     tallies = {c: [0, 0, 0.0] for c in caps}
+    per: list[list[int]] = []
     if len(route.steps) < 2:
-        return {c: (0, 0, 0, 0.0) for c in caps}
+        return {c: (0, 0, 0, 0.0) for c in caps}, []
     key = (route.steps[0].shape, route.steps[1].shape)
     for p in index.by_pair.get(key, ()):
         if p + m > n:
@@ -561,14 +591,26 @@ def prefix_evidence_by_cap(route: Route, index: TraceIndex, m: int, caps: Sequen
         if ctx in seen:
             continue
         seen.add(ctx)
-        tail = got[1]
+        binding, tail = got
+        flags = dict(zip(tail, used_flags(tail, calls, p + m)))
+        pos = 0  # positions by route step (and list element), not by place in this tail
+        for step in route.steps[m:]:
+            for conc in step.concretes(binding, window, top) or ():
+                while len(per) <= pos:
+                    per.append([0, 0])
+                if conc in flags:  # (a step the session had already made is not offered)
+                    per[pos][0] += 1
+                    per[pos][1] += flags[conc]
+                pos += 1
         fixed = len(tail) - _fanned(route, m, tail)
         for c in caps:
             part = tail[:fixed + c] if route.fans_out else tail
+            used = used_steps(part, calls, p + m)
             tallies[c][0] += len(part)
-            tallies[c][1] += used_steps(part, calls, p + m)
-            tallies[c][2] += used_steps(part, calls, p + m) / len(part)
-    return {c: (len(seen), off, used, share) for c, (off, used, share) in tallies.items()}
+            tallies[c][1] += used
+            tallies[c][2] += used / len(part)
+    return ({c: (len(seen), off, used, share) for c, (off, used, share) in tallies.items()},
+            [(a, b) for a, b in per])
 
 
 def _fanned(route: Route, m: int, tail: Sequence[ConcreteStep]) -> int:
@@ -584,18 +626,35 @@ def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confide
     seen in at least ``min_contexts`` distinct contexts where the Wilson lower bound (``z``) of the
     share of replayed steps the agent made itself, over contexts, is at least ``min_confidence``;
     None when none does.
-    A fan-out also learns its cap: the largest (up to ``cap``) whose bound still holds (the agent
-    tends to stop somewhere in a list; later elements are the likelier misses)."""
+
+    Every replayed step must also be predictable on its own: a step offered in at least
+    ``min_contexts`` contexts must reach ``min_confidence`` with its own lower bound of "the agent
+    made it" (a strong first step cannot carry a coin-flip second one). A fan-out replays only the
+    leading list elements that were offered in ``min_contexts`` contexts and pass that bound (its
+    learned cap, at most ``cap``): agents stop somewhere in a list, the later elements are the
+    likelier misses, and an element seen too rarely is not known to be predictable."""
     m0 = max(2, int(min_prefix))
-    caps = list(range(1, max(1, cap) + 1)) if route.fans_out else [max(1, cap)]
+    top = max(1, cap)
     for m in range(m0, len(route.steps)):
         if not route.determined_at(m):
             continue
-        evidence = prefix_evidence_by_cap(route, index, m, caps)
+        caps = list(range(1, top + 1)) if route.fans_out else [top]
+        evidence, per = _sightings(route, index, m, top, caps)
+        contexts = evidence[top][0]
+        if contexts < max(1, min_contexts):
+            continue
+        enough = [offered >= max(1, min_contexts) for offered, _ in per]
+        sure = [ok and wilson_lower(used, offered, z) >= min_confidence for ok, (offered, used) in zip(enough, per)]
+        fixed = len(route.steps) - m - (1 if route.fans_out else 0)
+        if any(ok and not good for ok, good in zip(enough[:fixed], sure[:fixed])):
+            continue  # a fixed step shown to be unpredictable (thinner evidence: the overall bound)
+        if route.fans_out:
+            elements = 0
+            while fixed + elements < len(sure) and sure[fixed + elements]:
+                elements += 1
+            caps = list(range(1, elements + 1))
         for c in reversed(caps):
-            contexts, offered, used, share = evidence[c]
-            if contexts < max(1, min_contexts):
-                break
+            _, _, _, share = evidence[c]
             # the unit of evidence is the context, not the step: one context's steps stand or fall
             # together (an agent that stops early misses every later step)
             lower = wilson_lower(share, contexts, z)
