@@ -116,15 +116,25 @@ class MemberAdmin(admin.ModelAdmin):
     actions = ["freeze", "unfreeze", "suspend", "resume"]
 
     def save_model(self, request, obj, form, change):
-        if change:  # field edits (persona, model, schedule text...) apply at the next run boundary
+        if change:  # field edits (persona, model...) apply at the next run boundary
             obj.reload_pending = True
             super().save_model(request, obj, form, change)
+            self._schedule_through_verb(request, obj, form)
             return
         # a new member goes through the verb: name rules, one leader, the event
         created = supervisor.add_member(obj.space, obj.name, role=obj.role, persona=obj.persona, when_to_use=obj.when_to_use,
                                         model=obj.model, permission_mode=obj.permission_mode, schedule=obj.schedule,
                                         rule_domains=obj.rule_domains, budget_override=obj.budget_override, actor=_actor(request))
         obj.pk = created.pk
+
+    def _schedule_through_verb(self, request, obj, form) -> None:
+        """A schedule edit arms the next firing and records the origin, like the API and the tool."""
+        if "schedule" not in form.changed_data:
+            return
+        if obj.schedule:
+            supervisor.set_schedule(obj, obj.schedule, actor=_actor(request))
+        else:
+            supervisor.clear_schedule(obj, actor=_actor(request))
 
     @admin.action(description="Freeze selected members")
     def freeze(self, request, queryset):
