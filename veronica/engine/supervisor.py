@@ -198,8 +198,9 @@ def remove_member(member: Member, *, actor: str) -> Member:
     return _refresh(member)
 
 
-def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor: str) -> Member:
-    """Clone a worker into a live ephemeral member. Capped per space; schedules never clone."""
+def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor: str, capped: bool = True) -> Member:
+    """Clone a worker into a live ephemeral member; schedules never clone. The space's cap gates the
+    agent-driven path (the leader's tool) only: an operator's spawn is uncapped (`capped=False`)."""
     if retire_policy not in (RetirePolicy.ON_COMPLETE, RetirePolicy.MANUAL):
         raise VeronicaError("retire must be 'on_complete' or 'manual'", field="retire")
     if base.role != Role.WORKER or base.spawned_from_id:
@@ -208,7 +209,7 @@ def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor:
     with transaction.atomic():
         Space.objects.select_for_update().filter(pk=space.pk).first()  # serialize spawns per space (PG)
         live = Member.objects.filter(space=space, spawned_from__isnull=False, removed_at__isnull=True).count()
-        if live >= space.spawn_cap:
+        if capped and live >= space.spawn_cap:
             raise Conflict(f"spawn cap reached: {live} live clones, the space allows {space.spawn_cap}", field="base")
         Member.objects.filter(pk=base.pk).update(clone_seq=F("clone_seq") + 1)
         seq = Member.objects.filter(pk=base.pk).values_list("clone_seq", flat=True).get()
