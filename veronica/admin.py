@@ -112,7 +112,7 @@ class MemberAdmin(admin.ModelAdmin):
     search_fields = ("name", "space__name")
     readonly_fields = ("run_status", "phase", "phase_tool", "phase_since", "lease_token", "lease_expires_at", "cancel_requested",
                        "membership", "removed_at", "spawned_from", "clone_seq", "schedule_origin", "schedule_set_at",
-                       "schedule_tombstone", "schedule_next_at", "permission_origin", "created_at")
+                       "schedule_tombstone", "schedule_next_at", "permission_origin", "origin", "removed_by", "created_at")
     actions = ["freeze", "unfreeze", "suspend", "resume"]
 
     def save_model(self, request, obj, form, change):

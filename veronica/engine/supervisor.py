@@ -172,7 +172,7 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
         try:
             member = Member.objects.create(
                 space=space, name=name, role=role, persona=persona, when_to_use=when_to_use, model=model,
-                permission_mode=mode, schedule=cron, schedule_origin=origin, rule_domains=domains,
+                permission_mode=mode, schedule=cron, schedule_origin=origin, origin=origin, rule_domains=domains,
                 budget_override=budget_override, schedule_next_at=next_fire(cron) if cron else None, phase_since=timezone.now())
         except IntegrityError as exc:
             raise Conflict(f"could not add member '{name}': {exc}", field="name") from None
@@ -192,7 +192,7 @@ def remove_member(member: Member, *, actor: str) -> Member:
         raise Conflict("the leader cannot be removed", field="member")
     with transaction.atomic():
         if not Member.objects.filter(pk=member.pk, removed_at__isnull=True).update(
-                removed_at=timezone.now(), membership=Membership.FROZEN, cancel_requested=_HAS_LEASE):
+                removed_at=timezone.now(), membership=Membership.FROZEN, cancel_requested=_HAS_LEASE, removed_by=actor[:80]):
             raise NotFound(f"member '{member.name}' is already removed", field="member")
         events.emit(member.space_id, "member.removed", member=member, actor=actor)
     return _refresh(member)
@@ -216,7 +216,8 @@ def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor:
         clone = Member.objects.create(
             space=space, name=f"{base.name}-{seq}", role=Role.WORKER, persona=base.persona, when_to_use=base.when_to_use,
             model=base.model, permission_mode=base.permission_mode, rule_domains=base.rule_domains,
-            budget_override=base.budget_override, spawned_from=base, retire_policy=retire_policy, phase_since=timezone.now())
+            budget_override=base.budget_override, spawned_from=base, retire_policy=retire_policy, phase_since=timezone.now(),
+            origin=Origin.RUNTIME)
         for skill in Skill.objects.filter(member=base):
             Skill.objects.create(space=space, member=clone, name=skill.name, description=skill.description, body=skill.body)
         events.emit(space.pk, "member.spawned", member=clone, base=base.name, retire=retire_policy, actor=actor)

@@ -88,6 +88,10 @@ class Member(models.Model):
     rule_domains = models.JSONField(default=list, blank=True)
     max_iterations = models.IntegerField(default=24)
     removed_at = models.DateTimeField(null=True, blank=True)
+    # who made the seat: a restart-register keeps an operator's members and removals (only --fresh undoes them)
+    origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.MANIFEST,
+                              help_text="manifest = declared by the manifest; runtime = added by an operator or the API.")
+    removed_by = models.CharField(max_length=80, blank=True, help_text="Who removed it ('manifest' = a register).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

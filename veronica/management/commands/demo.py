@@ -27,7 +27,7 @@ class Command(BaseCommand):
         settings.WAGGLE = {**settings.WAGGLE, "sweep_async": False}  # no cluster here: mine inline
         started = time.monotonic()
         call_command("migrate", interactive=False, verbosity=0)  # a fresh data folder has no tables yet
-        space = register(DEMO_MANIFEST, actor="demo")
+        space = register(DEMO_MANIFEST, fresh=True, actor="demo")  # the scenario starts from the manifest as written
         for round_no in range(1, rounds + 1):
             first_run = Run.objects.order_by("-id").values_list("id", flat=True).first() or 0
             bus.send(space, bus.OPERATOR, "leader", goal, subject=f"Goal (round {round_no})")
