@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('veronica', '0004_rule_domains_per_space'),
+        ('veronica', '0003_operator_accepts_mail'),  # not after 0004: rolling the rule-domain migration back must keep these columns
     ]
 
     operations = [
