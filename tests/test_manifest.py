@@ -32,7 +32,7 @@ def test_fresh_register_discards_runtime_overrides(db, manifest):
     supervisor.set_schedule(scout, "*/5 * * * *", actor="lead")
     supervisor.set_permission_mode(scout, "default", actor="op")
     clone = supervisor.spawn(scout, actor="lead")
-    register(manifest)
+    register(manifest, fresh=True)
     scout.refresh_from_db()
     clone.refresh_from_db()
     assert scout.schedule == "" and scout.schedule_origin == "manifest" and scout.permission_mode == "bypass"

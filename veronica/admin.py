@@ -174,21 +174,31 @@ class MemberAdmin(admin.ModelAdmin):
     search_fields = ("name", "space__name")
     readonly_fields = ("run_status", "phase", "phase_tool", "phase_since", "lease_token", "lease_expires_at", "cancel_requested",
                        "membership", "removed_at", "spawned_from", "clone_seq", "schedule_origin", "schedule_set_at",
-                       "schedule_tombstone", "schedule_next_at", "permission_origin", "created_at",
+                       "schedule_tombstone", "schedule_next_at", "permission_origin", "origin", "removed_by", "created_at",
                        # engine state (the failure model, the watchdogs): shown, never edited by hand
                        "failures", "retry_at", "error_reason", "parked_config", "stuck_alerted_at", "backlog_alerted_at")
     actions = ["freeze", "unfreeze", "suspend", "resume"]
 
     def save_model(self, request, obj, form, change):
-        if change:  # field edits (persona, model, schedule text...) apply at the next run boundary
+        if change:  # field edits (persona, model...) apply at the next run boundary
             obj.reload_pending = True
             super().save_model(request, obj, form, change)
+            self._schedule_through_verb(request, obj, form)
             return
         # a new member goes through the verb: name rules, one leader, the event
         created = supervisor.add_member(obj.space, obj.name, role=obj.role, persona=obj.persona, when_to_use=obj.when_to_use,
                                         model=obj.model, permission_mode=obj.permission_mode, schedule=obj.schedule,
                                         rule_domains=obj.rule_domains, budget_override=obj.budget_override, actor=_actor(request))
         obj.pk = created.pk
+
+    def _schedule_through_verb(self, request, obj, form) -> None:
+        """A schedule edit arms the next firing and records the origin, like the API and the tool."""
+        if "schedule" not in form.changed_data:
+            return
+        if obj.schedule:
+            supervisor.set_schedule(obj, obj.schedule, actor=_actor(request))
+        else:
+            supervisor.clear_schedule(obj, actor=_actor(request))
 
     @admin.action(description="Freeze selected members")
     def freeze(self, request, queryset):

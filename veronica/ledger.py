@@ -69,6 +69,8 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", **fields: o
             setattr(task, key, value)
         events.emit(task.space_id, "task.status", task=task.pk, title=task.title, frm=current, to=to, actor=actor,
                     reason=reason[:300], assignee=task.assignee.name if task.assignee_id else None)
+        if task.assignee_id and (to == S.RUNNING or current == S.RUNNING):
+            _track_current_task(task.assignee_id)
         if to == S.DONE:
             _release_dependents(task, actor)
         if to == S.VERIFYING:
@@ -76,6 +78,12 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", **fields: o
 
             checks.enqueue_on_commit(task)
     return task
+
+
+def _track_current_task(member_id: int) -> None:
+    """The member's current task is its newest running one (none once it has no running task)."""
+    running = Task.objects.filter(assignee_id=member_id, status=S.RUNNING).order_by("-started_at", "-pk").values("pk")[:1]
+    Member.objects.filter(pk=member_id).update(current_task=running)
 
 
 def _release_dependents(task: Task, actor: str) -> None:

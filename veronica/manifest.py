@@ -35,6 +35,7 @@ SETTING_RANGES = {  # inclusive bounds a setting must fall in: the column's and 
 }
 MAX_SKILL_BODY = 50000  # the skills verb's limit
 NOTIFY_KEYS = {"webhook_url", "slack_url", "email"}
+MANIFEST_ACTOR = "manifest"  # Member.removed_by when a register removed it
 MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations"}
 
 
@@ -297,48 +298,115 @@ def load(directory: str | Path) -> SpaceSpec:
                      shared_skills=_skills(root / "skills"), path=root)
 
 
-def register(directory: str | Path, *, actor: str = "register") -> Space:
-    """A fresh register: the manifest as written wins; runtime overrides and clones are discarded."""
+@dataclass
+class Registered:
+    """What a register did, for the command's report."""
+    space: Space
+    mode: str  # "new", "restart" or "fresh"
+    kept: list[str] = field(default_factory=list)  # operator changes a restart kept
+    discarded: list[str] = field(default_factory=list)  # runtime overrides a fresh register dropped
+
+
+def register(directory: str | Path, *, fresh: bool = False, actor: str = "register") -> Space:
+    return register_space(directory, fresh=fresh, actor=actor).space
+
+
+def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "register") -> Registered:
+    """Create or refresh a space from its manifest (the seed's fresh vs restart semantics).
+
+    restart (default): the manifest's members and fields are applied, but what operators and the
+    leader changed at runtime stays: members an operator added or removed, runtime schedules (and
+    tombstones), runtime permission modes, live clones, and skills published at runtime.
+    fresh: the manifest as written wins; every runtime override is discarded.
+    """
     spec = load(directory)
     with transaction.atomic():
         space, created = Space.objects.get_or_create(slug=spec.slug, defaults={"name": spec.name, "workdir": str(spec.workdir)})
+        result = Registered(space=space, mode="new" if created else "fresh" if fresh else "restart")
         space.name, space.workdir, space.manifest_path = spec.name, str(spec.workdir), str(spec.path)
         for key, value in spec.settings.items():
             setattr(space, key, value)
         space.save()
-        _apply_members(space, spec, actor)
-        Skill.objects.filter(space=space, member__isnull=True).delete()
+        _apply_members(space, spec, actor, fresh=fresh or created, result=result)
+        shared = Skill.objects.filter(space=space, member__isnull=True)
+        if fresh:
+            result.discarded += [f"shared skill {n} (not in the manifest)" for n in
+                                 shared.exclude(name__in=list(spec.shared_skills)).values_list("name", flat=True)]
+            shared.delete()
+        else:
+            result.kept += [f"shared skill {n} (published at runtime)" for n in
+                            shared.exclude(name__in=list(spec.shared_skills)).values_list("name", flat=True)]
+            shared.filter(name__in=list(spec.shared_skills)).delete()
         for skill_name, (description, body) in spec.shared_skills.items():
             Skill.objects.create(space=space, name=skill_name, description=description, body=body)
         Member.objects.filter(space=space, removed_at__isnull=True).update(reload_pending=True)
-        events.emit(space.pk, "space.registered", actor=actor, created=created, members=[m.name for m in spec.members])
-    return space
+        events.emit(space.pk, "space.registered", actor=actor, created=created, mode=result.mode,
+                    members=[m.name for m in spec.members], kept=result.kept[:50], discarded=result.discarded[:50])
+    return result
 
 
-def _apply_members(space: Space, spec: SpaceSpec, actor: str) -> None:
+def _remove(space: Space, member: Member, actor: str, now, reason: str) -> None:
+    Member.objects.filter(pk=member.pk).update(removed_at=now, membership=Membership.FROZEN, removed_by=MANIFEST_ACTOR)
+    events.emit(space.pk, "member.removed", member=member, actor=actor, reason=reason)
+
+
+def _apply_members(space: Space, spec: SpaceSpec, actor: str, *, fresh: bool, result: Registered) -> None:
     now = timezone.now()
     wanted = {m.name for m in spec.members}
     live = {m.name: m for m in Member.objects.filter(space=space, removed_at__isnull=True)}
-    # clones and members gone from the manifest leave (history kept); leader changes need the slot free
     for name, member in live.items():
-        if name not in wanted or member.spawned_from_id:
-            Member.objects.filter(pk=member.pk).update(removed_at=now, membership=Membership.FROZEN)
-            events.emit(space.pk, "member.removed", member=member, actor=actor, reason="not in manifest")
-    Member.objects.filter(space=space, removed_at__isnull=True, role=Role.LEADER).exclude(
-        name__in=[m.name for m in spec.members if m.role == Role.LEADER]).update(role=Role.WORKER)
+        if member.spawned_from_id:  # clones are runtime state
+            if fresh:
+                _remove(space, member, actor, now, "fresh register: clones are discarded")
+                result.discarded.append(f"clone {name}")
+            else:
+                result.kept.append(f"clone {name}")
+        elif name not in wanted:
+            if fresh or member.origin == Origin.MANIFEST:
+                _remove(space, member, actor, now, "not in manifest")
+                if member.origin == Origin.RUNTIME:
+                    result.discarded.append(f"member {name} (added at runtime)")
+            else:
+                result.kept.append(f"member {name} (added at runtime)")
+    # a manifest member an operator removed stays removed on a restart
+    operator_removed = set() if fresh else set(
+        Member.objects.filter(space=space, name__in=wanted - set(live), removed_at__isnull=False, spawned_from__isnull=True)
+        .exclude(removed_by=MANIFEST_ACTOR).values_list("name", flat=True))
+    for name in sorted(operator_removed):
+        result.kept.append(f"member {name} removed at runtime")
+    leaders = [m.name for m in spec.members if m.role == Role.LEADER]
+    Member.objects.filter(space=space, removed_at__isnull=True, role=Role.LEADER).exclude(name__in=leaders).update(role=Role.WORKER)
     for ms in spec.members:
-        fields = dict(role=ms.role, model=ms.model, persona=ms.persona, when_to_use=ms.when_to_use,
-                      permission_mode=ms.permission_mode or space.default_permission_mode, permission_origin=Origin.MANIFEST,
-                      schedule=ms.schedule, schedule_origin=Origin.MANIFEST, schedule_set_at=None, schedule_tombstone=False,
-                      schedule_next_at=supervisor.next_fire(ms.schedule) if ms.schedule else None,
-                      rule_domains=ms.rule_domains, budget_override=ms.budget, max_iterations=ms.max_iterations)
+        if ms.name in operator_removed:
+            continue
         member = live.get(ms.name) if ms.name in live and not live[ms.name].spawned_from_id else None
+        fields = dict(role=ms.role, model=ms.model, persona=ms.persona, when_to_use=ms.when_to_use,
+                      rule_domains=ms.rule_domains, budget_override=ms.budget, max_iterations=ms.max_iterations,
+                      origin=Origin.MANIFEST)
+        if member is not None and not fresh and member.permission_origin == Origin.RUNTIME:
+            result.kept.append(f"{ms.name}: permission mode {member.permission_mode}")
+        else:
+            if member is not None and member.permission_origin == Origin.RUNTIME:
+                result.discarded.append(f"{ms.name}: permission mode {member.permission_mode}")
+            fields.update(permission_mode=ms.permission_mode or space.default_permission_mode, permission_origin=Origin.MANIFEST)
+        if member is not None and not fresh and member.schedule_origin == Origin.RUNTIME:
+            result.kept.append(f"{ms.name}: schedule {'cleared' if member.schedule_tombstone else repr(member.schedule)}")
+        else:
+            if member is not None and member.schedule_origin == Origin.RUNTIME:
+                result.discarded.append(f"{ms.name}: schedule {'cleared' if member.schedule_tombstone else repr(member.schedule)}")
+            fields.update(schedule=ms.schedule, schedule_origin=Origin.MANIFEST, schedule_set_at=None, schedule_tombstone=False,
+                          schedule_next_at=supervisor.next_fire(ms.schedule) if ms.schedule else None)
         if member is None:
             member = Member.objects.create(space=space, name=ms.name, phase_since=now, **fields)
             events.emit(space.pk, "member.added", member=member, actor=actor, role=ms.role, model=ms.model)
         else:
             Member.objects.filter(pk=member.pk).update(**fields)
-        arm_cron(member.pk, fields["schedule_next_at"])
-        Skill.objects.filter(member=member).delete()
+        if "schedule_next_at" in fields:
+            arm_cron(member.pk, fields["schedule_next_at"])
+        skills = Skill.objects.filter(member=member)
+        if fresh:
+            skills.delete()
+        else:
+            skills.filter(name__in=list(ms.skills)).delete()
         for skill_name, (description, body) in ms.skills.items():
             Skill.objects.create(space=space, member=member, name=skill_name, description=description, body=body)

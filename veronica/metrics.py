@@ -46,6 +46,7 @@ def _counts(qs: QuerySet, *fields: str) -> list[dict]:
 
 
 def render(spaces: QuerySet[Space]) -> str:
+    from veronica import metrics_members  # it builds on Family above
     slugs = dict(spaces.values_list("pk", "slug"))
     ids = list(slugs)
     families = [
@@ -53,6 +54,7 @@ def render(spaces: QuerySet[Space]) -> str:
         _tokens(ids, slugs), _usd(ids, slugs), _events(spaces), _messages(ids, slugs), _unread(ids, slugs),
         _tasks(ids, slugs), _members(ids, slugs), _approvals(ids, slugs), _checks(ids, slugs), _deliveries(ids, slugs),
     ]
+    families += metrics_members.families(ids, slugs)  # iss11-fix: per-member labels and engine counts
     return "\n".join(f.render() for f in families) + "\n"
 
 

@@ -227,9 +227,10 @@ def test_the_offline_team_finishes_the_demo_goal(db, demo_manifest):
     space = register(demo_manifest)
     bus.send(space, "operator", "leader", DEMO_GOAL)
     run_until_quiet(space)
-    assert list(Task.objects.filter(space=space).values_list("status", flat=True)) == ["done"] * 3
+    # the goal names data/stock.csv, which the sample workspace does not have: that task fails, honestly
+    assert list(Task.objects.filter(space=space).values_list("status", flat=True)) == ["done", "done", "failed"]
     assert "FIXME" in Task.objects.get(title__startswith="Find TODO").result
-    assert Message.objects.filter(space=space, recipient_name="operator", subject="Goal complete").exists()
+    assert Message.objects.filter(space=space, recipient_name="operator", subject="Goal finished: 2 done, 1 failed").exists()
     assert blackboard.read(space).content.startswith("# Summary")
 
 
@@ -286,8 +287,9 @@ def test_demo_command_finishes_the_scenario_from_a_fresh_database_in_under_a_min
     assert time.monotonic() - started < 60
     text = out.getvalue()
     tasks = [line for line in text.splitlines() if line.startswith("  #") and "] " in line]
-    assert len(tasks) == 3 and all("[done]" in line for line in tasks)
-    assert "lead → operator: Goal complete" in text and "Demo finished" in text
+    assert len(tasks) == 3 and [line.split("]")[0].split("[")[1] for line in tasks] == ["done", "done", "failed"]
+    assert "could not read file data/stock.csv" in text
+    assert "lead → operator: Goal finished: 2 done, 1 failed" in text and "Demo finished" in text
 
 
 def test_cron_tick_fires_each_slot_once_and_skips_frozen(space, monkeypatch):

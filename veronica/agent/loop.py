@@ -150,7 +150,8 @@ def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: R
 def answer_turn(member: Member, session, rows, reply: Reply) -> None:
     """Persist the model's turn; the mail its brief carried is read from this moment on."""
     calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
-    transcript.append(session, TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total)
+    transcript.append(session, TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total,
+                      input_tokens=reply.usage.input)  # the last turn's input, shown in the member view
     brief = next((t for t in reversed(rows) if t.role == TurnRole.USER), None)
     if brief is not None and brief.mail_ids:
         bus.mark_read(member, brief.mail_ids)

@@ -15,6 +15,7 @@ from veronica import blackboard as board_verbs
 from veronica.engine import budget, checks
 from veronica.errors import NotFound, VeronicaError
 from veronica.markdown import render_markdown
+from veronica.session_usage import with_session_usage
 from veronica.models import (
     Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,
     Turn, UsageDay,
@@ -90,6 +91,8 @@ def member_row(member: Member, usage: UsageDay | None) -> dict:
         "current_task": {"id": task.pk, "title": task.title, "status": task.status} if task else None,
         "permission_mode": member.permission_mode,
         "schedule": member.schedule,
+        "session_tokens": getattr(member, "session_tokens", 0),
+        "last_turn_input": getattr(member, "last_turn_input", 0),
         "tokens_today": usage.total_tokens if usage else 0,
         "usd_today": str(usage.usd) if usage else "0",
         "tripped": bool(usage and usage.tripped),
@@ -102,7 +105,7 @@ def member_row(member: Member, usage: UsageDay | None) -> dict:
 
 
 def live_members(space: Space) -> QuerySet[Member]:
-    return Member.objects.filter(space=space, removed_at__isnull=True).select_related("current_task")
+    return with_session_usage(Member.objects.filter(space=space, removed_at__isnull=True).select_related("current_task"))
 
 
 def roster(space: Space) -> list[dict]:
@@ -169,6 +172,9 @@ def waggle_saved(space: Space) -> list[dict] | None:
 
 def member_detail(member: Member) -> dict:
     usage = UsageDay.objects.filter(member=member, day=budget.today()).first()
+    if not hasattr(member, "session_tokens"):
+        numbers = with_session_usage(Member.objects.filter(pk=member.pk)).values("session_tokens", "last_turn_input").get()
+        member.session_tokens, member.last_turn_input = numbers["session_tokens"], numbers["last_turn_input"]
     out = member_row(member, usage)
     out.update({
         "when_to_use": member.when_to_use,

@@ -13,7 +13,7 @@ from veronica.api.base import endpoint, error, json_body, text_field
 from veronica.engine import approvals as approval_verbs
 from veronica.engine import checks, retention, supervisor, watchdogs
 from veronica.errors import VeronicaError
-from veronica.models import ApprovalStatus, Role, TaskStatus
+from veronica.models import ApprovalStatus, RetirePolicy, Role, TaskStatus
 
 WRITE_NEED = {"GET": VIEWER, "HEAD": VIEWER}
 
@@ -37,7 +37,7 @@ ENDPOINTS = [
     "GET /api/spaces/<slug>/members/<name>/skills/", "GET|POST /api/spaces/<slug>/members/<name>/memory/",
     "GET|PUT|DELETE /api/spaces/<slug>/members/<name>/memory/<file>/",
     "GET|PUT|DELETE /api/spaces/<slug>/members/<name>/schedule/",
-    "POST /api/spaces/<slug>/members/<name>/(suspend|resume|freeze|unfreeze|clear|compact|permission)/",
+    "POST /api/spaces/<slug>/members/<name>/(suspend|resume|freeze|unfreeze|clear|compact|permission|spawn)/",
     "GET /api/spaces/<slug>/tasks/?status=&assignee=&limit=", "GET|POST /api/spaces/<slug>/messages/?member=&before=&limit=",
     "GET /api/spaces/<slug>/events/?after=&limit=", "GET|PUT /api/spaces/<slug>/blackboard/",
     "GET /api/spaces/<slug>/approvals/?status=", "POST /api/spaces/<slug>/approvals/<id>/(approve|deny)/",
@@ -197,6 +197,14 @@ def _permission(member, request):
     return supervisor.set_permission_mode(member, text_field(json_body(request), "mode"), actor=_actor(request))
 
 
+def _spawn(member, request):
+    """An operator's clone: the spawn cap is the leader's guardrail, not the operator's."""
+    data = json_body(request) if request.body else {}
+    retire = text_field(data, "retire", required=False) or RetirePolicy.ON_COMPLETE
+    clone = supervisor.spawn(member, retire_policy=retire, actor=_actor(request), capped=False)
+    return {"spawned": clone.name, "retire": clone.retire_policy}
+
+
 MEMBER_ACTIONS = {
     "suspend": lambda m, r: supervisor.suspend(m, actor=_actor(r)),
     "resume": lambda m, r: supervisor.resume(m, actor=_actor(r)),
@@ -205,6 +213,7 @@ MEMBER_ACTIONS = {
     "clear": lambda m, r: supervisor.clear_session(m, actor=_actor(r)),
     "compact": _compact,
     "permission": _permission,
+    "spawn": _spawn,
 }
 
 

@@ -9,7 +9,7 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from veronica import bus, events
-from veronica.models import Member, Space, UsageDay
+from veronica.models import Member, Role, Space, UsageDay
 
 
 def today() -> date:
@@ -78,6 +78,11 @@ def check_breaker(member: Member) -> str | None:
     with transaction.atomic():
         if UsageDay.objects.filter(pk=day.pk, tripped=False).update(tripped=True):
             events.emit(member.space_id, "ops.alert", member=member, subject="budget tripped", body=reason)
-            bus.send(space, bus.SYSTEM, "operator", reason + ". No more runs today.", subject=f"Budget tripped: {member.name}")
+            # the seed's notifyOps: the leader re-plans around the tripped member, the operator may raise the cap
+            notice, subject = reason + ". No more runs today.", f"Budget tripped: {member.name}"
+            bus.send(space, bus.SYSTEM, "operator", notice, subject=subject)
+            leader = bus.live_members(space).filter(role=Role.LEADER).exclude(pk=member.pk).first()
+            if leader is not None:
+                bus.send(space, bus.SYSTEM, leader.name, notice, subject=subject)
             return reason
     return None

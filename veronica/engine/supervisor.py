@@ -175,7 +175,7 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
         try:
             member = Member.objects.create(
                 space=space, name=name, role=role, persona=persona, when_to_use=when_to_use, model=model,
-                permission_mode=mode, schedule=cron, schedule_origin=origin, rule_domains=domains,
+                permission_mode=mode, schedule=cron, schedule_origin=origin, origin=origin, rule_domains=domains,
                 budget_override=budget_override, schedule_next_at=next_fire(cron) if cron else None, phase_since=timezone.now())
         except IntegrityError as exc:
             raise Conflict(f"could not add member '{name}': {exc}", field="name") from None
@@ -195,14 +195,15 @@ def remove_member(member: Member, *, actor: str) -> Member:
         raise Conflict("the leader cannot be removed", field="member")
     with transaction.atomic():
         if not Member.objects.filter(pk=member.pk, removed_at__isnull=True).update(
-                removed_at=timezone.now(), membership=Membership.FROZEN, cancel_requested=_HAS_LEASE):
+                removed_at=timezone.now(), membership=Membership.FROZEN, cancel_requested=_HAS_LEASE, removed_by=actor[:80]):
             raise NotFound(f"member '{member.name}' is already removed", field="member")
         events.emit(member.space_id, "member.removed", member=member, actor=actor)
     return _refresh(member)
 
 
-def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor: str) -> Member:
-    """Clone a worker into a live ephemeral member. Capped per space; schedules never clone."""
+def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor: str, capped: bool = True) -> Member:
+    """Clone a worker into a live ephemeral member; schedules never clone. The space's cap gates the
+    agent-driven path (the leader's tool) only: an operator's spawn is uncapped (`capped=False`)."""
     if retire_policy not in (RetirePolicy.ON_COMPLETE, RetirePolicy.MANUAL):
         raise VeronicaError("retire must be 'on_complete' or 'manual'", field="retire")
     if base.role != Role.WORKER or base.spawned_from_id:
@@ -211,14 +212,15 @@ def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor:
     with transaction.atomic():
         Space.objects.select_for_update().filter(pk=space.pk).first()  # serialize spawns per space (PG)
         live = Member.objects.filter(space=space, spawned_from__isnull=False, removed_at__isnull=True).count()
-        if live >= space.spawn_cap:
+        if capped and live >= space.spawn_cap:
             raise Conflict(f"spawn cap reached: {live} live clones, the space allows {space.spawn_cap}", field="base")
         Member.objects.filter(pk=base.pk).update(clone_seq=F("clone_seq") + 1)
         seq = Member.objects.filter(pk=base.pk).values_list("clone_seq", flat=True).get()
         clone = Member.objects.create(
             space=space, name=f"{base.name}-{seq}", role=Role.WORKER, persona=base.persona, when_to_use=base.when_to_use,
             model=base.model, permission_mode=base.permission_mode, rule_domains=base.rule_domains,
-            budget_override=base.budget_override, spawned_from=base, retire_policy=retire_policy, phase_since=timezone.now())
+            budget_override=base.budget_override, spawned_from=base, retire_policy=retire_policy, phase_since=timezone.now(),
+            origin=Origin.RUNTIME)
         for skill in Skill.objects.filter(member=base):
             Skill.objects.create(space=space, member=clone, name=skill.name, description=skill.description, body=skill.body)
         events.emit(space.pk, "member.spawned", member=clone, base=base.name, retire=retire_policy, actor=actor)

@@ -96,6 +96,10 @@ class Member(models.Model):
     stuck_alerted_at = models.DateTimeField(null=True, blank=True, help_text="Stuck-run alert raised; cleared when the episode ends.")
     backlog_alerted_at = models.DateTimeField(null=True, blank=True, help_text="Mailbox-backlog alert raised; cleared when the episode ends.")
     removed_at = models.DateTimeField(null=True, blank=True)
+    # who made the seat: a restart-register keeps an operator's members and removals (only --fresh undoes them)
+    origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.MANIFEST,
+                              help_text="manifest = declared by the manifest; runtime = added by an operator or the API.")
+    removed_by = models.CharField(max_length=80, blank=True, help_text="Who removed it ('manifest' = a register).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -83,6 +83,7 @@ class Turn(models.Model):
     elided = models.BooleanField(default=False)
     mail_ids = models.JSONField(default=list, blank=True, help_text="Messages a brief carried; marked read once answered.")
     tokens = models.IntegerField(default=0)
+    input_tokens = models.IntegerField(default=0, help_text="The call's input tokens: the member view's context pressure.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

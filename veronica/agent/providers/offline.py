@@ -149,9 +149,12 @@ def lead(brief: str, done: Trace, names: set[str]):
         summary = summary[:5000]
         if done.count("blackboard_write") == 0:
             return ("blackboard_write", {"content": summary})
-        if done.count("send_message") == 0:
-            return ("send_message", {"to": "operator", "subject": "Goal complete", "body": summary})
-        return "All tasks are finished; the summary is on the blackboard and the operator has it."
+        failed = statuses.count("failed")
+        tally = f"{statuses.count('done')} done, {failed} failed"
+        if done.count("send_message") == 0:  # a failed task is reported as failed, never counted as done
+            subject = f"Goal finished: {tally}" if failed else "Goal complete"
+            return ("send_message", {"to": "operator", "subject": subject, "body": summary})
+        return f"All tasks are finished ({tally}); the summary is on the blackboard and the operator has it."
     return "Nothing needs me right now."
 
 
@@ -177,10 +180,23 @@ def exploration(title: str, spec: str) -> list[tuple[str, dict]]:
     return steps
 
 
+def failed_reads(steps: list[tuple[str, dict]], done: Trace) -> list[str]:
+    """What the task named and the worker could not read: it says so instead of inventing a finding."""
+    failed = []
+    for name, args in steps[len(ORIENTATION):]:
+        output = done.result(name, args)
+        if output.startswith("error:"):
+            failed.append(f"- could not {name.replace('_', ' ')} {args.get('path') or args.get('pattern')}: "
+                          f"{output.removeprefix('error:').strip()}")
+    return failed
+
+
 def findings(steps: list[tuple[str, dict]], done: Trace) -> str:
     lines = []
     for name, args in steps[len(ORIENTATION):]:
         output = done.result(name, args)
+        if output.startswith("error:"):
+            continue  # reported by failed_reads, never as "N lines"
         if name == "read_file":
             body = [re.sub(r"^\s*\d+\s{2}", "", line) for line in output.splitlines()]
             notes = [line.strip() for line in body if re.search(r"TODO|FIXME|def |class ", line)]
@@ -204,6 +220,10 @@ def work(brief: str, done: Trace, names: set[str]):
         for name, args in steps:
             if not done.has(name, args):
                 return (name, args)
+        failed = failed_reads(steps, done)
+        if failed:
+            return ("task_done", {"task_id": task_id, "failed": True,
+                                  "result": "\n".join(failed + [findings(steps, done)])})
         return ("task_done", {"task_id": task_id, "result": findings(steps, done)})
     if assignments:
         return f"Reported {len(assignments)} task(s)."

@@ -10,6 +10,7 @@ from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_in
 from veronica.engine import alarms, budget, supervisor
 from veronica.errors import require_text
 from veronica.models import Member, Role, Space, Task, TaskStatus
+from veronica.session_usage import with_session_usage
 
 
 class WaitForOperator(Exception):
@@ -28,10 +29,13 @@ def send_message(ctx: ToolContext, args: dict) -> str:
 
 def list_members(ctx: ToolContext, args: dict) -> str:
     lines = []
-    for m in Member.objects.filter(space=ctx.space, removed_at__isnull=True).order_by("role", "name"):
+    members = with_session_usage(Member.objects.filter(space=ctx.space, removed_at__isnull=True).select_related("current_task"))
+    for m in members.order_by("role", "name"):
         cap = budget.effective_budget(m)
         sched = f" schedule '{m.schedule}' ({m.schedule_origin}{', set ' + m.schedule_set_at.date().isoformat() if m.schedule_set_at else ''})" if m.schedule else ""
-        lines.append(f"- {m.name} ({m.role}, {m.membership}, {m.display_phase}) today {budget.tokens_today(m)}/{cap or '∞'} tokens{sched}"
+        task = f" on task #{m.current_task.pk} ({m.current_task.title[:60]})" if m.current_task else ""
+        lines.append(f"- {m.name} ({m.role}, {m.membership}, {m.display_phase}){task} today {budget.tokens_today(m)}/{cap or '∞'} tokens, "
+                     f"session {m.session_tokens} (last turn input {m.last_turn_input}){sched}"
                      + (f" — {m.when_to_use}" if m.when_to_use else ""))
     return "\n".join(lines)
 

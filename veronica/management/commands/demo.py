@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db.models import Sum
 
@@ -25,7 +26,8 @@ class Command(BaseCommand):
     def handle(self, *args, goal: str, rounds: int, **options):
         settings.WAGGLE = {**settings.WAGGLE, "sweep_async": False}  # no cluster here: mine inline
         started = time.monotonic()
-        space = register(DEMO_MANIFEST, actor="demo")
+        call_command("migrate", interactive=False, verbosity=0)  # a fresh data folder has no tables yet
+        space = register(DEMO_MANIFEST, fresh=True, actor="demo")  # the scenario starts from the manifest as written
         for round_no in range(1, rounds + 1):
             first_run = Run.objects.order_by("-id").values_list("id", flat=True).first() or 0
             bus.send(space, bus.OPERATOR, "leader", goal, subject=f"Goal (round {round_no})")

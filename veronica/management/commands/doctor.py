@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 from django.conf import settings
+from django.core import checks
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
@@ -17,7 +19,8 @@ from veronica.models import Member, Space
 
 
 class Command(BaseCommand):
-    help = ("Check the database, the broker, every space's workdir and every member's provider: keys, one list-models "
+    requires_system_checks = []  # run after migrating (below), so a fresh data folder gets real answers
+    help = ("Migrate, then check the database, the broker, every space's workdir and every member's provider: keys, one list-models "
             "request per distinct endpoint (wrong key, dead URL, doubled /v1) and a known price per model.")
 
     def add_arguments(self, parser):
@@ -37,7 +40,8 @@ class Command(BaseCommand):
             self.stdout.write("  ! " + text)
 
         connection.ensure_connection()
-        report(True, f"database: {connection.vendor}")
+        call_command("migrate", interactive=False, verbosity=0)  # a fresh data folder has no tables yet
+        report(True, f"database: {connection.vendor} (migrated)")
         if settings.REDIS_URL:
             import redis
 
@@ -68,9 +72,20 @@ class Command(BaseCommand):
             if not pricing.known(spec):
                 warn(f"no price known for {spec} (used by {', '.join(users[:3])}): it is metered in tokens at $0, so a "
                      "USD ceiling never trips; add it to VERONICA_MODEL_PRICES")
+        self.system_checks(report, warn)
         if problems:
             raise CommandError(f"{problems} problem(s) found" + (f", {warnings} warning(s)" if warnings else ""))
         self.stdout.write(self.style.SUCCESS("all checks passed" + (f" ({warnings} warning(s))" if warnings else "")))
+
+    def system_checks(self, report, warn) -> None:
+        """Django's system checks (learning.W001: rules no member reads, ...), errors as problems."""
+        for message in checks.run_checks(databases=["default"]):
+            text = f"{message.id}: {message.msg}" + (f" ({message.obj})" if message.obj else "") + (
+                f"\n      hint: {message.hint}" if message.hint else "")
+            if message.level >= checks.ERROR:
+                report(False, text)
+            elif message.level >= checks.WARNING:
+                warn(text)
 
     def probe_endpoints(self, specs: dict[str, list[str]], report, warn) -> None:
         by_endpoint: dict = {}
