@@ -32,7 +32,7 @@ def run_member(member: Member, ctx: RunContext) -> str:
     if member.reload_pending:  # skills / prompt changes apply here, at the run boundary
         Member.objects.filter(pk=member.pk).update(reload_pending=False)
     session = transcript.open_session(member)
-    tools = tools_for(member.role)
+    tools = tools_for(member)  # iss14: with the MCP servers' tools, listed at the run boundary
     tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run)
     rows = transcript.turns(session)
 

@@ -2,6 +2,7 @@
 from veronica.models.access import ROLE_RANK, AccessRole, ApiToken, SpaceAccess
 from veronica.models.content import Blackboard, MemoryFile, Skill
 from veronica.models.events import Event
+from veronica.models.mcp import McpServer, McpTransport
 from veronica.models.member import Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus
 from veronica.models.messaging import Message
 from veronica.models.runtime import (
@@ -22,7 +23,7 @@ from veronica.models.tasks import Task, TaskStatus, VerifyPolicy
 
 __all__ = [
     "AccessRole", "Alarm", "ApiToken", "Approval", "ApprovalStatus", "Blackboard", "Event", "Member",
-    "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
+    "McpServer", "McpTransport", "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Session", "Skill", "Space", "SpaceAccess",
     "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake",
 ]
