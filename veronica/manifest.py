@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from veronica import events
+from veronica import events, mcp_servers
 from veronica.agent.providers import validate_model_spec
 from veronica.engine import supervisor
 from veronica.engine.timers import arm_cron
@@ -34,7 +34,8 @@ SETTING_RANGES = {  # inclusive bounds a setting must fall in: the column's and 
     "spawn_cap": (0, 100),
 }
 MAX_SKILL_BODY = 50000  # the skills verb's limit
-MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations"}
+MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations",
+               "mcp_servers"}
 
 
 class ManifestError(VeronicaError):
@@ -55,6 +56,7 @@ class MemberSpec:
     budget: int | None = None
     max_iterations: int = 24
     skills: dict[str, tuple[str, str]] = field(default_factory=dict)
+    mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class SpaceSpec:
     members: list[MemberSpec]
     shared_skills: dict[str, tuple[str, str]]
     path: Path
+    mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
 
 
 def _text_file(path: Path, what: str = "file") -> str:
@@ -220,7 +223,7 @@ def _member(folder: Path) -> MemberSpec:
         raise ManifestError(persona_path, "persona", f"is {len(persona)} characters; the limit is {supervisor.MAX_PERSONA}")
     return MemberSpec(name=name, role=role, model=model, persona=persona, when_to_use=when_to_use, schedule=schedule,
                       permission_mode=mode, rule_domains=domains, budget=budget, max_iterations=iterations,
-                      skills=_skills(folder / "skills"))
+                      skills=_skills(folder / "skills"), mcp_servers=_checked(cfg_path, mcp_servers.check_list, cfg.get("mcp_servers", [])))
 
 
 def _rule_domains(cfg_path: Path, domains: list[str]) -> list[str]:
@@ -256,13 +259,14 @@ def load(directory: str | Path) -> SpaceSpec:
         raise ManifestError(space_path, "settings", "must be a table ([settings])")
     for key, value in settings.items():
         _setting(space_path, key, value)
+    servers = _checked(space_path, mcp_servers.check_list, cfg.get("mcp_servers", []))
     members_dir = root / "members"
     members = [_member(d) for d in sorted(members_dir.iterdir()) if d.is_dir()] if members_dir.is_dir() else []
     leaders = [m.name for m in members if m.role == Role.LEADER]
     if len(leaders) != 1:
         raise ManifestError(members_dir, "role", f"a space needs exactly one leader; found {len(leaders)} ({', '.join(leaders) or 'none'})")
     return SpaceSpec(name=name.strip(), slug=slug, workdir=workdir, settings=settings, members=members,
-                     shared_skills=_skills(root / "skills"), path=root)
+                     shared_skills=_skills(root / "skills"), path=root, mcp_servers=servers)
 
 
 def register(directory: str | Path, *, actor: str = "register") -> Space:
@@ -278,6 +282,7 @@ def register(directory: str | Path, *, actor: str = "register") -> Space:
         Skill.objects.filter(space=space, member__isnull=True).delete()
         for skill_name, (description, body) in spec.shared_skills.items():
             Skill.objects.create(space=space, name=skill_name, description=description, body=body)
+        mcp_servers.replace_from_manifest(space, None, spec.mcp_servers, actor=actor)
         Member.objects.filter(space=space, removed_at__isnull=True).update(reload_pending=True)
         events.emit(space.pk, "space.registered", actor=actor, created=created, members=[m.name for m in spec.members])
     return space
@@ -310,3 +315,4 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str) -> None:
         Skill.objects.filter(member=member).delete()
         for skill_name, (description, body) in ms.skills.items():
             Skill.objects.create(space=space, member=member, name=skill_name, description=description, body=body)
+        mcp_servers.replace_from_manifest(space, member, ms.mcp_servers, actor=actor)
