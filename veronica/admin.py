@@ -12,7 +12,7 @@ from veronica.engine import supervisor
 from veronica.errors import VeronicaError
 from veronica.markdown import render_markdown
 from veronica.models import (
-    Alarm, ApiToken, Approval, Blackboard, Event, Member, Message, Run, Skill, Space, SpaceAccess, Task, UsageDay,
+    Alarm, ApiToken, Approval, Blackboard, Event, McpServer, Member, Message, Run, Skill, Space, SpaceAccess, Task, UsageDay,
 )
 
 
@@ -267,3 +267,23 @@ class SpaceAccessAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(ReadOnlyAdmin):
     list_display = ("name", "user", "prefix", "created_at", "last_used_at", "revoked_at")
     list_select_related = ("user",)
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    """Env values may be secrets: the list and the form show the keys only (edit them in the manifest
+    or remove and re-add the server in the console)."""
+
+    list_display = ("name", "space", "member", "transport", "target", "timeout", "env_keys", "status")
+    list_filter = ("space", "transport")
+    fields = ("space", "member", "name", "transport", "command", "url", "env_keys", "timeout", "from_manifest",
+              "last_error", "tools_cached", "checked_at")
+    readonly_fields = ("env_keys", "from_manifest", "last_error", "tools_cached", "checked_at")
+
+    @admin.display(description="env")
+    def env_keys(self, obj) -> str:
+        return ", ".join(sorted(obj.env or {})) or "-"
+
+    @admin.display(description="status")
+    def status(self, obj) -> str:
+        return f"error: {obj.last_error[:120]}" if obj.last_error else ("ok" if obj.checked_at else "not started")

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from django.db import transaction
 
 from veronica import events
-from veronica.errors import VeronicaError, column_limit, text_problem
+from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, text_problem
 from veronica.models import McpServer, McpTransport, Member, Space
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -83,7 +83,7 @@ def check_list(entries: object) -> list[ServerConfig]:
 def add(space: Space, cfg: ServerConfig, *, member: Member | None = None, actor: str, from_manifest: bool = False) -> McpServer:
     scope = McpServer.objects.filter(space=space, member=member)
     if scope.filter(name=cfg.name).exists():
-        raise VeronicaError(f"an MCP server named '{cfg.name}' is already declared here", field="name", status=409)
+        raise Conflict(f"an MCP server named '{cfg.name}' is already declared here", field="name")
     with transaction.atomic():
         server = McpServer.objects.create(space=space, member=member, name=cfg.name, transport=cfg.transport, command=cfg.command,
                                           url=cfg.url, env=cfg.env, timeout=cfg.timeout, from_manifest=from_manifest)
@@ -95,8 +95,7 @@ def remove(space: Space, name: str, *, member: Member | None = None, actor: str)
     with transaction.atomic():
         deleted, _ = McpServer.objects.filter(space=space, member=member, name=name).delete()
         if not deleted:
-            raise VeronicaError(f"no MCP server named '{name}'" + (f" for {member.name}" if member else " for the space"),
-                                field="name", status=404)
+            raise NotFound(f"no MCP server named '{name}'" + (f" for {member.name}" if member else " for the space"), field="name")
         events.emit(space.pk, "mcp.removed", member=member, actor=actor, server=name)
 
 
@@ -108,3 +107,34 @@ def replace_from_manifest(space: Space, member: Member | None, configs: list[Ser
     McpServer.objects.filter(space=space, member=member, name__in=[c.name for c in configs]).delete()
     for cfg in configs:
         add(space, cfg, member=member, actor=actor, from_manifest=True)
+
+
+def from_form(data) -> ServerConfig:
+    """The console's add form: the command as one shell-quoted line, env as KEY=VALUE lines."""
+    import shlex
+
+    cfg: dict = {"name": data.get("name", "").strip()}
+    command, url = data.get("command", "").strip(), data.get("url", "").strip()
+    if command:
+        try:
+            cfg["command"] = shlex.split(command)
+        except ValueError as exc:
+            raise VeronicaError(f"is not a valid command line ({exc})", field="command") from None
+    if url:
+        cfg["url"] = url
+    env = {}
+    for number, line in enumerate(data.get("env", "").splitlines(), 1):
+        if not line.strip():
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise VeronicaError(f"line {number} is not KEY=VALUE", field="env")
+        env[key.strip()] = value
+    cfg["env"] = env
+    timeout = data.get("timeout", "").strip() or "30"
+    try:
+        cfg["timeout"] = int(timeout)
+    except ValueError:
+        raise VeronicaError(f"timeout must be a whole number of seconds from {TIMEOUT_RANGE[0]} to {TIMEOUT_RANGE[1]}",
+                            field="timeout") from None
+    return check(cfg)

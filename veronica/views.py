@@ -165,7 +165,35 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
     if action == "remove_member":
         removed = supervisor.remove_member(supervisor.get_member(space, data.get("name", "")), actor=actor)
         return f"removed member {removed.name}"
-    raise VeronicaError("action must be grant, revoke, add_member or remove_member", field="action")
+    if action in ("add_mcp", "remove_mcp", "check_mcp"):
+        return _mcp_action(space, action, data, actor)
+    raise VeronicaError("action must be grant, revoke, add_member, remove_member, add_mcp, remove_mcp or check_mcp", field="action")
+
+
+def _mcp_action(space: Space, action: str, data, actor: str) -> str:
+    from veronica import mcp_servers
+    from veronica.errors import NotFound
+
+    who = data.get("member", "").strip()
+    member = supervisor.get_member(space, who) if who else None
+    if action == "add_mcp":
+        server = mcp_servers.add(space, mcp_servers.from_form(data), member=member, actor=actor)
+        return f"added MCP server {server.name}" + (f" for {member.name}" if member else "")
+    if action == "remove_mcp":
+        mcp_servers.remove(space, data.get("name", ""), member=member, actor=actor)
+        return f"removed MCP server {data.get('name')}"
+    from veronica.agent.tools import mcp
+
+    server = space.mcp_servers.filter(member=member, name=data.get("name", "")).first()
+    if server is None:
+        raise NotFound(f"no MCP server named '{data.get('name', '')}'", field="name")
+    checked = mcp.check(server, space.workdir)
+    if checked is None:
+        server.refresh_from_db()
+        unavailable = VeronicaError(server.last_error, field=f"mcp {server.name}")
+        unavailable.status = 502  # the server, not the form, is at fault
+        raise unavailable
+    return f"MCP server {server.name} is up: {len(checked[1])} tools"
 
 
 @login_required
@@ -182,7 +210,8 @@ def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
             status = form_error(request, exc)
     return render(request, "console/manage.html", _context(
         space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
-        member_roles=Role.values, page="manage"), status=status)
+        member_roles=Role.values, mcp_rows=space.mcp_servers.select_related("member").order_by("member__name", "name"),
+        page="manage"), status=status)
 
 
 # --- tokens -----------------------------------------------------------------------------------------------

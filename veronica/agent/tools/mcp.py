@@ -112,25 +112,37 @@ def _caller(spec: ServerSpec, remote: str, read_only: bool):
     return call
 
 
+def check(server: "McpServer", workdir: str) -> tuple[ServerSpec, list] | None:
+    """Start (or reuse) the server and list its tools; the outcome is recorded on its row."""
+    try:
+        spec = spec_of(server, workdir)
+        listed = manager().list_tools(spec)
+    except (McpUnavailable, ToolError) as exc:
+        log.warning("MCP server %s unavailable: %s", server.name, exc)
+        _record(server, str(exc), None)
+        return None
+    cached = [{"name": info.name, "read_only": _read_only(info)} for info in listed]
+    if server.last_error or server.tools_cached != cached or server.checked_at is None:
+        _record(server, "", cached)
+    return spec, listed
+
+
+def _read_only(info) -> bool:
+    return bool(info.annotations and info.annotations.read_only_hint)
+
+
 def tools_of(member: "Member") -> list[Tool]:
     """The tools of every MCP server the member may use; a broken server is skipped (and recorded)."""
     found: list[Tool] = []
     for server in servers_for(member):
-        try:
-            spec = spec_of(server, member.space.workdir)
-            listed = manager().list_tools(spec)
-        except (McpUnavailable, ToolError) as exc:
-            log.warning("MCP server %s unavailable: %s", server.name, exc)
-            _record(server, str(exc), None)
+        checked = check(server, member.space.workdir)
+        if checked is None:
             continue
-        cached = []
+        spec, listed = checked
         for info in listed:
-            read_only = bool(info.annotations and info.annotations.read_only_hint)
+            read_only = _read_only(info)
             description = (info.description or info.title or info.name)[:1000]
             schema = {k: v for k, v in (info.input_schema or {}).items() if k in ("properties", "required", "$defs")}
             found.append(McpTool(tool_name(server.name, info.name), f"[MCP {server.name}] {description}",
                                  _caller(spec, info.name, read_only), mutates=not read_only, schema=schema))
-            cached.append({"name": info.name, "read_only": read_only})
-        if server.last_error or server.tools_cached != cached:
-            _record(server, "", cached)
     return found
