@@ -17,6 +17,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import F
 
+from veronica import tracing
 from veronica.models import Event, Member, Space
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
         seq = Space.objects.filter(pk=space_id).values_list("event_seq", flat=True).get()
         event = Event.objects.create(space_id=space_id, seq=seq, kind=kind, member=member, payload=payload)
         transaction.on_commit(lambda: ring(space_id, seq))
+    tracing.on_emit(kind, payload)  # approvals and waggle replays as span events (no-op when tracing is off)
     return event
 
 

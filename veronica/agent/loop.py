@@ -7,7 +7,7 @@ import logging
 
 from django.db import transaction
 
-from veronica import bus, events
+from veronica import bus, events, tracing
 from veronica.agent import transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
@@ -67,7 +67,7 @@ def run_member(member: Member, ctx: RunContext) -> str:
             ctx.phase(Phase.THINKING)
         rows = transcript.turns(session)
         try:
-            reply = provider.complete(system, transcript.to_messages(rows), specs, should_stop=ctx.should_stop,
+            reply = tracing.complete(provider, member.model, system, transcript.to_messages(rows), specs, should_stop=ctx.should_stop,  # iss14: a span
                                       on_event=LiveSink(member, ctx))
         except ProviderCancelled:
             raise Cancelled("model call aborted") from None
@@ -111,6 +111,7 @@ def record_usage(member: Member, run: Run, model: str, usage) -> None:
         Run.objects.filter(pk=run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
 
 
+@tracing.traced_tool  # iss14: an execute_tool span per call
 def run_tool(tool: Tool, tctx: ToolContext, args: dict) -> str:
     """Tool errors come back as text the model can read; they never crash the run."""
     try:
@@ -175,6 +176,7 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
             ctx.phase(Phase.WAITING_APPROVAL, call["name"])
             return WAITING
         Approval.objects.filter(pk=approval.pk).update(consumed=True)
+        tracing.event("approval.resolved", approval=approval.pk, tool=call["name"], status=approval.status)  # iss14
         if approval.status == ApprovalStatus.DENIED:
             reason = approval.reason or "no reason given"
             return persist_result(member, tctx, call, f"error: the operator denied this {call['name']} call. Reason: {reason}")

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from veronica import events
+from veronica import events, tracing
 from veronica.engine import budget
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus, Wake
@@ -114,6 +114,7 @@ def wake(member_id: int, source: str) -> str:
     member.refresh_from_db()
     run = Run.objects.create(member=member, source=source, lease_token=token, started_at=timezone.now())
     events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
+    traced = tracing.start_run(member, run, source)  # iss14: the run's root span (no-op when tracing is off)
     outcome, error = RunOutcome.DONE, ""
     try:
         from veronica.agent.loop import run_member
@@ -125,6 +126,7 @@ def wake(member_id: int, source: str) -> str:
         log.exception("run of %s crashed", member.name)
         outcome, error = RunOutcome.ERROR, f"{type(exc).__name__}: {exc}"
     finish(member, token, run, outcome, error)
+    tracing.end_run(traced, outcome, error)  # iss14
     return outcome
 
 
