@@ -162,4 +162,5 @@ def test_the_endpoint_variable_exports_over_otlp_http(space, vendor, monkeypatch
     finally:
         monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
         tracing.configure()
+        trace.get_tracer_provider().shutdown()  # the global provider outlives the test: nothing more may reach it
         collector.shutdown()
