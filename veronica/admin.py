@@ -13,7 +13,7 @@ from veronica.engine import checks, retention, supervisor
 from veronica.errors import VeronicaError
 from veronica.markdown import render_markdown
 from veronica.models import (
-    Alarm, ApiToken, Approval, Blackboard, DeliveryStatus, Event, Member, MemoryFile, Message, NotificationDelivery, Run,
+    Alarm, ApiToken, Approval, Blackboard, DeliveryStatus, Event, McpServer, Member, MemoryFile, Message, NotificationDelivery, Run,
     Skill, Space, SpaceAccess, Task, TaskCheck, UsageDay, WebhookDelivery,
 )
 
@@ -445,3 +445,23 @@ class NotificationDeliveryAdmin(ReadOnlyAdmin):
         NotificationDelivery.objects.filter(pk__in=ids).update(status=DeliveryStatus.PENDING, next_at=timezone.now())
         result = notify.deliver(ids)
         self.message_user(request, f"sent {result['sent']}, failed {result['failed']}", messages.SUCCESS)
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    """Env values may be secrets: the list and the form show the keys only (edit them in the manifest
+    or remove and re-add the server in the console)."""
+
+    list_display = ("name", "space", "member", "transport", "target", "timeout", "env_keys", "status")
+    list_filter = ("space", "transport")
+    fields = ("space", "member", "name", "transport", "command", "url", "env_keys", "timeout", "from_manifest",
+              "last_error", "tools_cached", "checked_at")
+    readonly_fields = ("env_keys", "from_manifest", "last_error", "tools_cached", "checked_at")
+
+    @admin.display(description="env")
+    def env_keys(self, obj) -> str:
+        return ", ".join(sorted(obj.env or {})) or "-"
+
+    @admin.display(description="status")
+    def status(self, obj) -> str:
+        return f"error: {obj.last_error[:120]}" if obj.last_error else ("ok" if obj.checked_at else "not started")

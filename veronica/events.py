@@ -17,6 +17,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import F
 
+from veronica import tracing
 from veronica.models import Event, Member, Space
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
             from veronica import notify
 
             notify.record(event)
+    tracing.on_emit(kind, payload)  # approvals and waggle replays as span events (no-op when tracing is off)
     return event
 
 

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from veronica import events
+from veronica import events, mcp_servers
 from veronica.agent.providers import validate_model_spec
 from veronica.engine import supervisor
 from veronica.engine.timers import arm_cron
@@ -36,7 +36,8 @@ SETTING_RANGES = {  # inclusive bounds a setting must fall in: the column's and 
 MAX_SKILL_BODY = 50000  # the skills verb's limit
 NOTIFY_KEYS = {"webhook_url", "slack_url", "email"}
 MANIFEST_ACTOR = "manifest"  # Member.removed_by when a register removed it
-MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations"}
+MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations",
+               "mcp_servers"}
 
 
 class ManifestError(VeronicaError):
@@ -57,6 +58,7 @@ class MemberSpec:
     budget: int | None = None
     max_iterations: int = 24
     skills: dict[str, tuple[str, str]] = field(default_factory=dict)
+    mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +70,7 @@ class SpaceSpec:
     members: list[MemberSpec]
     shared_skills: dict[str, tuple[str, str]]
     path: Path
+    mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
 
 
 def _text_file(path: Path, what: str = "file") -> str:
@@ -222,7 +225,7 @@ def _member(folder: Path) -> MemberSpec:
         raise ManifestError(persona_path, "persona", f"is {len(persona)} characters; the limit is {supervisor.MAX_PERSONA}")
     return MemberSpec(name=name, role=role, model=model, persona=persona, when_to_use=when_to_use, schedule=schedule,
                       permission_mode=mode, rule_domains=domains, budget=budget, max_iterations=iterations,
-                      skills=_skills(folder / "skills"))
+                      skills=_skills(folder / "skills"), mcp_servers=_checked(cfg_path, mcp_servers.check_list, cfg.get("mcp_servers", [])))
 
 
 def _rule_domains(cfg_path: Path, domains: list[str]) -> list[str]:
@@ -289,13 +292,14 @@ def load(directory: str | Path) -> SpaceSpec:
     for key, value in settings.items():
         _setting(space_path, key, value)
     settings = {**settings, **_ops_settings(space_path, cfg)}
+    servers = _checked(space_path, mcp_servers.check_list, cfg.get("mcp_servers", []))
     members_dir = root / "members"
     members = [_member(d) for d in sorted(members_dir.iterdir()) if d.is_dir()] if members_dir.is_dir() else []
     leaders = [m.name for m in members if m.role == Role.LEADER]
     if len(leaders) != 1:
         raise ManifestError(members_dir, "role", f"a space needs exactly one leader; found {len(leaders)} ({', '.join(leaders) or 'none'})")
     return SpaceSpec(name=name.strip(), slug=slug, workdir=workdir, settings=settings, members=members,
-                     shared_skills=_skills(root / "skills"), path=root)
+                     shared_skills=_skills(root / "skills"), path=root, mcp_servers=servers)
 
 
 @dataclass
@@ -339,6 +343,7 @@ def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "
             shared.filter(name__in=list(spec.shared_skills)).delete()
         for skill_name, (description, body) in spec.shared_skills.items():
             Skill.objects.create(space=space, name=skill_name, description=description, body=body)
+        mcp_servers.replace_from_manifest(space, None, spec.mcp_servers, actor=actor)
         Member.objects.filter(space=space, removed_at__isnull=True).update(reload_pending=True)
         events.emit(space.pk, "space.registered", actor=actor, created=created, mode=result.mode,
                     members=[m.name for m in spec.members], kept=result.kept[:50], discarded=result.discarded[:50])
@@ -410,3 +415,4 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str, *, fresh: bool, re
             skills.filter(name__in=list(ms.skills)).delete()
         for skill_name, (description, body) in ms.skills.items():
             Skill.objects.create(space=space, member=member, name=skill_name, description=description, body=body)
+        mcp_servers.replace_from_manifest(space, member, ms.mcp_servers, actor=actor)

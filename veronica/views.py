@@ -181,9 +181,36 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
     if action == "notify_test":
         event = notify.send_test(space, actor=actor)
         return f"test notification queued (alert #{event.seq}); see the delivery log below"
+    if action in ("add_mcp", "remove_mcp", "check_mcp"):
+        return _mcp_action(space, action, data, actor)
     raise VeronicaError("action must be grant, revoke, add_member, remove_member, rotate_webhook, clear_webhook, retention, "
-                        "notify, notify_test or watchdogs",
-                        field="action")
+                        "notify, notify_test, watchdogs, add_mcp, remove_mcp or check_mcp", field="action")
+
+
+def _mcp_action(space: Space, action: str, data, actor: str) -> str:
+    from veronica import mcp_servers
+    from veronica.errors import NotFound
+
+    who = data.get("member", "").strip()
+    member = supervisor.get_member(space, who) if who else None
+    if action == "add_mcp":
+        server = mcp_servers.add(space, mcp_servers.from_form(data), member=member, actor=actor)
+        return f"added MCP server {server.name}" + (f" for {member.name}" if member else "")
+    if action == "remove_mcp":
+        mcp_servers.remove(space, data.get("name", ""), member=member, actor=actor)
+        return f"removed MCP server {data.get('name')}"
+    from veronica.agent.tools import mcp
+
+    server = space.mcp_servers.filter(member=member, name=data.get("name", "")).first()
+    if server is None:
+        raise NotFound(f"no MCP server named '{data.get('name', '')}'", field="name")
+    checked = mcp.check(server, space.workdir)
+    if checked is None:
+        server.refresh_from_db()
+        unavailable = VeronicaError(server.last_error, field=f"mcp {server.name}")
+        unavailable.status = 502  # the server, not the form, is at fault
+        raise unavailable
+    return f"MCP server {server.name} is up: {len(checked[1])} tools"
 
 
 @login_required
@@ -206,7 +233,8 @@ def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
         space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
         member_roles=Role.values, page="manage", webhook=webhooks.status(space), new_secret=new_secret,
         retention=retention.preview(space), notifier=notify.config_of(space), deliveries=notify.delivery_rows(space, 30),
-        thresholds=watchdogs.thresholds_of(space)), status=status)
+        thresholds=watchdogs.thresholds_of(space),
+        mcp_rows=space.mcp_servers.select_related("member").order_by("member__name", "name")), status=status)
 
 
 # --- tokens -----------------------------------------------------------------------------------------------

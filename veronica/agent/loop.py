@@ -13,7 +13,7 @@ import logging
 
 from django.db import transaction
 
-from veronica import bus, events
+from veronica import bus, events, tracing
 from veronica.agent import compaction, metering, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
@@ -46,7 +46,7 @@ def run_member(member: Member, ctx: RunContext) -> str:
         if member.reload_pending:  # skills / prompt changes apply here, at the run boundary
             Member.objects.filter(pk=member.pk).update(reload_pending=False)
         session = transcript.open_session(member)
-    tools = tools_for(member.role)
+    tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
     tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run)
     rows = transcript.turns(session)
 
@@ -128,7 +128,8 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     """One metered model call. Failed calls are metered too; the breaker is checked after every one."""
     member = ctx.member
     try:
-        reply = provider.complete(system, messages, specs, should_stop=ctx.should_stop, on_event=LiveSink(member, ctx))
+        reply = tracing.complete(provider, member.model, system, messages, specs, should_stop=ctx.should_stop,  # a chat span
+                                  on_event=LiveSink(member, ctx))
     except ProviderCancelled:
         raise ctx.stop_reason() from None
     except ProviderError as exc:
@@ -159,6 +160,7 @@ def answer_turn(member: Member, session, rows, reply: Reply) -> None:
         events.emit(member.space_id, "agent.text", member=member, text=reply.text[:2000], truncated=reply.truncated)
 
 
+@tracing.traced_tool  # an execute_tool span per call
 def run_tool(tool: Tool, tctx: ToolContext, args: dict, *, savepoint: bool = True):
     """Tool errors come back as text the model can read; they never crash the run. A tool that
     writes rows runs in a savepoint, so a failing one leaves nothing half-written; ask_operator's
@@ -247,6 +249,8 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
         if approval.status == ApprovalStatus.PENDING:
             ctx.phase(Phase.WAITING_APPROVAL, call["name"])
             return WAITING
+
+        tracing.event("approval.resolved", approval=approval.pk, tool=call["name"], status=approval.status)
 
         def consume() -> None:
             Approval.objects.filter(pk=approval.pk).update(consumed=True)

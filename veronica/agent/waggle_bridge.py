@@ -98,7 +98,7 @@ def _waggle_run(tctx: ToolContext, args: dict) -> str:
         raise ToolError(f"argument '{exc.field}': {exc.message}") from None
     try:
         return service.run_waggle(str(tctx.space.pk), name, params,
-                                  make_exec(tctx, tools_for(tctx.member.role)))
+                                  make_exec(tctx, tools_for(tctx.member)))  # MCP read-only tools replay too
     except ToolError:
         raise
     except Exception as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from veronica import tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures, slot
@@ -43,6 +44,7 @@ def wake(member_id: int, source: str) -> str:
     if lease is None:
         return failures.why_not_claimed(member_id)
     Wake.objects.filter(pk=received.pk).update(claimed=True)  # the metrics split wakes by claimed / coalesced
+    traced = tracing.start_run(lease.member, lease.run, source)  # the run's root span (a no-op when tracing is off)
     from veronica.agent.loop import run_member
 
     outcome, error, permanent = RunOutcome.DONE, "", False
@@ -50,6 +52,7 @@ def wake(member_id: int, source: str) -> str:
         outcome = run_member(lease.member, lease)
     except LeaseLost:
         log.warning("run of %s lost its lease; it stops and writes nothing", member.name)
+        tracing.end_run(traced, "lease-lost")
         return "lease-lost"
     except Cancelled:
         outcome = RunOutcome.ABORTED
@@ -63,7 +66,8 @@ def wake(member_id: int, source: str) -> str:
         slot.finish(lease, outcome, error, permanent=permanent)
     except LeaseLost:
         log.warning("run of %s lost its lease before it finished; the watchdog ended it", member.name)
-        return "lease-lost"
+        outcome = "lease-lost"
+    tracing.end_run(traced, outcome, error)
     return outcome
 
 

@@ -1,0 +1,148 @@
+"""MCP servers' tools as member tools, named `mcp__<server>__<tool>`.
+
+Listed once per run (the run boundary). A tool the server annotates `readOnlyHint` is read-only
+(waggle may record and replay it); any other one mutates and so goes through the permission gate
+like write_file. A server that cannot start or list is recorded on its row (the console shows it)
+and left out of this run: the member's other tools keep working."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from django.db.models import Q
+from django.utils import timezone
+
+from veronica.agent.mcp_client import McpUnavailable, ServerSpec, manager
+from veronica.agent.tools.base import Tool, ToolContext, ToolError
+
+if TYPE_CHECKING:
+    from veronica.models import McpServer, Member
+
+log = logging.getLogger(__name__)
+NAME_LIMIT = 64  # OpenAI's and Anthropic's limit on a tool name: ^[a-zA-Z0-9_-]{1,64}$
+UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def tool_name(server: str, tool: str) -> str:
+    name = f"mcp__{server}__{UNSAFE.sub('_', tool)}"
+    if len(name) <= NAME_LIMIT:
+        return name
+    digest = hashlib.sha1(tool.encode()).hexdigest()[:8]  # keeps two long names that share a prefix apart
+    return f"{name[:NAME_LIMIT - 9]}_{digest}"
+
+
+@dataclass
+class McpTool(Tool):
+    schema: dict | None = None  # the server's inputSchema, offered as is
+
+    def spec(self) -> dict:
+        if not self.schema:
+            return super().spec()
+        parameters = {"type": "object", "properties": self.schema.get("properties", {}), "required": self.schema.get("required", [])}
+        if "$defs" in self.schema:  # nested argument models refer to these
+            parameters["$defs"] = self.schema["$defs"]
+        return {"name": self.name, "description": self.description, "parameters": parameters}
+
+
+def servers_for(member: "Member"):
+    from veronica.models import McpServer
+
+    return McpServer.objects.filter(Q(member__isnull=True) | Q(member=member), space_id=member.space_id).order_by("name", "pk")
+
+
+def spec_of(server: "McpServer", workdir: str) -> ServerSpec:
+    """stdio servers start exactly like run_command: the same sandbox wrapper, in the workspace."""
+    from pathlib import Path
+
+    from veronica.agent.tools.workspace import sandboxed
+
+    env = tuple(sorted((str(k), str(v)) for k, v in (server.env or {}).items()))
+    if server.transport == "http":
+        return ServerSpec(key=server.pk, name=server.name, transport="http", url=server.url, timeout=server.timeout)
+    root = Path(workdir).resolve()
+    argv, home = sandboxed(root, shlex.join(server.command))
+    base = (("HOME", home), ("LANG", "C.UTF-8"), ("PATH", "/usr/local/bin:/usr/bin:/bin"))
+    return ServerSpec(key=server.pk, name=server.name, transport="stdio", argv=tuple(argv), cwd=str(root),
+                      env=tuple(sorted(dict(base + env).items())), timeout=server.timeout)
+
+
+def _record(server: "McpServer", error: str, tools: list[dict] | None) -> None:
+    from veronica.models import McpServer
+
+    fields = {"last_error": error[:2000], "checked_at": timezone.now()}
+    if tools is not None:
+        fields["tools_cached"] = tools
+    McpServer.objects.filter(pk=server.pk).update(**fields)
+
+
+def _text(result) -> str:
+    parts = []
+    for block in result.content:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        elif kind == "resource_link":
+            parts.append(f"[resource {block.uri}]")
+        elif kind == "resource":
+            parts.append(getattr(block.resource, "text", None) or f"[resource {block.resource.uri}]")
+        else:
+            parts.append(f"[{kind} content omitted]")
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, default=str))
+    return "\n".join(parts) or "(no output)"
+
+
+def _caller(spec: ServerSpec, remote: str, read_only: bool):
+    def call(ctx: ToolContext, args: dict) -> str:
+        try:
+            result = manager().call(spec, remote, args, read_only=read_only)
+        except McpUnavailable as exc:
+            raise ToolError(str(exc)) from None
+        except Exception as exc:  # MCPError, timeouts, transport errors: the model reads them
+            raise ToolError(f"MCP server '{spec.name}' failed on {remote}: {exc}") from None
+        text = _text(result)
+        if result.is_error:
+            raise ToolError(f"{remote} reported an error: {text}")
+        return text
+    return call
+
+
+def check(server: "McpServer", workdir: str) -> tuple[ServerSpec, list] | None:
+    """Start (or reuse) the server and list its tools; the outcome is recorded on its row."""
+    try:
+        spec = spec_of(server, workdir)
+        listed = manager().list_tools(spec)
+    except (McpUnavailable, ToolError) as exc:
+        log.warning("MCP server %s unavailable: %s", server.name, exc)
+        _record(server, str(exc), None)
+        return None
+    cached = [{"name": info.name, "read_only": _read_only(info)} for info in listed]
+    if server.last_error or server.tools_cached != cached or server.checked_at is None:
+        _record(server, "", cached)
+    return spec, listed
+
+
+def _read_only(info) -> bool:
+    return bool(info.annotations and info.annotations.read_only_hint)
+
+
+def tools_of(member: "Member") -> list[Tool]:
+    """The tools of every MCP server the member may use; a broken server is skipped (and recorded)."""
+    found: list[Tool] = []
+    for server in servers_for(member):
+        checked = check(server, member.space.workdir)
+        if checked is None:
+            continue
+        spec, listed = checked
+        for info in listed:
+            read_only = _read_only(info)
+            description = (info.description or info.title or info.name)[:1000]
+            schema = {k: v for k, v in (info.input_schema or {}).items() if k in ("properties", "required", "$defs")}
+            found.append(McpTool(tool_name(server.name, info.name), f"[MCP {server.name}] {description}",
+                                 _caller(spec, info.name, read_only), mutates=not read_only, schema=schema))
+    return found
