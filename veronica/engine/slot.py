@@ -14,6 +14,7 @@ own the slot. Expiry is only ever compared on the database's clock, never a host
 from __future__ import annotations
 
 import logging
+import contextvars
 import threading
 import time
 import uuid
@@ -122,10 +123,11 @@ class RunLease:
         A lost lease abandons the step: its result is never written."""
         box: dict = {}
         done = threading.Event()
+        context = contextvars.copy_context()  # the step keeps the run's context (its trace span, for one)
 
         def target() -> None:
             try:
-                box["value"] = fn()
+                box["value"] = context.run(fn)
             except BaseException as exc:  # handed to the run's thread
                 box["error"] = exc
             finally:
