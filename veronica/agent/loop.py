@@ -105,10 +105,14 @@ def answer_turn(member: Member, session, rows, reply) -> None:
 def record_usage(member: Member, run: Run, model: str, usage) -> None:
     from django.db.models import F
 
+    usd = usd_for(model, usage)
     with transaction.atomic(savepoint=False):
         budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
-                     cache_write=usage.cache_write, usd=usd_for(model, usage))
+                     cache_write=usage.cache_write, usd=usd)
         Run.objects.filter(pk=run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
+        # iss14-b: one event per model call, the end of its span in the run trace view (veronica/run_trace.py)
+        events.emit(member.space_id, "model.called", member=member, run=run.pk, model=model, input=usage.input,
+                    output=usage.output, cached=usage.cache_read, usd=str(usd))
 
 
 def run_tool(tool: Tool, tctx: ToolContext, args: dict) -> str:
