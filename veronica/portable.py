@@ -202,7 +202,7 @@ def may_create(user) -> bool:
     return bool(user and user.is_authenticated and user.is_active and (user.is_staff or user.has_perm("veronica.add_space")))
 
 
-def _home_of(slug: str) -> Path:
+def home_of(slug: str) -> Path:
     return Path(settings.DATA_DIR) / "spaces" / slug
 
 
@@ -211,7 +211,7 @@ def create_from_folder(source: Path, slug: str, *, user=None, actor: str = "regi
     one template never share a workspace), register it, make `user` its owner. All or nothing."""
     slug = check_slug(slug)
     manifest.load(source, slug=slug)  # every error, with its file and field, before anything is written
-    home = _home_of(slug)
+    home = home_of(slug)
     if home.exists():
         raise Conflict(f"{home} exists already; pick another slug", field="slug")
     shutil.copytree(source, home, symlinks=False)
