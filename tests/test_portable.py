@@ -177,3 +177,21 @@ def test_the_creator_becomes_owner_and_may_create_needs_staff_or_the_permission(
     space = portable.create_from_template("demo-team", "mine", user=user)
     assert SpaceAccess.objects.get(space=space, user=user).role == "owner"
     assert space.workdir.startswith(str(settings.DATA_DIR))
+
+
+def test_an_archive_that_unpacks_past_the_limit_is_refused_at_that_entry(demo, monkeypatch):
+    monkeypatch.setattr(portable, "MAX_UNPACKED_BYTES", 30)
+    data = _tar([_file("space.toml", b"name = 'x'\n"), _file("members/big.md", b"y" * 40)])
+    with pytest.raises(VeronicaError, match="'members/big.md': the archive unpacks to more than 30 bytes"):
+        portable.create_from_archive(data, "bomb")
+    assert not Space.objects.filter(slug="bomb").exists()
+
+
+def test_a_skill_whose_body_opens_with_a_rule_line_round_trips(demo):
+    from veronica import skills
+
+    skills.add_skill(demo, "dashes", "---\nnot front matter\n---\nbody")
+    first = portable.export_archive(demo)
+    copy = portable.create_from_archive(first, "dashes-copy")
+    assert Skill.objects.get(space=copy, name="dashes").body == "---\nnot front matter\n---\nbody"
+    assert portable.export_archive(copy) == first

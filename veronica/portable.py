@@ -19,6 +19,7 @@ import io
 import shutil
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -59,7 +60,9 @@ def _space_files(space: Space) -> dict[str, str]:
 
 
 def _skill_text(skill: Skill) -> str:
-    head = f"---\ndescription: {skill.description}\n---\n" if skill.description else ""
+    # front matter whenever the body itself opens with '---', or the loader would read it as such
+    needs_head = skill.description or skill.body.strip().startswith("---")
+    head = f"---\ndescription: {skill.description}\n---\n" if needs_head else ""
     return f"{head}{skill.body.strip()}\n"
 
 
@@ -160,23 +163,30 @@ def _unpack(data: bytes, into: Path) -> None:
         raise VeronicaError(f"archive is {len(data)} bytes; the limit is {MAX_ARCHIVE_BYTES}", field="archive")
     try:
         tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
-        members = tar.getmembers()
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise VeronicaError(f"archive is not a readable tar or tar.gz ({exc})", field="archive") from None
-    if len(members) > MAX_ENTRIES:
-        raise VeronicaError(f"archive has {len(members)} entries; the limit is {MAX_ENTRIES}", field="archive")
-    total = 0
-    for m in members:
-        parts = Path(m.name).parts
-        if m.name.startswith(("/", "\\")) or Path(m.name).is_absolute() or ".." in parts or "\\" in m.name or ":" in m.name:
-            raise ArchiveError(m.name, "absolute names and '..' are refused")
-        if not (m.isfile() or m.isdir()):
-            raise ArchiveError(m.name, "only plain files and folders are allowed (no links or devices)")
-        total += m.size
-        if total > MAX_UNPACKED_BYTES:
-            raise ArchiveError(m.name, f"the archive unpacks to more than {MAX_UNPACKED_BYTES} bytes")
     with tar:
-        tar.extractall(into, filter="data")  # the stdlib's own guard as a second fence
+        checked, total = [], 0
+        try:
+            for m in tar:  # header by header: a bomb is refused at the entry that crosses the limit
+                _check_entry(m)
+                total += m.size
+                if total > MAX_UNPACKED_BYTES:
+                    raise ArchiveError(m.name, f"the archive unpacks to more than {MAX_UNPACKED_BYTES} bytes")
+                checked.append(m)
+                if len(checked) > MAX_ENTRIES:
+                    raise VeronicaError(f"archive has more than {MAX_ENTRIES} entries", field="archive")
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+            raise VeronicaError(f"archive is not a readable tar or tar.gz ({exc})", field="archive") from None
+        tar.extractall(into, members=checked, filter="data")  # the stdlib's own guard as a second fence
+
+
+def _check_entry(m: tarfile.TarInfo) -> None:
+    parts = Path(m.name).parts
+    if m.name.startswith(("/", "\\")) or Path(m.name).is_absolute() or ".." in parts or "\\" in m.name or ":" in m.name:
+        raise ArchiveError(m.name, "absolute names, '..', backslashes and ':' are refused")
+    if not (m.isfile() or m.isdir()):
+        raise ArchiveError(m.name, "only plain files and folders are allowed (no links or devices)")
 
 
 def _root(folder: Path) -> Path:

@@ -17,6 +17,10 @@ from veronica.errors import VeronicaError
 
 
 def _upload(request: HttpRequest) -> bytes:
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    if declared.isdigit() and int(declared) > portable.MAX_ARCHIVE_BYTES + 65536:  # before Django spools it
+        raise VeronicaError(f"the upload is {declared} bytes; an archive may be at most {portable.MAX_ARCHIVE_BYTES}",
+                            field="archive")
     upload = request.FILES.get("archive")
     if upload is None:
         raise VeronicaError("choose a template or upload a manifest archive (.tar.gz)", field="archive")
