@@ -195,3 +195,18 @@ def test_a_skill_whose_body_opens_with_a_rule_line_round_trips(demo):
     copy = portable.create_from_archive(first, "dashes-copy")
     assert Skill.objects.get(space=copy, name="dashes").body == "---\nnot front matter\n---\nbody"
     assert portable.export_archive(copy) == first
+
+
+def test_awkward_text_round_trips_byte_for_byte(demo):
+    from veronica import skills
+
+    Member.objects.filter(space=demo, name="scout").update(
+        persona='  Say "hi" \\ then — 🐝 \t\n\n', when_to_use="for probes\n", budget_override=-1)
+    skills.add_skill(demo, "quoted", 'Body with """ and \\u0000-looking text', description="two\nlines")
+    learning.add_user_rule("conduct", 'Quote "exactly"; tabs\tand\nnewlines 🐝', actor="op", owner=owner_key(demo))
+    Space.objects.filter(pk=demo.pk).update(name='The "quoted" team ', daily_usd_ceiling="12.5")
+    first = portable.export_archive(demo)
+    copy = portable.create_from_archive(first, "awkward")
+    assert portable.export_archive(copy) == first
+    assert supervisor.get_member(copy, "scout").budget_override == -1
+    assert float(Space.objects.get(pk=copy.pk).daily_usd_ceiling) == 12.5

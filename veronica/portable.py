@@ -53,7 +53,7 @@ def _setting_value(key: str, value: object) -> object:
 
 
 def _space_files(space: Space) -> dict[str, str]:
-    cfg = {"name": space.name, "workdir": "workspace",
+    cfg = {"name": space.name.strip(), "workdir": "workspace",
            "settings": {key: _setting_value(key, getattr(space, key)) for key in sorted(manifest.SPACE_SETTINGS)
                         if key not in SCRUBBED_SETTINGS}}
     return {"space.toml": _toml(cfg)}
@@ -61,8 +61,10 @@ def _space_files(space: Space) -> dict[str, str]:
 
 def _skill_text(skill: Skill) -> str:
     # front matter whenever the body itself opens with '---', or the loader would read it as such
-    needs_head = skill.description or skill.body.strip().startswith("---")
-    head = f"---\ndescription: {skill.description}\n---\n" if needs_head else ""
+    # the loader strips values and reads one line per key: write what it will read back
+    description = " ".join(skill.description.splitlines()).strip()
+    needs_head = description or skill.body.strip().startswith("---")
+    head = f"---\ndescription: {description}\n---\n" if needs_head else ""
     return f"{head}{skill.body.strip()}\n"
 
 
@@ -72,8 +74,8 @@ def _member_files(space: Space) -> dict[str, str]:
     for m in members:
         cfg = {"role": m.role, "model": m.model, "permission_mode": m.permission_mode, "max_iterations": m.max_iterations,
                "rule_domains": list(m.rule_domains or [])}
-        if m.when_to_use:
-            cfg["when_to_use"] = m.when_to_use
+        if m.when_to_use.strip():
+            cfg["when_to_use"] = m.when_to_use.strip()
         if m.schedule:
             cfg["schedule"] = m.schedule
         if m.budget_override is not None:

@@ -112,7 +112,7 @@
     const k = ev.kind || "";
     const out = [];
     if (page === "space") {
-      if (/^(member|run|tool|usage|access|ops)\./.test(k)) out.push("roster", "usage");
+      if (/^(member|run|model|tool|usage|access|ops)\./.test(k)) out.push("roster", "usage");
       if (/^task\./.test(k)) out.push("tasks", "roster");
       if (/^(approval|question)\./.test(k)) out.push("approvals", "roster");
       if (/^blackboard\./.test(k)) out.push("blackboard");
