@@ -42,6 +42,13 @@ def test_200_concurrent_wakes_never_overlap_runs_of_one_member(tmp_path):
         # every wake delivered (200 direct + 20 from the sends), then the mailbox drained and the slot free
         wait_for(lambda: w1.wakes.count() >= 220, 90, message="all wakes delivered")
         wait_for(lambda: unread(w1) == 0 and not Member.objects.get(pk=w1.pk).lease_token, 90, message="mailbox drained")
+        # one run may drain all of that mail (every wake coalesced into it): a second burst after it
+        # ended makes sure there are runs to compare, so the overlap check below cannot pass vacuously
+        bus.send(space, "boss", "w1", "one more")
+        for _ in range(20):
+            enqueue_wake(w1.pk, "message")
+        wait_for(lambda: w1.wakes.count() >= 241, 90, message="second burst delivered")
+        wait_for(lambda: unread(w1) == 0 and not Member.objects.get(pk=w1.pk).lease_token, 90, message="mailbox drained again")
     runs = list(Run.objects.filter(member=w1).order_by("started_at").values_list("started_at", "ended_at"))
     assert len(runs) >= 2
     assert all(end is not None for _, end in runs)
