@@ -64,5 +64,7 @@ def test_two_clusters_elect_one_ticker_and_a_killed_leaders_member_runs_again_wi
     recovered = (rerun.started_at - killed).total_seconds()
     print(f"kill -> running again {recovered:.1f}s")
     assert recovered <= LEASE + 5, f"kill -> running again took {recovered:.1f}s (lease {LEASE}s)"
-    assert Run.objects.filter(member=w1, outcome=RunOutcome.LEASE_EXPIRED).count() == 1
+    # The run the kill cut off is expired exactly once. (The re-run may lose its own 3 s lease too
+    # when a loaded host starves its heartbeat: fencing doing its job, seen once in hosted CI.)
+    assert Run.objects.filter(member=w1, outcome=RunOutcome.LEASE_EXPIRED, started_at__lte=killed).count() == 1
     assert (tmp_path / "b.log").read_text().count("is the active ticker") == 1
