@@ -1,0 +1,84 @@
+"""The run trace page and the usage page: what they show, who may see them, where they are linked."""
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+
+from tests.console.trace_helpers import drive_run
+from veronica import run_trace
+from veronica.engine import budget, supervisor
+from veronica.models import Event, UsageDay
+
+
+@pytest.fixture
+def traced(world, monkeypatch):
+    return drive_run(monkeypatch, world.space)
+
+
+def test_the_trace_has_model_and_tool_spans_with_tokens_cost_retries_and_errors(traced):
+    data = run_trace.trace(traced)
+    kinds = [(r["kind"], r["name"]) for r in data["rows"]]
+    assert [k for k, _ in kinds] == ["model", "tool", "model", "tool", "model"]
+    assert [n for k, n in kinds if k == "tool"] == ["read_file", "list_dir"]
+    first, read, *_ = data["rows"]
+    assert first["retries"] == 1 and "HTTP 529 overloaded" in first["errors"][0]
+    assert (first["tokens_in"], first["tokens_out"], first["usd"]) == (100, 10, Decimal("0.0012"))
+    assert read["errors"] and "missing.txt" in read["errors"][0]
+    assert data["rows"][-1]["text"] == "All done: the folder is empty."
+    assert data["totals"] == {"model_calls": 3, "tool_calls": 2, "tokens_in": 300, "tokens_out": 30,
+                              "usd": Decimal("0.0036"), "retries": 1, "errors": 2}
+    assert all(0 <= r["x"] <= 100 and 0 < r["w"] <= 100 for r in data["rows"])
+
+
+def test_approvals_and_waggle_replays_are_marked(world, traced):
+    w1 = supervisor.get_member(world.space, "w1")
+    events = list(Event.objects.filter(space=world.space, member=w1).order_by("seq"))
+    # a replay after list_dir and an approval, as the loop emits them, inside the run's events
+    from veronica.models import Event as E
+
+    end = next(e for e in events if e.kind == "run.ended")
+    extra = [E(space=world.space, member=w1, seq=0, kind="waggle.replayed", payload={"after": "list_dir", "chars": 120},
+               created_at=end.created_at),
+             E(space=world.space, member=w1, seq=0, kind="approval.requested", payload={"approval": 7, "tool": "write_file"},
+               created_at=end.created_at)]
+    spans, _ = run_trace.spans_of(events[:-1] + extra + [end])
+    assert [s.kind for s in spans][-2:] == ["replay", "approval"]
+    listing = next(s for s in spans if s.name == "list_dir")
+    assert listing.marks == ["waggle replayed after list_dir (120 chars)"]
+
+
+def test_the_run_page_renders_for_a_viewer_and_is_404_from_another_space(world, traced):
+    page = world.client(world.viewer).get(f"/spaces/alpha/runs/{traced.pk}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "read_file" in html and "HTTP 529 overloaded" in html and "All done: the folder is empty." in html
+    assert "$0.003600" in html and 'class="span-bar"' in html
+    assert world.client(world.stranger).get(f"/spaces/alpha/runs/{traced.pk}/").status_code == 404
+    assert world.client(world.stranger).get(f"/spaces/beta/runs/{traced.pk}/").status_code == 404  # not beta's run
+    assert world.client(world.viewer).get("/spaces/alpha/runs/999999/").status_code == 404
+
+
+def test_the_member_page_and_transcript_link_to_the_run(world, traced):
+    html = world.client(world.viewer).get("/spaces/alpha/members/w1/").content.decode()
+    link = f'href="/spaces/alpha/runs/{traced.pk}/"'
+    assert html.count(link) >= 2  # the runs panel and the transcript turns written in that run
+    assert link in world.client(world.viewer).get("/spaces/alpha/members/w1/panels/runs/").content.decode()
+
+
+def test_the_usage_page_shows_30_days_per_member_against_budgets(world, traced):
+    w2 = supervisor.get_member(world.space, "w2")
+    old = budget.today() - timedelta(days=3)
+    UsageDay.objects.create(space=world.space, member=w2, day=old, input_tokens=900, output_tokens=100, usd=Decimal("0.5"))
+    UsageDay.objects.create(space=world.space, member=w2, day=budget.today() - timedelta(days=40), input_tokens=7777)
+    world.space.member_daily_tokens = 500
+    world.space.save()
+    data = run_trace.usage(world.space)
+    rows = {m["name"]: m for m in data["members"]}
+    assert len(rows["w2"]["series"]) == 30 and rows["w2"]["tokens"] == 1000  # the 40-day-old row is outside
+    assert rows["w2"]["budget"] == 500 and next(s for s in rows["w2"]["series"] if s["day"] == old)["over"]
+    assert rows["w1"]["tokens"] == 330 and rows["w1"]["usd"] == Decimal("0.0036")
+    html = world.client(world.viewer).get("/spaces/alpha/usage/").content.decode()
+    assert 'data-member="w2"' in html and "$0.5036" in html and "line class=\"budget\"" in html
+    assert world.client(world.stranger).get("/spaces/alpha/usage/").status_code == 404
