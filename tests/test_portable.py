@@ -210,3 +210,127 @@ def test_awkward_text_round_trips_byte_for_byte(demo):
     assert portable.export_archive(copy) == first
     assert supervisor.get_member(copy, "scout").budget_override == -1
     assert float(Space.objects.get(pk=copy.pk).daily_usd_ceiling) == 12.5
+
+
+# --- what main added since: verify checks, notifier, MCP servers, ops settings -------------------------------
+
+@pytest.fixture
+def ops_demo(demo):
+    from veronica import mcp_servers, notify
+    from veronica.engine import checks, retention, watchdogs
+
+    checks.configure(demo, [{"name": "tests", "command": "pytest -q", "timeout": 120},
+                            {"name": "lint", "command": "ruff check 'src dir'", "timeout": 30}], actor="op")
+    notify.configure(demo, webhook_url="https://ops:hunter2@alerts.example.com/hook?token=abc", actor="op",
+                     slack_url="https://hooks.slack.com/services/T0/B0/sekrit", emails="a@example.com, b@example.com")
+    retention.set_retention_days(demo, 14, actor="op")
+    watchdogs.set_thresholds(demo, {"stuck_run_minutes": 45, "mailbox_backlog_minutes": 90}, actor="op")
+    Space.objects.filter(pk=demo.pk).update(daily_token_ceiling=900000, daily_usd_ceiling="3.25", rule_review_required=False)
+    mcp_servers.add(demo, mcp_servers.check({"name": "files", "command": ["python", "-m", "files_server", "--root", "."],
+                                             "env": {"API_KEY": "sk-live-123", "MODE": "ro"}, "timeout": 20}), actor="op")
+    mcp_servers.add(demo, mcp_servers.check({"name": "web", "url": "https://u:pw@mcp.example.com/mcp?key=zzz"}),
+                    member=supervisor.get_member(demo, "scout"), actor="op")
+    return Space.objects.get(pk=demo.pk)
+
+
+def test_export_carries_checks_notifier_mcp_and_ops_settings_with_secrets_scrubbed(ops_demo):
+    import tomllib
+
+    data = portable.export_archive(ops_demo)
+    files = _entries(data)
+    space = tomllib.loads(files["space.toml"].decode())
+    assert space["verify_checks"] == [{"name": "tests", "command": "pytest -q", "timeout": 120},
+                                      {"name": "lint", "command": "ruff check 'src dir'", "timeout": 30}]
+    assert space["notify"] == {"webhook_url": "https://alerts.example.com/hook", "email": ["a@example.com", "b@example.com"]}
+    settings = space["settings"]
+    assert (settings["retention_days"], settings["stuck_run_minutes"], settings["mailbox_backlog_minutes"]) == (14, 45, 90)
+    assert (settings["daily_token_ceiling"], settings["daily_usd_ceiling"], settings["rule_review_required"]) == (900000, 3.25, False)
+    assert space["mcp_servers"] == [{"name": "files", "command": ["python", "-m", "files_server", "--root", "."],
+                                     "env": {"API_KEY": "", "MODE": ""}, "timeout": 20}]
+    scout = tomllib.loads(files["members/scout/member.toml"].decode())
+    assert scout["mcp_servers"] == [{"name": "web", "url": "https://mcp.example.com/mcp", "timeout": 30}]
+    for secret in (b"hunter2", b"token=abc", b"sekrit", b"hooks.slack.com", b"sk-live-123", b"pw@", b"key=zzz", b"s3cret-hook"):
+        assert secret not in gzip.decompress(data), secret
+
+
+def test_round_trip_with_checks_notifier_mcp_and_ops_settings_is_byte_identical(ops_demo):
+    from veronica.models import McpServer
+
+    first = portable.export_archive(ops_demo)
+    copy = portable.create_from_archive(first, "ops-copy")
+    assert portable.export_archive(copy) == first
+    copy = Space.objects.get(pk=copy.pk)
+    assert [c["name"] for c in copy.verify_checks] == ["tests", "lint"]
+    assert (copy.retention_days, copy.stuck_run_minutes, copy.mailbox_backlog_minutes) == (14, 45, 90)
+    assert copy.notify_emails == "a@example.com, b@example.com" and copy.notify_slack_url == ""
+    files = McpServer.objects.get(space=copy, member__isnull=True)
+    assert (files.name, files.command, files.env, files.timeout) == ("files", ["python", "-m", "files_server", "--root", "."],
+                                                                     {"API_KEY": "", "MODE": ""}, 20)
+    assert McpServer.objects.get(member__space=copy, member__name="scout").url == "https://mcp.example.com/mcp"
+
+
+def test_the_toml_writer_reads_back_exactly_what_it_wrote():
+    import tomllib
+
+    from veronica import toml_out
+
+    awkward = ['plain', 'q"uote', "back\\slash", "new\nline\ttab\r\f\b", "\x01\x1f\x7f", "🐝 — ü", "'single'", '"""', ""]
+    data = {"s": awkward[1], "n": -7, "f": 0.1, "z": 0.0, "big": 1e-05, "b": True, "list": awkward, "odd key": "x",
+            "table": {"a": 1, "b.c": "d"}, "arr": [{"name": "x", "env": {"K": "v\"", "L M": ""}}, {"name": "y", "n": [1, 2]}]}
+    assert tomllib.loads(toml_out.dumps(data)) == data
+    with pytest.raises(ValueError):
+        toml_out.dumps({"x": float("inf")})
+
+
+# --- hostile archives ---------------------------------------------------------------------------------------
+
+def _counts():
+    return (Space.objects.count(), Member.objects.count(), Skill.objects.count(), Rule.objects.count())
+
+
+def test_a_gzip_bomb_is_refused_at_its_entry_by_the_real_limit_and_writes_nothing(demo, settings):
+    zeros = b"\0" * (portable.MAX_UNPACKED_BYTES + 1)
+    data = _tar([_file("space.toml", b"name = 'x'\n"), _file("workspace/zeros.bin", zeros)])
+    assert len(data) < portable.MAX_ARCHIVE_BYTES // 50  # small upload, huge inside
+    before = _counts()
+    with pytest.raises(VeronicaError, match="'workspace/zeros.bin': the archive unpacks to more than"):
+        portable.create_from_archive(data, "bomb")
+    assert _counts() == before and not (settings.DATA_DIR / "spaces" / "bomb").exists()
+
+
+def test_a_zip_file_even_a_bomb_is_not_a_tar_and_too_many_entries_are_refused(demo):
+    import zipfile
+
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("space.toml", b"\0" * 10_000_000)
+    with pytest.raises(VeronicaError, match="not a readable tar"):
+        portable.create_from_archive(raw.getvalue(), "zipped")
+    many = _tar([_file(f"skills/s{i}.md", b"x") for i in range(portable.MAX_ENTRIES + 1)])
+    with pytest.raises(VeronicaError, match=f"more than {portable.MAX_ENTRIES} entries"):
+        portable.create_from_archive(many, "many")
+
+
+def test_device_and_fifo_entries_are_refused(demo):
+    for kind in (tarfile.CHRTYPE, tarfile.FIFOTYPE):
+        info = tarfile.TarInfo("members/dev")
+        info.type = kind
+        with pytest.raises(VeronicaError, match="'members/dev': only plain files"):
+            portable.create_from_archive(_tar([(info, None)]), "dev")
+
+
+@pytest.mark.parametrize("name,body,prefix", [
+    ("members/lead/member.toml", b"role = 'leader\n", "members/lead/member.toml: syntax:"),
+    ("space.toml", b"name = 'x'\n[settings]\nspawn_cap = 'many'\n", "space.toml: settings.spawn_cap:"),
+    ("space.toml", b"name = 'x'\n[[verify_checks]]\nname = 'a b'\ncommand = 'true'\n", "space.toml: verify_checks:"),
+    ("members/scout/member.toml", b"[[mcp_servers]]\nname = 'web'\nurl = 'ftp://x'\n", "members/scout/member.toml: mcp_servers.web.url:"),
+])
+def test_bad_toml_in_an_archive_names_the_file_and_field_and_writes_nothing(demo, settings, name, body, prefix):
+    files = _entries(portable.export_archive(demo))
+    files[name] = body
+    data = _tar([_file(n, b) for n, b in files.items() if n != "workspace"] + [(_dir("workspace"), None)])
+    before = _counts()
+    with pytest.raises(VeronicaError) as err:
+        portable.create_from_archive(data, "broken")
+    assert err.value.message.startswith(prefix), err.value.message
+    assert _counts() == before and not (settings.DATA_DIR / "spaces" / "broken").exists()

@@ -5,12 +5,15 @@ top-level folder and no slug: a space's identity is where it is registered, so e
 registered from another's archive gives the same bytes. Deterministic: sorted entries, mtime 0,
 uid/gid 0, no user or group names, gzip without a name or timestamp.
 
-What goes in: the space's name and settings (the webhook secret scrubbed), its live members (not
-clones) with persona, model, live schedule, permission mode, rule domains, budget and iterations,
-their skills and the shared ones, and the user rules of the space's own learning domains. Runtime
-state stays out: mail, tasks, blackboard, transcripts, memory files, usage, learned rules, workspace
-files (the archive carries an empty workspace/ folder). Other features add what they own by
-appending to EXPORTERS: a function (space) -> {archive path: text}.
+What goes in: the space's name and settings (budgets, ceilings, retention, watchdogs, ...), its verify
+checks, its notifier and its MCP servers, its live members (not clones) with persona, model, live
+schedule, permission mode, rule domains, budget, iterations and their own MCP servers, their skills
+and the shared ones, and the user rules of the space's own learning domains. Secrets are scrubbed
+(SECRETS below): the webhook secret, the Slack URL (its path is the credential), a URL's user:password
+and query string, MCP env values (the names stay, the values are empty: set them after import).
+Runtime state stays out: mail, tasks and their check results, blackboard, transcripts, memory files,
+usage, learned rules, workspace files (the archive carries an empty workspace/ folder). Other
+features add what they own by appending to EXPORTERS: a function (space) -> {archive path: text}.
 """
 from __future__ import annotations
 
@@ -23,14 +26,15 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-import tomli_w
 from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
 
-from veronica import access, manifest
+from urllib.parse import urlsplit, urlunsplit
+
+from veronica import access, manifest, toml_out
 from veronica.errors import Conflict, VeronicaError, column_limit
-from veronica.models import Member, Skill, Space
+from veronica.models import McpServer, McpTransport, Member, Skill, Space
 
 MAX_ARCHIVE_BYTES = 5 * 1024 * 1024  # an upload, compressed
 MAX_UNPACKED_BYTES = 20 * 1024 * 1024  # what it may expand to
@@ -44,7 +48,42 @@ Exporter = Callable[[Space], dict[str, str]]
 # --- export -----------------------------------------------------------------------------------------------
 
 def _toml(data: dict) -> str:
-    return tomli_w.dumps(data)
+    return toml_out.dumps(data)
+
+
+def scrub_url(url: str) -> str:
+    """A URL without the parts that carry credentials: user:password@ and the query string."""
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _mcp_entries(servers) -> list[dict]:
+    """[[mcp_servers]] as the manifest declares them; env values are secrets, so only their names go."""
+    out = []
+    for server in servers:
+        entry: dict = {"name": server.name}
+        if server.transport == McpTransport.STDIO:
+            entry["command"] = list(server.command)
+        else:
+            entry["url"] = scrub_url(server.url)
+        if server.env:
+            entry["env"] = {key: "" for key in sorted(server.env)}
+        entry["timeout"] = server.timeout
+        out.append(entry)
+    return out
+
+
+def _notify_table(space: Space) -> dict:
+    table: dict = {}
+    if space.notify_webhook_url:
+        table["webhook_url"] = scrub_url(space.notify_webhook_url)
+    emails = [e for e in space.notify_emails.replace(",", " ").split() if e]
+    if emails:
+        table["email"] = emails
+    return table  # the Slack URL is its own credential: never exported
 
 
 def _setting_value(key: str, value: object) -> object:
@@ -56,6 +95,14 @@ def _space_files(space: Space) -> dict[str, str]:
     cfg = {"name": space.name.strip(), "workdir": "workspace",
            "settings": {key: _setting_value(key, getattr(space, key)) for key in sorted(manifest.SPACE_SETTINGS)
                         if key not in SCRUBBED_SETTINGS}}
+    notify = _notify_table(space)
+    if notify:
+        cfg["notify"] = notify
+    if space.verify_checks:
+        cfg["verify_checks"] = [{"name": c["name"], "command": c["command"], "timeout": c["timeout"]} for c in space.verify_checks]
+    servers = _mcp_entries(McpServer.objects.filter(space=space, member__isnull=True).order_by("name"))
+    if servers:
+        cfg["mcp_servers"] = servers
     return {"space.toml": _toml(cfg)}
 
 
@@ -80,6 +127,9 @@ def _member_files(space: Space) -> dict[str, str]:
             cfg["schedule"] = m.schedule
         if m.budget_override is not None:
             cfg["budget"] = m.budget_override
+        servers = _mcp_entries(McpServer.objects.filter(member=m).order_by("name"))
+        if servers:
+            cfg["mcp_servers"] = servers
         folder = f"members/{m.name}"
         files[f"{folder}/member.toml"] = _toml(cfg)
         files[f"{folder}/persona.md"] = m.persona.strip() + "\n"
@@ -105,7 +155,6 @@ def _rule_files(space: Space) -> dict[str, str]:
     return files
 
 
-# Verify checks (iss11-ops) and MCP servers (iss14-a) append their exporters here.
 EXPORTERS: list[Exporter] = [_space_files, _member_files, _rule_files]
 
 
