@@ -1,11 +1,16 @@
-"""The run trace view and the usage page, built from what the engine already records.
+"""The run trace view and the usage page, built from the rows the engine writes (Event, Run, UsageDay).
 
 A run's trace is its member's events from `run.started` to `run.ended` (both carry the run id; the
-seq range is exact, commit order). Spans: a model call opens at the `thinking` phase and closes at
-its `model.called` event (tokens, USD); a tool call is `tool.called` .. `tool.result`. Retries
-(`agent.retry`) count on the model call they interrupted; waggle replays mark the tool call they
-followed; approvals are markers. Text is the persisted `agent.text`, or the streamed deltas of a call
-that never finished.
+seq range is exact, commit order). A run the watchdog ended (lease expired: its worker died or
+stalled) has no `run.ended`: its events stop at the member's next `run.started`, and nothing it tried
+to write after the lease was gone exists (every write is fenced), so its open spans show as cut off.
+
+Spans: a model call runs from the `thinking` phase (or the previous call's end, or a tool's result)
+to its `model.called` event (written by the metering, with tokens and USD; `purpose` "compaction"
+for a summarizing call). Retries (`agent.retry`) and streamed text (`agent.delta`) count on the call
+they happened in; `agent.text` is the persisted reply. A tool call is `tool.called` .. `tool.result`;
+an MCP tool (`mcp__<server>__<tool>`) names its server. Waggle replays mark the tool call they
+followed; approvals are markers.
 """
 from __future__ import annotations
 
@@ -19,9 +24,12 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from veronica.engine import budget
-from veronica.models import Event, Member, Run, Space, UsageDay
+from veronica.models import Event, Member, Run, RunOutcome, Space, UsageDay
 
 USAGE_DAYS = 30
+MCP_PREFIX = "mcp__"
+LEASE_LOST = ("The watchdog ended this run: its lease expired (the worker died or stalled). Whatever it tried "
+              "to write after that was refused by the fence; the member was woken to resume.")
 
 
 @dataclass
@@ -39,6 +47,7 @@ class Span:
     marks: list[str] = field(default_factory=list)
     text: str = ""
     detail: str = ""
+    server: str = ""  # the MCP server of an mcp__ tool
 
 
 def run_in_space(space: Space, run_id: int) -> Run:
@@ -51,18 +60,17 @@ def run_in_space(space: Space, run_id: int) -> Run:
 
 def _run_events(run: Run) -> list[Event]:
     space_id = run.member.space_id
-    started = Event.objects.filter(space_id=space_id, kind="run.started", payload__run=run.pk).values_list("seq", flat=True).first()
-    ended = Event.objects.filter(space_id=space_id, kind="run.ended", payload__run=run.pk).values_list("seq", flat=True).first()
-    qs = Event.objects.filter(space_id=space_id, member_id=run.member_id)
-    if started is not None:
-        qs = qs.filter(seq__gte=started)
-        if ended is not None:
-            qs = qs.filter(seq__lte=ended)
-    else:  # the start event was purged (retention): fall back to the run's own clock
-        qs = qs.filter(created_at__gte=run.started_at)
-        if run.ended_at is not None:
-            qs = qs.filter(created_at__lte=run.ended_at)
-    return list(qs.order_by("seq"))
+    mine = Event.objects.filter(space_id=space_id, member_id=run.member_id)
+    started = mine.filter(kind="run.started", payload__run=run.pk).values_list("seq", flat=True).first()
+    if started is None:  # the start event was purged (retention): fall back to the run's own clock
+        qs = mine.filter(created_at__gte=run.started_at)
+        return list((qs.filter(created_at__lte=run.ended_at) if run.ended_at else qs).order_by("seq"))
+    ended = mine.filter(kind="run.ended", payload__run=run.pk).values_list("seq", flat=True).first()
+    if ended is None:  # still running, or ended by the watchdog: up to the member's next run
+        ended = mine.filter(kind="run.started", seq__gt=started).order_by("seq").values_list("seq", flat=True).first()
+        ended = ended - 1 if ended is not None else None
+    qs = mine.filter(seq__gte=started)
+    return list((qs.filter(seq__lte=ended) if ended is not None else qs).order_by("seq"))
 
 
 def _usd(raw: object) -> Decimal:
@@ -72,63 +80,75 @@ def _usd(raw: object) -> Decimal:
         return Decimal(0)
 
 
+def _tool_span(name: str, at: datetime, args: object) -> Span:
+    span = Span("tool", name, at, detail=_args_text(args))
+    if name.startswith(MCP_PREFIX):
+        span.server = name[len(MCP_PREFIX):].partition("__")[0]
+    return span
+
+
 def spans_of(events: list[Event]) -> tuple[list[Span], str]:
-    """The spans of a run and the run's error text (from run.ended)."""
+    """The spans of a run and the run's error text (from run.ended, or the watchdog's note)."""
     spans: list[Span] = []
-    model: Span | None = None
     tools: list[Span] = []  # open tool calls, oldest first
-    streamed = ""
+    cursor: datetime | None = None  # where the next model call starts
+    pending = {"open": False, "retries": 0, "errors": [], "streamed": ""}  # the model call in flight
+    last_model: Span | None = None  # the latest finished call, for its agent.text
     error = ""
 
-    def close_model(at: datetime) -> None:
-        nonlocal model, streamed
-        if model is not None:
-            model.end = model.end or at
-            if not model.text and streamed:
-                model.text = streamed
-        model, streamed = None, ""
+    def reset() -> None:
+        pending.update(open=False, retries=0, errors=[], streamed="")
 
     for ev in events:
         p = ev.payload if isinstance(ev.payload, dict) else {}
         kind, at = ev.kind, ev.created_at
-        if kind == "member.phase" and p.get("phase") == "thinking":
-            if model is None:
-                model = Span("model", "model call", at)
-                spans.append(model)
+        if kind == "run.started":
+            cursor = at
+        elif kind == "member.phase" and p.get("phase") == "thinking":
+            if not pending["open"]:
+                cursor, pending["open"] = at, True
         elif kind == "agent.retry":
-            if model is None:
-                model = Span("model", "model call", at)
-                spans.append(model)
-            model.retries += 1
-            model.errors.append(str(p.get("text") or p.get("reason") or "retry"))
-            streamed = ""
+            pending["open"] = True
+            pending["retries"] += 1
+            pending["errors"].append(str(p.get("text") or p.get("reason") or "retry"))
+            pending["streamed"] = ""
         elif kind == "agent.delta":
-            streamed = streamed + str(p.get("text") or "") if p.get("offset") else str(p.get("text") or "")
+            pending["open"] = True
+            text = str(p.get("text") or "")
+            pending["streamed"] = pending["streamed"] + text if p.get("offset") else text
         elif kind == "model.called":
-            if model is None:
-                model = Span("model", "model call", at)
-                spans.append(model)
-            model.name = str(p.get("model") or "model call")
-            model.tokens_in, model.tokens_out = int(p.get("input") or 0), int(p.get("output") or 0)
-            model.cached, model.usd, model.end = int(p.get("cached") or 0), _usd(p.get("usd")), at
+            compaction = p.get("purpose") == "compaction"
+            span = Span("model", ("compaction: " if compaction else "") + str(p.get("model") or "model call"), cursor or at, end=at,
+                        tokens_in=int(p.get("input") or 0), tokens_out=int(p.get("output") or 0), cached=int(p.get("cached") or 0),
+                        usd=_usd(p.get("usd")), retries=pending["retries"], errors=list(pending["errors"]), text=pending["streamed"])
+            if p.get("estimated"):
+                span.marks.append("usage estimated (the vendor reported none)")
+            spans.append(span)
+            last_model = None if compaction else span
+            cursor = at
+            reset()
         elif kind == "agent.text":
-            target = model or next((s for s in reversed(spans) if s.kind == "model"), None)
-            if target is not None:
-                target.text = str(p.get("text") or "")
-            close_model(at)
+            if last_model is not None:
+                last_model.text = str(p.get("text") or "")
+                if p.get("truncated"):
+                    last_model.marks.append("cut off at the output token limit; continued")
         elif kind == "tool.called":
-            close_model(at)
-            span = Span("tool", str(p.get("tool") or "?"), at, detail=_args_text(p.get("args")))
+            span = _tool_span(str(p.get("tool") or "?"), at, p.get("args"))
             spans.append(span)
             tools.append(span)
+            last_model = None
         elif kind == "tool.result":
-            span = next((s for s in tools if s.name == p.get("tool")), tools[0] if tools else None)
-            if span is not None:
+            span = next((s for s in tools if s.name == p.get("tool")), None)
+            if span is None:  # a result without its call: a held call resolved, or an unknown tool
+                span = _tool_span(str(p.get("tool") or "?"), cursor or at, None)
+                spans.append(span)
+            else:
                 tools.remove(span)
-                span.end = at
-                span.text = str(p.get("preview") or "")
-                if p.get("ok") is False:
-                    span.errors.append(span.text or "error")
+            span.end = at
+            span.text = str(p.get("preview") or "")
+            if p.get("ok") is False:
+                span.errors.append(span.text or "error")
+            cursor = at
         elif kind == "waggle.replayed":
             after = next((s for s in reversed(spans) if s.kind == "tool" and s.name == p.get("after")), None)
             mark = f"waggle replayed after {p.get('after')} ({p.get('chars', 0)} chars)"
@@ -136,17 +156,20 @@ def spans_of(events: list[Event]) -> tuple[list[Span], str]:
                 after.marks.append(mark)
             spans.append(Span("replay", f"waggle after {p.get('after') or '?'}", at, end=at, marks=[mark]))
         elif kind == "approval.requested":
-            close_model(at)
             spans.append(Span("approval", f"approval: {p.get('tool') or '?'}", at, end=at,
                               marks=[f"approval #{p.get('approval')} requested"], detail=_args_text(p.get("args"))))
         elif kind == "approval.decided":
             spans.append(Span("approval", f"approval {p.get('status') or 'decided'}: {p.get('tool') or '?'}", at, end=at,
                               marks=[f"by {p.get('by') or '?'}"]))
+        elif kind == "run.lease_expired":
+            error = LEASE_LOST
         elif kind == "run.ended":
             error = str(p.get("error") or "")
-            close_model(at)
-    if model is not None and not model.text and streamed:
-        model.text = streamed
+    if error and not pending["open"] and spans and spans[-1].kind == "model" and not spans[-1].text:
+        spans[-1].errors.append(error)  # the call the run failed on (metered, then raised)
+    if pending["open"]:  # a call that never returned: still running, failed, or cut off with the lease
+        spans.append(Span("model", "model call", cursor or events[-1].created_at, retries=pending["retries"],
+                          errors=list(pending["errors"]) + ([error] if error else []), text=pending["streamed"]))
     return spans, error
 
 
@@ -159,6 +182,9 @@ def _args_text(args: object) -> str:
 def trace(run: Run) -> dict:
     """The page's data: the run, its spans with waterfall geometry (percent of the run), totals."""
     spans, error = spans_of(_run_events(run))
+    lease_lost = run.outcome == RunOutcome.LEASE_EXPIRED
+    if lease_lost:
+        error = LEASE_LOST
     start = run.started_at
     end = run.ended_at or max([s.end or s.start for s in spans] + [timezone.now()])
     total = max((end - start).total_seconds(), 0.001)
@@ -169,7 +195,7 @@ def trace(run: Run) -> dict:
         duration = max((s_end - s.start).total_seconds(), 0.0)
         rows.append({
             "kind": s.kind, "name": s.name, "offset_ms": round(offset * 1000), "duration_ms": round(duration * 1000),
-            "unfinished": s.end is None and s.kind in ("model", "tool"), "tokens_in": s.tokens_in, "tokens_out": s.tokens_out,
+            "unfinished": s.end is None and s.kind in ("model", "tool"), "server": s.server, "tokens_in": s.tokens_in, "tokens_out": s.tokens_out,
             "cached": s.cached, "usd": s.usd, "retries": s.retries, "errors": s.errors, "marks": s.marks, "text": s.text,
             "detail": s.detail, "x": round(min(offset / total, 1) * 100, 2),
             "w": round(max(min(duration / total, 1 - min(offset / total, 1)) * 100, 0.6), 2),
@@ -177,8 +203,9 @@ def trace(run: Run) -> dict:
     models = [r for r in rows if r["kind"] == "model"]
     return {
         "run": run, "member": run.member.name, "rows": rows, "error": error or run.error,
-        "duration_ms": round(total * 1000), "running": run.ended_at is None,
+        "duration_ms": round(total * 1000), "running": run.ended_at is None, "lease_lost": lease_lost,
         "totals": {"model_calls": len(models), "tool_calls": sum(r["kind"] == "tool" for r in rows),
+                   "mcp_calls": sum(bool(r["server"]) for r in rows),
                    "tokens_in": sum(r["tokens_in"] for r in models), "tokens_out": sum(r["tokens_out"] for r in models),
                    "usd": sum((r["usd"] for r in models), Decimal(0)), "retries": sum(r["retries"] for r in models),
                    "errors": sum(len(r["errors"]) for r in rows)},

@@ -9,7 +9,7 @@ import pytest
 from tests.console.trace_helpers import drive_run
 from veronica import run_trace
 from veronica.engine import budget, supervisor
-from veronica.models import Event, UsageDay
+from veronica.models import Event, Run, UsageDay
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def test_the_trace_has_model_and_tool_spans_with_tokens_cost_retries_and_errors(
     assert (first["tokens_in"], first["tokens_out"], first["usd"]) == (100, 10, Decimal("0.0012"))
     assert read["errors"] and "missing.txt" in read["errors"][0]
     assert data["rows"][-1]["text"] == "All done: the folder is empty."
-    assert data["totals"] == {"model_calls": 3, "tool_calls": 2, "tokens_in": 300, "tokens_out": 30,
+    assert data["totals"] == {"model_calls": 3, "tool_calls": 2, "mcp_calls": 0, "tokens_in": 300, "tokens_out": 30,
                               "usd": Decimal("0.0036"), "retries": 1, "errors": 2}
     assert all(0 <= r["x"] <= 100 and 0 < r["w"] <= 100 for r in data["rows"])
 
@@ -82,3 +82,54 @@ def test_the_usage_page_shows_30_days_per_member_against_budgets(world, traced):
     html = world.client(world.viewer).get("/spaces/alpha/usage/").content.decode()
     assert 'data-member="w2"' in html and "$0.5036" in html and "line class=\"budget\"" in html
     assert world.client(world.stranger).get("/spaces/alpha/usage/").status_code == 404
+
+
+def test_an_mcp_tool_call_is_a_tool_span_naming_its_server(world, monkeypatch):
+    from tests.console.trace_helpers import drive_mcp_run
+
+    run = drive_mcp_run(monkeypatch, world.space)
+    data = run_trace.trace(run)
+    tool = next(r for r in data["rows"] if r["kind"] == "tool")
+    assert (tool["name"], tool["server"], tool["text"], tool["errors"]) == ("mcp__calc__add", "calc", "42", [])
+    assert tool["detail"] == "a=2, b=40" and data["totals"]["mcp_calls"] == 1
+    assert [r["kind"] for r in data["rows"]] == ["model", "tool", "model"]
+    html = world.client(world.viewer).get(f"/spaces/alpha/runs/{run.pk}/").content.decode()
+    assert "MCP calc" in html and "(1 MCP)" in html
+
+
+def test_a_run_the_watchdog_ended_is_cut_off_and_stops_at_the_members_next_run(world, monkeypatch):
+    from tests.console.trace_helpers import lease_lost_run
+    from veronica.agent.runctx import LeaseLost
+
+    lost, lease = lease_lost_run(world.space)
+    with pytest.raises(LeaseLost):  # the stalled worker wakes up: its writes are refused
+        with lease.fenced():
+            pass
+    later = drive_run(monkeypatch, world.space)  # the resumed run, with its own model and tool calls
+    data = run_trace.trace(lost)
+    assert lost.outcome == "lease_expired" and data["lease_lost"]
+    assert [(r["kind"], r["unfinished"]) for r in data["rows"]] == [("model", True)]  # nothing of the next run
+    assert data["error"] == run_trace.LEASE_LOST
+    assert len(run_trace.trace(later)["rows"]) == 5
+    html = world.client(world.viewer).get(f"/spaces/alpha/runs/{lost.pk}/").content.decode()
+    assert "cut off (lease lost)" in html and "lease expired" in html
+
+
+def test_a_running_run_shows_its_open_call_as_running(world):
+    member = supervisor.get_member(world.space, "w1")
+    from veronica.engine import slot
+    from veronica.models import Phase
+
+    lease = slot.claim(member, "message")
+    slot.write_phase(lease.member, Phase.THINKING)
+    data = run_trace.trace(Run.objects.get(pk=lease.run.pk))
+    assert data["running"] and [(r["kind"], r["unfinished"]) for r in data["rows"]] == [("model", True)]
+    assert "running</span>" in world.client(world.viewer).get(f"/spaces/alpha/runs/{lease.run.pk}/").content.decode()
+
+
+def test_the_trace_reads_model_called_as_the_metering_writes_it(traced):
+    """The trace is built from the events the engine writes now: one model.called per metered call."""
+    events = Event.objects.filter(kind="model.called", payload__run=traced.pk).order_by("seq")
+    assert events.count() == traced.model_calls == 3
+    assert {k: events[0].payload[k] for k in ("input", "output", "cached", "usd", "model")} == {
+        "input": 100, "output": 10, "cached": 0, "usd": "0.0012", "model": traced.member.model}
