@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.console.test_browser import browser, csp_violations, elsewhere, login, open_space  # noqa: F401 - fixtures
-from tests.console.trace_helpers import drive_run
+from tests.console.trace_helpers import drive_mcp_run, drive_run, lease_lost_run
 from veronica import portable
 from veronica.models import Space, SpaceAccess
 
@@ -88,3 +88,49 @@ def test_staff_create_from_a_template_export_and_reimport_through_the_pages(logi
     expect(page.locator("[data-member-chip='scout']")).to_be_visible()
     copy = Space.objects.get(slug="browser-copy")
     assert SpaceAccess.objects.get(space=copy, user=live_world.staff).role == "owner"
+    page.goto("/spaces/browser-copy/manage/")
+    with page.expect_download() as again:
+        page.click("#export-space")
+    second = tmp_path / "again.tar.gz"
+    again.value.save_as(second)
+    assert second.read_bytes() == archive.read_bytes()  # export -> import -> export: the same bytes
+
+
+def test_a_broken_archive_is_refused_on_the_page_and_creates_nothing(login, live_world, tmp_path, created_homes):  # noqa: F811
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        info = tarfile.TarInfo("members/lead")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc"
+        tar.addfile(info)
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(raw.getvalue())
+    page = login(live_world.staff)
+    page.goto("/new-space/")
+    upload = page.locator("#from-archive")
+    upload.locator("input[type=file]").set_input_files(str(bad))
+    upload.locator("input[name=slug]").fill("browser-copy")
+    upload.locator("button[type=submit]").click()
+    expect(page.locator("ul.flash li.error")).to_contain_text("archive entry 'members/lead': only plain files and folders are allowed")
+    expect(page).to_have_url(re.compile(r"/new-space/$"))
+    assert not Space.objects.filter(slug="browser-copy").exists()
+    assert not portable.home_of("browser-copy").exists()
+
+
+def test_the_trace_marks_mcp_calls_and_a_run_the_watchdog_ended(login, live_world, monkeypatch):  # noqa: F811
+    lost, _ = elsewhere(lease_lost_run, live_world.space)
+    run = elsewhere(drive_mcp_run, monkeypatch, live_world.space)
+    page = login(live_world.viewer)
+    page.goto(f"/spaces/alpha/runs/{run.pk}/")
+    tool = page.locator("#waterfall tbody tr[data-kind='tool']")
+    expect(tool).to_have_count(1)
+    expect(tool.locator(".tag.mcp")).to_have_text("MCP calc")
+    expect(tool).to_contain_text("mcp__calc__add")
+    expect(page.locator("#run-facts")).to_contain_text("1 (1 MCP)")
+    page.goto(f"/spaces/alpha/runs/{lost.pk}/")
+    expect(page.locator("#run-outcome")).to_have_text("lease_expired")
+    expect(page.locator("#run-error")).to_contain_text("its lease expired")
+    expect(page.locator("#waterfall tbody tr")).to_have_count(1)
+    expect(page.locator("#waterfall tbody tr .tag.warn")).to_have_text("cut off (lease lost)")
