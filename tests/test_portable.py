@@ -334,3 +334,15 @@ def test_bad_toml_in_an_archive_names_the_file_and_field_and_writes_nothing(demo
         portable.create_from_archive(data, "broken")
     assert err.value.message.startswith(prefix), err.value.message
     assert _counts() == before and not (settings.DATA_DIR / "spaces" / "broken").exists()
+
+
+def test_an_import_racing_for_a_slug_never_merges_into_the_space_that_won(demo, monkeypatch, tmp_path):
+    data = portable.export_archive(demo)
+    monkeypatch.setattr(portable, "check_slug", lambda slug: slug)  # as if the other request committed after our check
+    monkeypatch.setattr(portable, "home_of", lambda slug: tmp_path / "race" / slug)
+    before = (Member.objects.filter(space=demo).count(), Skill.objects.filter(space=demo).count())
+    with pytest.raises(VeronicaError, match="exists already"):
+        portable.create_from_archive(data, "demo")
+    assert (Member.objects.filter(space=demo).count(), Skill.objects.filter(space=demo).count()) == before
+    assert Space.objects.get(pk=demo.pk).manifest_path != str(tmp_path / "race" / "demo")
+    assert not (tmp_path / "race" / "demo").exists()

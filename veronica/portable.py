@@ -278,7 +278,10 @@ def create_from_folder(source: Path, slug: str, *, user=None, actor: str = "regi
     shutil.copytree(source, home, symlinks=False)
     try:
         with transaction.atomic():
-            space = manifest.register(home, actor=actor, slug=slug)
+            done = manifest.register_space(home, actor=actor, slug=slug)
+            if done.mode != "new":  # another request took the slug since check_slug: never merge into it
+                raise Conflict(f"a space '{slug}' exists already; pick another slug", field="slug")
+            space = done.space
             if user is not None:
                 access.grant(space, user.get_username(), access.OWNER, actor=actor)
     except BaseException:

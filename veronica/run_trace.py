@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from veronica.engine import budget
-from veronica.models import Event, Member, Run, RunOutcome, Space, UsageDay
+from veronica.models import Approval, ApprovalStatus, Event, Member, Run, RunOutcome, Space, UsageDay
 
 USAGE_DAYS = 30
 MCP_PREFIX = "mcp__"
@@ -48,6 +48,7 @@ class Span:
     text: str = ""
     detail: str = ""
     server: str = ""  # the MCP server of an mcp__ tool
+    approval: int | None = None  # the Approval a held call asked for
 
 
 def run_in_space(space: Space, run_id: int) -> Run:
@@ -156,8 +157,9 @@ def spans_of(events: list[Event]) -> tuple[list[Span], str]:
                 after.marks.append(mark)
             spans.append(Span("replay", f"waggle after {p.get('after') or '?'}", at, end=at, marks=[mark]))
         elif kind == "approval.requested":
-            spans.append(Span("approval", f"approval: {p.get('tool') or '?'}", at, end=at,
-                              marks=[f"approval #{p.get('approval')} requested"], detail=_args_text(p.get("args"))))
+            spans.append(Span("approval", f"approval: {p.get('tool') or '?'}", at, end=at, detail=_args_text(p.get("args")),
+                              marks=[f"approval #{p.get('approval')} requested"],
+                              approval=p.get("approval") if isinstance(p.get("approval"), int) else None))
         elif kind == "approval.decided":
             spans.append(Span("approval", f"approval {p.get('status') or 'decided'}: {p.get('tool') or '?'}", at, end=at,
                               marks=[f"by {p.get('by') or '?'}"]))
@@ -179,9 +181,24 @@ def _args_text(args: object) -> str:
     return str(args or "")[:300]
 
 
+def _mark_decisions(spans: list[Span], run: Run) -> None:
+    """A held call is decided after its run ended (the run waits): the decision is read from its
+    Approval row and marked on the request."""
+    asked = {s.approval: s for s in spans if s.approval is not None}
+    for approval in Approval.objects.filter(pk__in=list(asked), member_id=run.member_id).select_related("decided_by"):
+        span = asked[approval.pk]
+        if approval.status == ApprovalStatus.PENDING:
+            span.marks.append("waiting for a decision")
+            continue
+        by = approval.decided_by.get_username() if approval.decided_by_id else "?"
+        when = f" at {approval.decided_at:%Y-%m-%d %H:%M:%S} UTC" if approval.decided_at else ""
+        span.marks.append(f"{approval.status} by {by}{when}" + (f": {approval.reason}" if approval.reason else ""))
+
+
 def trace(run: Run) -> dict:
     """The page's data: the run, its spans with waterfall geometry (percent of the run), totals."""
     spans, error = spans_of(_run_events(run))
+    _mark_decisions(spans, run)
     lease_lost = run.outcome == RunOutcome.LEASE_EXPIRED
     if lease_lost:
         error = LEASE_LOST

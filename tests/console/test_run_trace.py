@@ -133,3 +133,40 @@ def test_the_trace_reads_model_called_as_the_metering_writes_it(traced):
     assert events.count() == traced.model_calls == 3
     assert {k: events[0].payload[k] for k in ("input", "output", "cached", "usd", "model")} == {
         "input": 100, "output": 10, "cached": 0, "usd": "0.0012", "model": traced.member.model}
+
+
+def test_a_held_call_shows_its_request_and_the_decision_made_after_the_run(world, monkeypatch):
+    from tests.engine.conftest import ScriptedProvider
+    from veronica import bus
+    from veronica.engine import approvals, runner
+    from veronica.models import Approval, Member
+
+    provider = ScriptedProvider((("write_file", {"path": "notes.txt", "content": "hi"}), "Wrote it."))
+    monkeypatch.setattr("veronica.agent.loop.get_provider", lambda spec: provider)
+    w1 = supervisor.get_member(world.space, "w1")
+    Member.objects.filter(pk=w1.pk).update(permission_mode="default")
+    bus.send(world.space, "boss", "w1", "write a note")
+    runner.wake(w1.pk, "message")
+    held = Run.objects.filter(member=w1).latest("id")
+    assert held.outcome == "waiting"
+    asked = next(r for r in run_trace.trace(held)["rows"] if r["kind"] == "approval")
+    assert asked["name"] == "approval: write_file" and asked["marks"][-1] == "waiting for a decision"
+    approvals.decide(Approval.objects.get(member=w1), approve=True, user=world.owner, reason="fine")
+    runner.wake(w1.pk, "resume")
+    asked = next(r for r in run_trace.trace(held)["rows"] if r["kind"] == "approval")
+    assert asked["marks"][-1].startswith("approved by owner at ") and asked["marks"][-1].endswith(": fine")
+    resumed = Run.objects.filter(member=w1).latest("id")
+    assert [r["name"] for r in run_trace.trace(resumed)["rows"] if r["kind"] == "tool"] == ["write_file"]
+    html = world.client(world.viewer).get(f"/spaces/alpha/runs/{held.pk}/").content.decode()
+    assert "approved by owner" in html
+
+
+def test_the_usage_page_puts_waggle_savings_beside_the_days(world, traced):
+    from waggle.models import LedgerEntry
+
+    LedgerEntry.objects.create(name="ls", scope="space", space_key=str(world.space.pk), yield_tokens=250)
+    LedgerEntry.objects.create(name="ls", scope="space", space_key=str(world.other.pk), yield_tokens=999)  # beta's
+    data = run_trace.usage(world.space)
+    assert data["waggle"] and data["saved_total"] == 250 and data["totals"][-1]["saved"] == 250
+    html = world.client(world.viewer).get("/spaces/alpha/usage/").content.decode()
+    assert '<dd id="waggle-saved">250 tokens</dd>' in html
