@@ -170,3 +170,37 @@ def test_the_usage_page_puts_waggle_savings_beside_the_days(world, traced):
     assert data["waggle"] and data["saved_total"] == 250 and data["totals"][-1]["saved"] == 250
     html = world.client(world.viewer).get("/spaces/alpha/usage/").content.decode()
     assert '<dd id="waggle-saved">250 tokens</dd>' in html
+
+
+def _count_queries(client, url: str) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(url).status_code == 200
+    return len(ctx.captured_queries)
+
+
+def test_the_trace_and_usage_pages_cost_the_same_queries_however_big_the_run_or_space(world, monkeypatch,
+                                                                                      django_assert_max_num_queries):
+    from tests.engine.conftest import ScriptedProvider
+    from veronica import bus
+    from veronica.engine import runner
+
+    small = drive_run(monkeypatch, world.space, "w1")
+    provider = ScriptedProvider([("list_dir", {})] * 20 + ["done"])
+    monkeypatch.setattr("veronica.agent.loop.get_provider", lambda spec: provider)
+    w2 = supervisor.get_member(world.space, "w2")
+    bus.send(world.space, "boss", "w2", "look twenty times")
+    runner.wake(w2.pk, "message")
+    big = Run.objects.filter(member=w2).latest("id")
+    client = world.client(world.viewer)
+    assert len(run_trace.trace(big)["rows"]) == 41
+    assert _count_queries(client, f"/spaces/alpha/runs/{big.pk}/") == _count_queries(client, f"/spaces/alpha/runs/{small.pk}/")
+    with django_assert_max_num_queries(10):  # 8 today: session, user, space, access, run, 3 event reads, approvals
+        client.get(f"/spaces/alpha/runs/{big.pk}/")
+    before = _count_queries(client, "/spaces/alpha/usage/")
+    for i in range(5):
+        member = supervisor.add_member(world.space, f"extra{i}", actor="test")
+        UsageDay.objects.create(space=world.space, member=member, day=budget.today(), input_tokens=10 * i)
+    assert _count_queries(client, "/spaces/alpha/usage/") == before <= 9
