@@ -6,6 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods
 
 from veronica import access, portable, run_trace
@@ -16,11 +17,15 @@ from veronica.errors import VeronicaError
 # --- create a space -------------------------------------------------------------------------------------
 
 
-def _upload(request: HttpRequest) -> bytes:
+def _refuse_oversized(request: HttpRequest) -> None:
+    """Before anything reads request.POST: parsing it would spool the whole upload to disk."""
     declared = request.META.get("CONTENT_LENGTH") or "0"
-    if declared.isdigit() and int(declared) > portable.MAX_ARCHIVE_BYTES + 65536:  # before Django spools it
+    if declared.isdigit() and int(declared) > portable.MAX_ARCHIVE_BYTES + 65536:
         raise VeronicaError(f"the upload is {declared} bytes; an archive may be at most {portable.MAX_ARCHIVE_BYTES}",
                             field="archive")
+
+
+def _upload(request: HttpRequest) -> bytes:
     upload = request.FILES.get("archive")
     if upload is None:
         raise VeronicaError("choose a template or upload a manifest archive (.tar.gz)", field="archive")
@@ -29,12 +34,23 @@ def _upload(request: HttpRequest) -> bytes:
     return upload.read(portable.MAX_ARCHIVE_BYTES + 1)
 
 
+@csrf_exempt  # only so the size check runs before the CSRF middleware parses the body; checked below
 @login_required
 @require_http_methods(["GET", "POST"])
 def new_space_page(request: HttpRequest) -> HttpResponse:
     """Staff, or users with veronica.add_space, create a space and become its owner."""
     if not portable.may_create(request.user):
         raise PermissionDenied("creating spaces needs staff or the 'add space' permission")
+    if request.method == "POST":
+        try:
+            _refuse_oversized(request)
+        except VeronicaError as exc:
+            return _new_space_form(request, form_error(request, exc))
+    return _new_space(request)
+
+
+@csrf_protect
+def _new_space(request: HttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         try:
@@ -48,6 +64,10 @@ def new_space_page(request: HttpRequest) -> HttpResponse:
             return redirect("console:space", slug=space.slug)
         except VeronicaError as exc:
             status = form_error(request, exc)
+    return _new_space_form(request, status)
+
+
+def _new_space_form(request: HttpRequest, status: int) -> HttpResponse:
     return render(request, "console/new_space.html", {"templates": list(portable.templates()), "page": "new-space",
                                                       "max_bytes": portable.MAX_ARCHIVE_BYTES}, status=status)
 
