@@ -346,3 +346,19 @@ def test_an_import_racing_for_a_slug_never_merges_into_the_space_that_won(demo, 
     assert (Member.objects.filter(space=demo).count(), Skill.objects.filter(space=demo).count()) == before
     assert Space.objects.get(pk=demo.pk).manifest_path != str(tmp_path / "race" / "demo")
     assert not (tmp_path / "race" / "demo").exists()
+
+
+def test_export_costs_the_same_queries_however_many_members(demo):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            portable.export_archive(demo)
+        return len(ctx.captured_queries)
+
+    few = queries()
+    for i in range(6):
+        member = supervisor.add_member(demo, f"extra{i}", actor="test")
+        Skill.objects.create(space=demo, member=member, name="own", body="a skill")
+    assert queries() == few

@@ -23,6 +23,7 @@ import shutil
 import tarfile
 import tempfile
 import zlib
+from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
@@ -118,6 +119,11 @@ def _skill_text(skill: Skill) -> str:
 def _member_files(space: Space) -> dict[str, str]:
     files: dict[str, str] = {}
     members = Member.objects.filter(space=space, removed_at__isnull=True, spawned_from__isnull=True).order_by("name")
+    skills, servers_of = defaultdict(list), defaultdict(list)  # one query each, not one per member
+    for skill in Skill.objects.filter(space=space).order_by("name"):
+        skills[skill.member_id].append(skill)
+    for server in McpServer.objects.filter(space=space, member__isnull=False).order_by("name"):
+        servers_of[server.member_id].append(server)
     for m in members:
         cfg = {"role": m.role, "model": m.model, "permission_mode": m.permission_mode, "max_iterations": m.max_iterations,
                "rule_domains": list(m.rule_domains or [])}
@@ -127,15 +133,15 @@ def _member_files(space: Space) -> dict[str, str]:
             cfg["schedule"] = m.schedule
         if m.budget_override is not None:
             cfg["budget"] = m.budget_override
-        servers = _mcp_entries(McpServer.objects.filter(member=m).order_by("name"))
+        servers = _mcp_entries(servers_of[m.pk])
         if servers:
             cfg["mcp_servers"] = servers
         folder = f"members/{m.name}"
         files[f"{folder}/member.toml"] = _toml(cfg)
         files[f"{folder}/persona.md"] = m.persona.strip() + "\n"
-        for skill in Skill.objects.filter(member=m).order_by("name"):
+        for skill in skills[m.pk]:
             files[f"{folder}/skills/{skill.name}.md"] = _skill_text(skill)
-    for skill in Skill.objects.filter(space=space, member__isnull=True).order_by("name"):
+    for skill in skills[None]:
         files[f"skills/{skill.name}.md"] = _skill_text(skill)
     return files
 
