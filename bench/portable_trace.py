@@ -12,15 +12,10 @@ ignored so the bench never touches a real database) and prints medians of:
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from throwaway import throwaway_django
 
 
 def median_ms(fn, repeat: int) -> float:
@@ -37,23 +32,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
 
-    (ROOT / "data").mkdir(exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="portable-bench-", dir=ROOT / "data")
-    os.environ["VERONICA_DATA_DIR"] = tmp
-    for var in ("DATABASE_URL", "REDIS_URL"):
-        os.environ.pop(var, None)
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "veronica.settings"
-    sys.path.insert(0, str(ROOT))
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
+    with throwaway_django("portable-bench-"):
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
-        call_command("migrate", verbosity=0)
         from veronica import events, portable, run_trace
         from veronica.agent import metering
         from veronica.agent.providers.base import Usage
@@ -104,8 +86,6 @@ def main() -> None:
         print(f"metering.record: {len(q_meter)} statements per model call, of which the model.called event is 3 "
               f"(space seq update + read + {emits} event insert)")
         slot.finish(lease, "done")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
