@@ -204,3 +204,21 @@ def test_the_trace_and_usage_pages_cost_the_same_queries_however_big_the_run_or_
         member = supervisor.add_member(world.space, f"extra{i}", actor="test")
         UsageDay.objects.create(space=world.space, member=member, day=budget.today(), input_tokens=10 * i)
     assert _count_queries(client, "/spaces/alpha/usage/") == before <= 9
+
+
+def test_a_compaction_call_and_an_estimated_one_are_marked(world):
+    from django.utils import timezone
+
+    now = timezone.now()
+    w1 = supervisor.get_member(world.space, "w1")
+
+    def ev(kind, **payload):
+        return Event(space=world.space, member=w1, seq=0, kind=kind, payload=payload, created_at=now)
+
+    spans, _ = run_trace.spans_of([
+        ev("run.started", run=1), ev("member.phase", phase="thinking"),
+        ev("model.called", run=1, model="m", input=900, output=50, usd="0.01", purpose="compaction"),
+        ev("model.called", run=1, model="m", input=100, output=5, usd="0.001", estimated=True),
+        ev("agent.text", text="hello"), ev("run.ended", run=1, outcome="done", error="")])
+    assert [(s.name, s.text) for s in spans] == [("compaction: m", ""), ("m", "hello")]
+    assert spans[1].marks == ["usage estimated (the vendor reported none)"]
