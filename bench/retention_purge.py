@@ -11,14 +11,9 @@ dry run, of the full `vacuum` purge, and of a tick when nothing is left to purge
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from throwaway import throwaway_django
 
 
 def main() -> None:
@@ -27,26 +22,13 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=5000)
     args = parser.parse_args()
 
-    (ROOT / "data").mkdir(exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="retention-bench-", dir=ROOT / "data")
-    os.environ["VERONICA_DATA_DIR"] = tmp
-    for var in ("DATABASE_URL", "REDIS_URL"):
-        os.environ.pop(var, None)
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "veronica.settings"
-    sys.path.insert(0, str(ROOT))
-    try:
-        import django
-
-        django.setup()
+    with throwaway_django("retention-bench-") as tmp:
         from datetime import timedelta
 
-        from django.core.management import call_command
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
         from django.utils import timezone
 
-        call_command("migrate", verbosity=0)
         from veronica.engine import retention, supervisor
         from veronica.models import Event, Message, Space, Wake
 
@@ -80,8 +62,6 @@ def main() -> None:
         measure("vacuum (to the end)", lambda: retention.purge_space(space))
         measure("tick after vacuum", lambda: retention.purge_due())  # its announcement moved the window by one
         measure("steady tick", lambda: retention.purge_due())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

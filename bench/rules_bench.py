@@ -14,15 +14,10 @@ rules, and times learning.api.prompt_block(domains):
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from throwaway import throwaway_django
 
 
 def fmt(seconds: float) -> str:
@@ -39,22 +34,9 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=2000, help="warm samples")
     args = parser.parse_args()
 
-    (ROOT / "data").mkdir(exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="rules-bench-", dir=ROOT / "data")
-    os.environ["VERONICA_DATA_DIR"] = tmp
-    for var in ("DATABASE_URL", "REDIS_URL"):
-        os.environ.pop(var, None)
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "veronica.settings"
-    sys.path.insert(0, str(ROOT))
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
+    with throwaway_django("rules-bench-") as tmp:
         from django.db import connection
 
-        call_command("migrate", verbosity=0)
         from learning import api, store
         from learning.models import Proposal
 
@@ -106,14 +88,6 @@ def main() -> None:
         print(f"  warm (cached)         : {fmt(statistics.median(warm))}  median of {len(warm)}, "
               f"p95 {fmt(warm[int(len(warm) * 0.95)]).strip()}")
         print(f"  first after approval  : {fmt(after_write)}  (stamp changed: rebuilt, not stale)")
-    finally:
-        try:
-            from django.db import connections
-
-            connections.close_all()
-        except Exception:
-            pass
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,10 @@ median and p95 wall time. A feed runs it every VERONICA_SOCKET_RECHECK_SECONDS.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from throwaway import throwaway_django
 
 
 def main() -> None:
@@ -28,26 +23,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=50)
     args = parser.parse_args()
 
-    (ROOT / "data").mkdir(exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="recheck-bench-", dir=ROOT / "data")
-    os.environ["VERONICA_DATA_DIR"] = tmp
-    for var in ("DATABASE_URL", "REDIS_URL"):
-        os.environ.pop(var, None)
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "veronica.settings"
-    sys.path.insert(0, str(ROOT))
-    try:
-        import django
-
-        django.setup()
+    with throwaway_django("recheck-bench-") as tmp:
         from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
         from django.contrib.auth.models import User
         from django.contrib.sessions.backends.db import SessionStore
-        from django.core.management import call_command
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
-        call_command("migrate", verbosity=0)
         from veronica import access
         from veronica.models import Space, SpaceAccess
         from veronica.stream_auth import Credential, recheck
@@ -83,8 +65,6 @@ def main() -> None:
             times.sort()
             p95 = times[min(len(times) - 1, int(len(times) * 0.95))]
             print(f"{n:>8} {len(queries):>8} {statistics.median(times) * 1000:>8.2f}ms {p95 * 1000:>8.2f}ms")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Manifest import: a folder describes a space; `register` creates or refreshes it.
 
-Layout:  space.toml · persona/skills per member under members/<name>/ · shared skills under skills/.
+Layout:  space.toml · persona/skills per member under members/<name>/ · shared skills under skills/ ·
+the space's user rules under rules/<domain>.toml (`rules = ["...", ...]`, one domain per file).
 Everything is parsed and validated first (errors name the file and the field); only then is the
 space written, in one transaction, so a bad manifest changes nothing.
 """
@@ -71,6 +72,7 @@ class SpaceSpec:
     shared_skills: dict[str, tuple[str, str]]
     path: Path
     mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
+    rules: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _text_file(path: Path, what: str = "file") -> str:
@@ -266,7 +268,44 @@ def _ops_settings(space_path: Path, cfg: dict) -> dict:
     return out
 
 
-def load(directory: str | Path) -> SpaceSpec:
+def _rules(folder: Path) -> dict[str, list[str]]:
+    """User rules by domain: rules/<domain>.toml holds `rules = [...]`, this space's own domain.
+    Global domains are staff's, never a manifest's."""
+    from learning import api as learning
+    from learning.store import clean_rule_text
+
+    if not folder.is_dir():
+        return {}
+    found: dict[str, list[str]] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") and path.is_file():
+            continue
+        if not path.is_file() or not path.name.endswith(".toml"):
+            raise ManifestError(path, "file", "rules/ holds only <domain>.toml files")
+        try:
+            is_global, name = learning.clean_ref(path.name.removesuffix(".toml"))
+        except learning.RuleInputError as exc:
+            raise ManifestError(path, "domain", exc.message) from None
+        if is_global or name != path.name.removesuffix(".toml"):
+            raise ManifestError(path, "domain", "the file name is one of this space's own domains, lowercase")
+        cfg = _toml(path)
+        if set(cfg) - {"rules"}:
+            raise ManifestError(path, sorted(set(cfg) - {"rules"})[0], "unknown key (known: rules)")
+        texts = cfg.get("rules", [])
+        if not isinstance(texts, list) or len(texts) > learning.MAX_ACTIVE_RULES_PER_DOMAIN:
+            raise ManifestError(path, "rules", f"must be a list of at most {learning.MAX_ACTIVE_RULES_PER_DOMAIN} strings")
+        clean = []
+        for i, text in enumerate(texts):
+            try:
+                clean.append(clean_rule_text(text))
+            except learning.RuleInputError as exc:
+                raise ManifestError(path, f"rules[{i}]", exc.message) from None
+        found[name] = clean
+    return found
+
+
+def load(directory: str | Path, *, slug: str | None = None) -> SpaceSpec:
+    """`slug` overrides space.toml's (an imported archive registers under the slug its creator chose)."""
     root = Path(directory).resolve()
     if not root.is_dir():
         raise ManifestError(root, "directory", "not a folder")
@@ -276,7 +315,7 @@ def load(directory: str | Path) -> SpaceSpec:
     if not isinstance(name, str) or not name.strip():
         raise ManifestError(space_path, "name", "required, a non-empty string")
     name = _string(space_path, cfg, "name", max_len=column_limit(Space, "name"))
-    slug = cfg.get("slug") or slugify(name)
+    slug = slug or cfg.get("slug") or slugify(name)
     slug_limit = column_limit(Space, "slug")
     if not isinstance(slug, str) or not slug or slug != slugify(slug) or len(slug) > slug_limit:
         raise ManifestError(space_path, "slug", f"lowercase letters, digits and '-' only, 1 to {slug_limit} characters")
@@ -299,7 +338,8 @@ def load(directory: str | Path) -> SpaceSpec:
     if len(leaders) != 1:
         raise ManifestError(members_dir, "role", f"a space needs exactly one leader; found {len(leaders)} ({', '.join(leaders) or 'none'})")
     return SpaceSpec(name=name.strip(), slug=slug, workdir=workdir, settings=settings, members=members,
-                     shared_skills=_skills(root / "skills"), path=root, mcp_servers=servers)
+                     shared_skills=_skills(root / "skills"), path=root, mcp_servers=servers,
+                     rules=_rules(root / "rules"))
 
 
 @dataclass
@@ -311,11 +351,12 @@ class Registered:
     discarded: list[str] = field(default_factory=list)  # runtime overrides a fresh register dropped
 
 
-def register(directory: str | Path, *, fresh: bool = False, actor: str = "register") -> Space:
-    return register_space(directory, fresh=fresh, actor=actor).space
+def register(directory: str | Path, *, fresh: bool = False, actor: str = "register", slug: str | None = None) -> Space:
+    return register_space(directory, fresh=fresh, actor=actor, slug=slug).space
 
 
-def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "register") -> Registered:
+def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "register",
+                   slug: str | None = None) -> Registered:
     """Create or refresh a space from its manifest (the seed's fresh vs restart semantics).
 
     restart (default): the manifest's members and fields are applied, but what operators and the
@@ -323,7 +364,7 @@ def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "
     tombstones), runtime permission modes, live clones, and skills published at runtime.
     fresh: the manifest as written wins; every runtime override is discarded.
     """
-    spec = load(directory)
+    spec = load(directory, slug=slug)
     with transaction.atomic():
         space, created = Space.objects.get_or_create(slug=spec.slug, defaults={"name": spec.name, "workdir": str(spec.workdir)})
         result = Registered(space=space, mode="new" if created else "fresh" if fresh else "restart")
@@ -345,6 +386,7 @@ def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "
             Skill.objects.create(space=space, name=skill_name, description=description, body=body)
         mcp_servers.replace_from_manifest(space, None, spec.mcp_servers, actor=actor)
         Member.objects.filter(space=space, removed_at__isnull=True).update(reload_pending=True)
+        _apply_rules(space, spec, actor)
         events.emit(space.pk, "space.registered", actor=actor, created=created, mode=result.mode,
                     members=[m.name for m in spec.members], kept=result.kept[:50], discarded=result.discarded[:50])
     return result
@@ -416,3 +458,26 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str, *, fresh: bool, re
         for skill_name, (description, body) in ms.skills.items():
             Skill.objects.create(space=space, member=member, name=skill_name, description=description, body=body)
         mcp_servers.replace_from_manifest(space, member, ms.mcp_servers, actor=actor)
+
+
+def _apply_rules(space: Space, spec: SpaceSpec, actor: str) -> None:
+    """Each domain the manifest has a file for ends with exactly its listed user rules (kept ones
+    keep their ids and history); domains without a file are left alone. Through learning's people
+    API, so every change is in the rule history."""
+    from learning import api as learning
+    from learning.models import Rule, RuleSource
+
+    from veronica.learning_bridge import owner_key
+
+    for name, texts in spec.rules.items():
+        domain = learning.domain_for(name, owner_key(space), create=True, actor=actor)
+        existing = list(Rule.objects.filter(domain=domain, source=RuleSource.USER).order_by("id"))
+        keep = set(texts)
+        for rule in existing:
+            if rule.text not in keep:
+                learning.remove_user_rule(rule.pk, actor=actor)
+        have = {rule.text for rule in existing if rule.text in keep}
+        for text in texts:
+            if text not in have:
+                learning.add_user_rule(domain, text, actor=actor)
+                have.add(text)

@@ -2,11 +2,15 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
-from veronica import views, views_improve
+from veronica import views, views_improve, views_portable
 
 console = ([
     path("", views.home, name="home"),
     path("tokens/", views.tokens_page, name="tokens"),
+    path("new-space/", views_portable.new_space_page, name="new-space"),
+    path("spaces/<slug:slug>/export/", views_portable.export_space, name="export"),
+    path("spaces/<slug:slug>/usage/", views_portable.usage_page, name="usage"),
+    path("spaces/<slug:slug>/runs/<int:run_id>/", views_portable.run_page, name="run"),
     path("spaces/<slug:slug>/", views.space_page, name="space"),
     path("spaces/<slug:slug>/manage/", views.manage_page, name="manage"),
     path("spaces/<slug:slug>/rules/", views_improve.rules_page, name="rules"),

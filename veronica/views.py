@@ -16,7 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, metrics as metrics_module, notify, webhooks
+from veronica import access, metrics as metrics_module, notify, run_trace, webhooks
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
@@ -58,11 +58,18 @@ def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
 
     return {
         "header": lambda: {"member": sel.member_detail(member())},
-        "transcript": lambda: {"transcript": sel.transcript(member())},
+        "transcript": lambda: {"transcript": _transcript_with_runs(member())},
+        "runs": lambda: {"runs": run_trace.recent_runs(member())},
         "skills": lambda: {"skills": sel.skills_of(member())},
         "memory": lambda: {"memory": sel.memory_of(member())},
         "schedule": lambda: {"schedule": sel.schedule_of(member())},
     }
+
+
+def _transcript_with_runs(member) -> dict:
+    transcript = sel.transcript(member)
+    run_trace.run_for_turns(member, transcript["turns"])  # each turn links to the run it was written in
+    return transcript
 
 
 def _context(space: Space, role: str, **extra) -> dict:

@@ -112,7 +112,7 @@
     const k = ev.kind || "";
     const out = [];
     if (page === "space") {
-      if (/^(member|run|tool|usage|access|ops)\./.test(k)) out.push("roster", "usage");
+      if (/^(member|run|model|tool|usage|access|ops)\./.test(k)) out.push("roster", "usage");
       if (/^task\./.test(k)) out.push("tasks", "roster");
       if (/^(approval|question)\./.test(k)) out.push("approvals", "roster");
       if (/^blackboard\./.test(k)) out.push("blackboard");
@@ -125,6 +125,7 @@
       if (/^skill\./.test(k) && (mine || !ev.member)) out.push("skills");
       if (mine && /schedule/.test(k)) out.push("schedule");
       if (mine && /memory/.test(k)) out.push("memory");
+      if (mine && /^run\./.test(k)) out.push("runs");
     }
     return out;
   }
@@ -176,6 +177,14 @@
     const s = summary(ev);
     text.textContent = s.length > 400 ? s.slice(0, 400) + "…" : s;
     li.append(time, " ", kind, " ", who, " ", text);
+    const run = (ev.payload || {}).run;
+    if (/^(run|model)\./.test(ev.kind) && /^[0-9]+$/.test(String(run))) {  // the run's trace page
+      const link = document.createElement("a");
+      link.className = "run-link";
+      link.href = "/spaces/" + encodeURIComponent(slug) + "/runs/" + run + "/";
+      link.textContent = "trace";
+      li.append(" ", link);
+    }
     list.prepend(li);
     while (list.children.length > TIMELINE_MAX) list.removeChild(list.lastChild);
   }

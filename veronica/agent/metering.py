@@ -30,14 +30,20 @@ def with_usage(reply: Reply, system: str, messages: list[dict], tools: list[dict
     return reply
 
 
-def record(ctx: RunContext, model: str, usage: Usage | None) -> bool:
-    """Meter one call under the run's lease, then check the breaker. True when it is tripped."""
+def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "") -> bool:
+    """Meter one call under the run's lease, then check the breaker. True when it is tripped.
+    The `model.called` event is the end of the call's span on the run trace page (veronica.run_trace)."""
+    from veronica import events
     from veronica.models import Run
 
     usage = usage or Usage()
     member = ctx.member
+    usd = usd_for(model, usage)
     with ctx.fenced():
         budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
-                     cache_write=usage.cache_write, usd=usd_for(model, usage), estimated_calls=int(usage.estimated))
+                     cache_write=usage.cache_write, usd=usd, estimated_calls=int(usage.estimated))
         Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
+        events.emit(member.space_id, "model.called", member=member, run=ctx.run.pk, model=model, input=usage.input,
+                    output=usage.output, cached=usage.cache_read, usd=str(usd), estimated=usage.estimated,
+                    **({"purpose": purpose} if purpose else {}))
         return bool(budget.check_breaker(member)) or budget.is_tripped(member)
