@@ -72,7 +72,7 @@ def main() -> None:
         warm.sort()
 
         rule = store.learned_snapshot(domains[0])[0]
-        proposal = Proposal.objects.create(domain=domains[0], ops=[{"op": "edit", "rule": rule["id"], "text": "Edited by an approval."}],
+        proposal = Proposal.objects.create(domain=store.as_domain(domains[0]), ops=[{"op": "edit", "rule": rule["id"], "text": "Edited by an approval."}],
                                            base=store.learned_snapshot(domains[0]))
         api.approve_proposal(proposal.pk, actor="bench")
         t0 = time.perf_counter()
