@@ -179,6 +179,10 @@ class MemberAdmin(admin.ModelAdmin):
                        "failures", "retry_at", "error_reason", "parked_config", "stuck_alerted_at", "backlog_alerted_at")
     actions = ["freeze", "unfreeze", "suspend", "resume"]
 
+    def get_readonly_fields(self, request, obj=None):
+        # a rename would bypass the name rules (reserved engine names) and orphan mail addressed by name
+        return (*self.readonly_fields, "name", "space") if obj is not None else self.readonly_fields
+
     def save_model(self, request, obj, form, change):
         if change:  # field edits (persona, model...) apply at the next run boundary
             obj.reload_pending = True

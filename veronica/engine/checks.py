@@ -29,7 +29,7 @@ from veronica.models import Space, Task, TaskCheck, TaskStatus, VerifyPolicy
 
 log = logging.getLogger(__name__)
 
-ACTOR = "checks"
+ACTOR = bus.CHECKS
 MAX_CHECKS = 20
 TIMEOUT_DEFAULT = 60
 TIMEOUT_MAX = 1800
