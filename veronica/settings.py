@@ -291,6 +291,9 @@ NOTIFY_ALLOW_HOSTS = env_hosts("VERONICA_NOTIFY_ALLOW_HOSTS")
 RETENTION_KEEP_EVENTS = env_int("VERONICA_RETENTION_KEEP_EVENTS", 1000, minimum=0)
 RETENTION_EVERY_SECONDS = env_int("VERONICA_RETENTION_EVERY_SECONDS", 60, minimum=0, maximum=86400)
 RETENTION_BATCH = env_int("VERONICA_RETENTION_BATCH", 500, minimum=1, maximum=100000)
+# an ended session learning has not distilled yet is kept this many days past the window, then
+# purged anyway (a distiller that is off or failing must not keep transcripts forever)
+RETENTION_DISTILL_GRACE_DAYS = env_int("VERONICA_RETENTION_DISTILL_GRACE_DAYS", 7, minimum=0, maximum=3650)
 # member memory (veronica.memory): characters per file and per member, and files per member.
 MEMORY_FILE_CHARS = env_int("VERONICA_MEMORY_FILE_CHARS", 16000, minimum=100)
 MEMORY_TOTAL_CHARS = env_int("VERONICA_MEMORY_TOTAL_CHARS", 64000, minimum=100)
