@@ -87,6 +87,11 @@ class SpaceAdmin(admin.ModelAdmin):
     inlines = [MemberInline, AccessInline]
     actions = ["halt_all", "send_test_notification", "rotate_webhook_secret", "preview_retention", "purge_retention"]
 
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if "verify_checks" in form.changed_data:  # through the checks verb, like the console and the API (its event too)
+            checks.configure(obj, form.cleaned_data["verify_checks"], actor=_actor(request))
+
     @admin.display(description="webhook secret")
     def webhook_secret_masked(self, obj):
         return webhooks.masked(obj) if obj and obj.pk else "-"
