@@ -152,3 +152,18 @@ def test_the_task_page_is_404_for_strangers_and_for_another_spaces_task(world):
     assert world.client(world.owner).get(reverse("console:task", args=[world.other.slug, task.pk])).status_code in (404,)
     assert world.client(world.owner).get(reverse("console:task", args=["alpha", 999999])).status_code == 404
     assert world.client(None).get(reverse("console:task", args=["alpha", task.pk])).status_code == 302, "login first"
+
+
+def test_the_api_task_detail_carries_the_check_results_with_the_same_access(world, monkeypatch):
+    monkeypatch.setattr(checks, "enqueue", lambda task_id: None)
+    task = _verified_task(world)
+    url = f"/api/spaces/alpha/tasks/{task.pk}/"
+    body = world.client(world.viewer).get(url).json()
+    assert body["id"] == task.pk and body["status"] == "running"
+    (attempt,) = body["check_results"]
+    assert attempt["attempt"] == 1 and attempt["passed"] is False
+    assert [(c["name"], c["verdict"]) for c in attempt["checks"]] == [("ok", "passed"), ("has-file", "failed")]
+    assert world.client(world.stranger).get(url).status_code == 404
+    assert world.client(world.owner).get(f"/api/spaces/{world.other.slug}/tasks/{task.pk}/").status_code == 404
+    missing = world.client(world.owner).get("/api/spaces/alpha/tasks/999999/")
+    assert missing.status_code == 404 and missing.json()["field"] == "task_id"
