@@ -87,6 +87,11 @@ class SpaceAdmin(admin.ModelAdmin):
     inlines = [MemberInline, AccessInline]
     actions = ["halt_all", "send_test_notification", "rotate_webhook_secret", "preview_retention", "purge_retention"]
 
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if "verify_checks" in form.changed_data:  # through the checks verb, like the console and the API (its event too)
+            checks.configure(obj, form.cleaned_data["verify_checks"], actor=_actor(request))
+
     @admin.display(description="webhook secret")
     def webhook_secret_masked(self, obj):
         return webhooks.masked(obj) if obj and obj.pk else "-"
@@ -178,6 +183,10 @@ class MemberAdmin(admin.ModelAdmin):
                        # engine state (the failure model, the watchdogs): shown, never edited by hand
                        "failures", "retry_at", "error_reason", "parked_config", "stuck_alerted_at", "backlog_alerted_at")
     actions = ["freeze", "unfreeze", "suspend", "resume"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # a rename would bypass the name rules (reserved engine names) and orphan mail addressed by name
+        return (*self.readonly_fields, "name", "space") if obj is not None else self.readonly_fields
 
     def save_model(self, request, obj, form, change):
         if change:  # field edits (persona, model...) apply at the next run boundary

@@ -12,6 +12,10 @@ from veronica.models import Member, Membership, Message, Space, Task
 BROADCAST = "all"
 OPERATOR = "operator"
 SYSTEM = "system"
+WEBHOOK = "webhook"  # the sender of mail that arrived through the inbound webhook
+CHECKS = "checks"  # the actor of the verify-check runner's task moves
+# names the engine itself sends or acts as: no member may take one, or its mail would pass for the engine's
+ENGINE_NAMES = (BROADCAST, OPERATOR, SYSTEM, WEBHOOK, CHECKS)
 MAX_BODY = 20000
 MAX_SUBJECT = column_limit(Message, "subject")
 

@@ -55,6 +55,20 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_hosts(name: str) -> list[str]:
+    """Comma-separated host names, IP addresses or CIDR networks."""
+    import ipaddress
+
+    items = env_list(name)
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            if not item.replace("-", "").replace(".", "").isalnum():
+                raise ImproperlyConfigured(f"{name}: {item!r} is neither a host name nor an IP address or network") from None
+    return items
+
+
 def env_url(name: str, schemes: tuple[str, ...]) -> str:
     raw = os.environ.get(name, "").strip()
     if not raw:

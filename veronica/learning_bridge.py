@@ -11,6 +11,8 @@ import os
 import re
 from typing import Iterable
 
+from django.db.models import CharField, Exists, OuterRef, Value
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from learning.sources import Correction, OutboxItem, SessionItem
@@ -20,6 +22,7 @@ from veronica.models import Approval, ApprovalStatus, Member, Message, Session, 
 
 MAX_SESSIONS = 200
 OWNER_PREFIX = "space:"
+SESSION_KEY = "session:"  # + the Session pk: the key learning's ledgers record a session under
 
 
 def owner_key(space_or_id) -> str:
@@ -62,6 +65,14 @@ def clean_rule_domains(refs: object) -> list[str]:
     return out
 
 
+def session_distilled() -> Exists:
+    """For a Session queryset: learning's distill pass has taken this session's notes."""
+    from learning.models import MinedItem, MinedKind
+
+    key = Concat(Value(SESSION_KEY), Cast(OuterRef("pk"), CharField()))
+    return Exists(MinedItem.objects.filter(kind=MinedKind.DISTILLED, key=key))
+
+
 def member_rules_block(member: Member) -> str | None:
     """The rules block of one member's run: its own space's routed domains plus routed globals."""
     from learning.api import prompt_block
@@ -80,7 +91,7 @@ class VeronicaSource:
                 lines.append(f"[{turn.role}{' ' + turn.tool_name if turn.tool_name else ''}] {turn.content[:1500]}"
                              + (f" (calls: {calls})" if calls else ""))
             if lines:
-                yield SessionItem(key=f"session:{session.pk}", member_key=str(session.member_id),
+                yield SessionItem(key=f"{SESSION_KEY}{session.pk}", member_key=str(session.member_id),
                                   domains=list(session.member.rule_domains), text="\n".join(lines),
                                   owner=owner_key(session.member.space_id))
 

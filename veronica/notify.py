@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-import httpx
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
@@ -18,6 +17,7 @@ from django.core.validators import URLValidator, validate_email
 from django.db import transaction
 from django.utils import timezone
 
+from veronica import outbound
 from veronica.errors import VeronicaError
 from veronica.models import Channel, DeliveryStatus, Event, NotificationDelivery, Space
 
@@ -48,6 +48,7 @@ def clean_url(value: object, field: str) -> str:
             _url(value)
         except ValidationError:
             raise VeronicaError(f"{field} must be an http:// or https:// URL", field=field) from None
+        outbound.check_url(value, field)
     return value
 
 
@@ -191,8 +192,8 @@ def payload_of(row: NotificationDelivery) -> dict:
 
 
 def _post(url: str, body: dict) -> None:
-    response = httpx.post(url, json=body, timeout=HTTP_TIMEOUT_SECONDS, follow_redirects=False,
-                          headers={"User-Agent": "veronica-notifier"})
+    with outbound.client(HTTP_TIMEOUT_SECONDS) as http:  # refuses internal addresses at connect time
+        response = http.post(url, json=body, headers={"User-Agent": "veronica-notifier"})
     if not 200 <= response.status_code < 300:
         raise RuntimeError(f"HTTP {response.status_code} from {url}: {response.text[:200]}")
 

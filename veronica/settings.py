@@ -12,7 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from veronica.env import env_bool, env_choice, env_float, env_int, env_list, env_path, env_prices, env_str, env_url
+from veronica.env import env_bool, env_choice, env_float, env_int, env_hosts, env_list, env_path, env_prices, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = env_path("VERONICA_DATA_DIR", BASE_DIR / "data")
@@ -283,11 +283,17 @@ MODEL_PRICES = env_prices("VERONICA_MODEL_PRICES")
 # may be from the server's clock (also how long its signature is remembered against replays).
 WEBHOOK_MAX_BYTES = env_int("VERONICA_WEBHOOK_MAX_BYTES", 65536, minimum=1024, maximum=10 * 1024 * 1024)
 WEBHOOK_TOLERANCE_SECONDS = env_int("VERONICA_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=10, maximum=3600)
+# outbound notifier (veronica.outbound): host names, IP addresses or CIDR networks the webhook and
+# Slack URLs may reach although they are internal (loopback, private, link-local); empty = none.
+NOTIFY_ALLOW_HOSTS = env_hosts("VERONICA_NOTIFY_ALLOW_HOSTS")
 # retention (veronica.engine.retention): the newest N events of a space are never purged (stream
 # replay), and each kind is deleted in batches of this size (the tick does a few batches a call).
 RETENTION_KEEP_EVENTS = env_int("VERONICA_RETENTION_KEEP_EVENTS", 1000, minimum=0)
 RETENTION_EVERY_SECONDS = env_int("VERONICA_RETENTION_EVERY_SECONDS", 60, minimum=0, maximum=86400)
 RETENTION_BATCH = env_int("VERONICA_RETENTION_BATCH", 500, minimum=1, maximum=100000)
+# an ended session learning has not distilled yet is kept this many days past the window, then
+# purged anyway (a distiller that is off or failing must not keep transcripts forever)
+RETENTION_DISTILL_GRACE_DAYS = env_int("VERONICA_RETENTION_DISTILL_GRACE_DAYS", 7, minimum=0, maximum=3650)
 # member memory (veronica.memory): characters per file and per member, and files per member.
 MEMORY_FILE_CHARS = env_int("VERONICA_MEMORY_FILE_CHARS", 16000, minimum=100)
 MEMORY_TOTAL_CHARS = env_int("VERONICA_MEMORY_TOTAL_CHARS", 64000, minimum=100)

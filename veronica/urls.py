@@ -17,6 +17,7 @@ console = ([
     path("spaces/<slug:slug>/waggles/", views_improve.waggles_page, name="waggles"),
     path("spaces/<slug:slug>/inbox/", views_improve.inbox_page, name="inbox"),
     path("spaces/<slug:slug>/panels/<str:panel>/", views.space_panel, name="space-panel"),
+    path("spaces/<slug:slug>/tasks/<int:task_id>/", views.task_page, name="task"),
     path("spaces/<slug:slug>/members/<str:name>/", views.member_page, name="member"),
     path("spaces/<slug:slug>/members/<str:name>/panels/<str:panel>/", views.member_panel, name="member-panel"),
 ], "console")

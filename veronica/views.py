@@ -20,7 +20,7 @@ from veronica import access, metrics as metrics_module, notify, run_trace, webho
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
-from veronica.engine import retention, supervisor, watchdogs
+from veronica.engine import checks, retention, supervisor, watchdogs
 from veronica.errors import VeronicaError, text_problem
 from veronica.models import AccessRole, PermissionMode, Role, Space
 
@@ -116,6 +116,16 @@ def space_panel(request: HttpRequest, slug: str, panel: str) -> HttpResponse:
 
 
 @login_required
+def task_page(request: HttpRequest, slug: str, task_id: int) -> HttpResponse:
+    space, role = access.space_for(request.user, slug)
+    task = space.tasks.select_related("assignee").filter(pk=task_id).first()
+    if task is None:
+        raise Http404("no such task")
+    return render(request, "console/task.html", _context(
+        space, role, task=sel.task_row(task), attempts=checks.results_of(task), verify_checks=space.verify_checks, page="task"))
+
+
+@login_required
 def member_page(request: HttpRequest, slug: str, name: str) -> HttpResponse:
     space, role = access.space_for(request.user, slug)
     member = _member_or_404(space, name)
@@ -188,10 +198,33 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
     if action == "notify_test":
         event = notify.send_test(space, actor=actor)
         return f"test notification queued (alert #{event.seq}); see the delivery log below"
+    if action in ("add_check", "edit_check", "remove_check"):
+        return _check_action(space, action, data, actor)
     if action in ("add_mcp", "remove_mcp", "check_mcp"):
         return _mcp_action(space, action, data, actor)
     raise VeronicaError("action must be grant, revoke, add_member, remove_member, rotate_webhook, clear_webhook, retention, "
-                        "notify, notify_test, watchdogs, add_mcp, remove_mcp or check_mcp", field="action")
+                        "notify, notify_test, watchdogs, add_check, edit_check, remove_check, add_mcp, remove_mcp or check_mcp",
+                        field="action")
+
+
+def _check_from_form(data) -> dict:
+    """The form's strings as the check verb's types; a blank timeout takes the default."""
+    item = {"name": data.get("name", "").strip(), "command": data.get("command", "")}
+    raw = data.get("timeout", "").strip()
+    if raw:
+        item["timeout"] = int(raw) if raw.isdigit() else raw  # a non-number is refused by the verb, naming the limit
+    return item
+
+
+def _check_action(space: Space, action: str, data, actor: str) -> str:
+    if action == "add_check":
+        checks.add_check(space, _check_from_form(data), actor=actor)
+        return f"added check {data.get('name', '').strip()}"
+    if action == "edit_check":
+        checks.update_check(space, data.get("check", ""), _check_from_form(data), actor=actor)
+        return f"saved check {data.get('name', '').strip()}"
+    checks.remove_check(space, data.get("check", ""), actor=actor)
+    return f"removed check {data.get('check')}"
 
 
 def _mcp_action(space: Space, action: str, data, actor: str) -> str:
@@ -240,7 +273,8 @@ def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
         space, role, access_rows=access.access_list(space), members=sel.roster(space), roles=AccessRole.values,
         member_roles=Role.values, page="manage", webhook=webhooks.status(space), new_secret=new_secret,
         retention=retention.preview(space), notifier=notify.config_of(space), deliveries=notify.delivery_rows(space, 30),
-        thresholds=watchdogs.thresholds_of(space),
+        thresholds=watchdogs.thresholds_of(space), verify_checks=space.verify_checks, check_timeout_max=checks.TIMEOUT_MAX,
+        check_timeout_default=checks.TIMEOUT_DEFAULT, check_limit=checks.MAX_CHECKS, check_counts=checks.counts([space.pk])[space.pk],
         mcp_rows=space.mcp_servers.select_related("member").order_by("member__name", "name")), status=status)
 
 

@@ -27,7 +27,7 @@ from veronica import bus, events
 from veronica.errors import Conflict, NotFound, VeronicaError
 from veronica.models import Message, Space, WebhookDelivery
 
-SENDER = "webhook"
+SENDER = bus.WEBHOOK
 SECRET_PREFIX = "whsec_"
 TIMESTAMP_HEADER = "X-Veronica-Timestamp"
 SIGNATURE_HEADER = "X-Veronica-Signature"

@@ -76,7 +76,7 @@ class FakeCtx:
     def __init__(self):
         self.phases = []
 
-    def phase(self, phase, tool=""):
+    def phase(self, phase, tool="", *, step=False):
         self.phases.append((phase, tool))
 
     def fenced(self):  # the run's lease fence (veronica.agent.runctx); always held here

@@ -43,7 +43,8 @@ def test_a_worker_process_runs_the_checks_and_settles_the_task(tmp_path):
     assert row.passed and row.exit_code == 0
 
 
-def test_a_worker_process_delivers_an_alert_and_the_tick_retries_a_failure(tmp_path):
+def test_a_worker_process_delivers_an_alert_and_the_tick_retries_a_failure(tmp_path, settings):
+    settings.NOTIFY_ALLOW_HOSTS = ["127.0.0.1"]  # the local receiver is on loopback, refused by default
     receiver = Receiver()
     try:
         receiver.statuses = [500]
@@ -52,7 +53,7 @@ def test_a_worker_process_delivers_an_alert_and_the_tick_retries_a_failure(tmp_p
         task = ledger.create_task(space, "boss", "long")
         ledger.transition(task, "running", actor="boss")
         Task.objects.filter(pk=task.pk).update(started_at=timezone.now() - timedelta(hours=5))
-        with qcluster(workers=2, log_path=tmp_path / "q.log"):
+        with qcluster(workers=2, log_path=tmp_path / "q.log", VERONICA_NOTIFY_ALLOW_HOSTS="127.0.0.1"):
             tick.stale_tasks()
             wait_for(lambda: len(receiver.requests) == 1, 60, message="the first attempt reached the receiver")
             wait_for(lambda: NotificationDelivery.objects.filter(attempts=1, last_error__contains="HTTP 500").exists(), 30,

@@ -81,3 +81,61 @@ def test_task_list_tags_stale_tasks(space):
     lines = {line.split("] ", 1)[-1].split(" →")[0]: line for line in out.splitlines()}
     assert "[running] [stale] old job" in out
     assert "[stale]" not in lines["new job"]
+
+
+def test_a_new_call_in_an_unchanged_phase_is_progress_not_a_stall(space):
+    """Two calls of one tool in a row keep the phase executing:grep; the second call still re-stamps
+    phase_since (the stall clock), without a second member.phase event."""
+    from veronica.engine import slot
+
+    w1 = supervisor.get_member(space, "w1")
+    lease = slot.claim(w1, "message")
+    lease.phase("executing", "grep", step=True)
+    phases = Event.objects.filter(space=space, kind="member.phase").count()
+    Member.objects.filter(pk=w1.pk).update(phase_since=timezone.now() - timedelta(minutes=45))
+    lease.phase("executing", "grep")  # a report, not a new call: the clock stays
+    assert Member.objects.get(pk=w1.pk).phase_since < timezone.now() - timedelta(minutes=44)
+    lease.phase("executing", "grep", step=True)  # the next grep call starts
+    assert Member.objects.get(pk=w1.pk).phase_since > timezone.now() - timedelta(minutes=1)
+    assert Event.objects.filter(space=space, kind="member.phase").count() == phases, "no event for an unchanged phase"
+    assert watchdogs.stuck_runs() == 0
+    Member.objects.filter(pk=w1.pk).update(phase_since=timezone.now() - timedelta(minutes=45))
+    assert watchdogs.stuck_runs() == 1, "no call for 45 minutes while holding the lease: a stall"
+    slot.finish(lease, "done")
+
+
+def test_a_run_past_its_lease_is_for_the_lease_recovery_not_a_stall_alert(space):
+    w1 = supervisor.get_member(space, "w1")
+    hold_lease(w1, minutes_in_phase=45)
+    Member.objects.filter(pk=w1.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=5))  # its holder died
+    assert watchdogs.stuck_runs() == 0 and alerts(space, "stuck run") == []
+    Member.objects.filter(pk=w1.pk).update(lease_expires_at=timezone.now() + timedelta(minutes=1))  # a live heartbeat
+    assert watchdogs.stuck_runs() == 1
+
+
+def test_two_calls_of_one_tool_in_a_reply_each_restart_the_stall_clock(space, scripted, monkeypatch, tmp_path):
+    """Through the real agent loop: the second read_file of one reply finds phase_since fresh even
+    though the phase (executing:read_file) never changed."""
+    from veronica import events
+    from veronica.agent.providers.base import Reply, ToolCall, Usage
+    from veronica.engine import runner
+
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "alpha" / name).write_text(name)
+    scripted(Reply(tool_calls=[ToolCall(id="c1", name="read_file", args={"path": "a.txt"}),
+                               ToolCall(id="c2", name="read_file", args={"path": "b.txt"})], usage=Usage(input=100, output=10)),
+             "both read")
+    clock_at_call, real_emit = [], events.emit
+
+    def emit(space_id, kind, **payload):
+        if kind == "tool.called":  # right after the call's phase report, inside its fence
+            member = payload["member"]
+            clock_at_call.append(Member.objects.get(pk=member.pk).phase_since)
+            Member.objects.filter(pk=member.pk).update(phase_since=timezone.now() - timedelta(minutes=45))  # the call ran long
+        return real_emit(space_id, kind, **payload)
+
+    monkeypatch.setattr(events, "emit", emit)
+    bus.send(space, "boss", "w1", "read both")
+    assert runner.wake(supervisor.get_member(space, "w1").pk, "message") == "done"
+    assert len(clock_at_call) == 2
+    assert clock_at_call[1] > timezone.now() - timedelta(minutes=1), "the second call re-stamped the stall clock"

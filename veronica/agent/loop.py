@@ -80,7 +80,7 @@ def run_member(member: Member, ctx: RunContext) -> str:
     empties = cuts = 0
     for _ in range(member.max_iterations):
         ctx.check()
-        ctx.phase(Phase.THINKING)
+        ctx.phase(Phase.THINKING, step=True)
         session, rows = compaction.maybe_compact(member, ctx, session, transcript.turns(session), system, specs, provider)
         tctx.session = session
         reply, tripped = call_model(ctx, provider, system, transcript.to_messages(rows), specs)
@@ -190,7 +190,7 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
     if tool.needs_approval and mode == PermissionMode.DEFAULT:
         return hold_for_approval(member, ctx, call)
     with ctx.fenced():
-        ctx.phase(Phase.EXECUTING, tool.name)
+        ctx.phase(Phase.EXECUTING, tool.name, step=True)
         events.emit(member.space_id, "tool.called", member=member, tool=tool.name, args=_short(args))
     return run_and_persist(member, ctx, tools, tctx, tool, call, args)
 
@@ -264,7 +264,7 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
             with ctx.fenced():
                 consume()
                 return persist_result(member, tctx, call, f"error: unknown tool {call['name']}")
-        ctx.phase(Phase.EXECUTING, call["name"])
+        ctx.phase(Phase.EXECUTING, call["name"], step=True)
         args = call["args"] if isinstance(call["args"], dict) else {}
         return run_and_persist(member, ctx, tools, tctx, tool, call, args, consume=consume)
     question = Question.objects.filter(member=member, tool_call_id=call["id"]).first()

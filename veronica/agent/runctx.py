@@ -44,5 +44,6 @@ class RunContext(Protocol):
     def keep_alive(self, fn: Callable[[], T]) -> T:
         """Run a long step (a tool call) in a helper thread while the lease is renewed."""
 
-    def phase(self, phase: str, tool: str = "") -> None:
-        """Report the member's phase (a fenced write and its event)."""
+    def phase(self, phase: str, tool: str = "", *, step: bool = False) -> None:
+        """Report the member's phase (a fenced write and its event). step: a new model or tool call
+        begins; in an unchanged phase it still counts as progress (re-stamps phase_since, no event)."""

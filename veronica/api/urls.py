@@ -26,6 +26,7 @@ urlpatterns = [
     path(M + "webhook/", views.webhook, name="member-webhook"),
     path(M + "<str:action>/", views.member_action, name="member-action"),
     path(S + "tasks/", views.tasks, name="tasks"),
+    path(S + "tasks/<int:task_id>/", views.task_detail, name="task"),
     path(S + "messages/", views.messages, name="messages"),
     path(S + "events/", views.events, name="events"),
     path(S + "blackboard/", views.blackboard_view, name="blackboard"),

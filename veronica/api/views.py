@@ -12,7 +12,7 @@ from veronica.api import selectors as sel
 from veronica.api.base import endpoint, error, json_body, text_field
 from veronica.engine import approvals as approval_verbs
 from veronica.engine import checks, retention, supervisor, watchdogs
-from veronica.errors import VeronicaError
+from veronica.errors import NotFound, VeronicaError
 from veronica.models import ApprovalStatus, RetirePolicy, Role, TaskStatus
 
 WRITE_NEED = {"GET": VIEWER, "HEAD": VIEWER}
@@ -241,6 +241,16 @@ def tasks(request: HttpRequest, slug: str) -> dict:
     return {"tasks": sel.tasks(space, status=sel.choice_param(params, "status", TaskStatus.values),
                                assignee=params.get("assignee") or None,
                                limit=sel.int_param(params, "limit", 200, minimum=1, maximum=sel.MAX_LIMIT))}
+
+
+@endpoint("GET")
+def task_detail(request: HttpRequest, slug: str, task_id: int) -> dict:
+    """One task with every verification's check results (the console's task page)."""
+    space, _ = _space(request, slug)
+    task = space.tasks.select_related("assignee").filter(pk=task_id).first()
+    if task is None:
+        raise NotFound(f"no task #{task_id} in space {slug}", field="task_id")
+    return {**sel.task_row(task), "check_results": checks.results_of(task)}
 
 
 @endpoint("GET", "POST")

@@ -16,6 +16,7 @@ import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 from django.db import transaction
 from django.db.models import Count, Max, Q
@@ -24,21 +25,45 @@ from django.utils import timezone
 from veronica import bus, events
 from veronica.agent.tools.base import ToolError, truncate
 from veronica.agent.tools.workspace import sandbox_env, sandboxed, text_of
-from veronica.errors import IllegalTransition, VeronicaError
+from veronica.errors import Conflict, IllegalTransition, NotFound, VeronicaError
 from veronica.models import Space, Task, TaskCheck, TaskStatus, VerifyPolicy
 
 log = logging.getLogger(__name__)
 
-ACTOR = "checks"
+ACTOR = bus.CHECKS
 MAX_CHECKS = 20
 TIMEOUT_DEFAULT = 60
 TIMEOUT_MAX = 1800
 OUTPUT_CAP = 4000
+COMMAND_MAX = 2000
 RECOVER_AFTER = timedelta(minutes=1)  # a verifying task nobody has claimed by then lost its enqueue
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,59}$")
 
 
 # --- configuration ----------------------------------------------------------------------------------
+
+def clean_check(item: object, where: str = "", field: str = "") -> dict:
+    """One {name, command, timeout} entry. `where` prefixes the key in the message
+    ("verify_checks[2]."); the error's field is `field`, or the key itself when field is empty
+    (the console form, whose inputs are named after the keys)."""
+    def bad(key: str, problem: str) -> VeronicaError:
+        return VeronicaError(f"{where}{key} {problem}", field=field or key)
+
+    if not isinstance(item, dict):
+        raise VeronicaError(f"{where.rstrip('.') or 'check'} must be a table with name, command and timeout", field=field or "check")
+    unknown = set(item) - {"name", "command", "timeout"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise VeronicaError(f"{where}{key}: unknown key (known: command, name, timeout)", field=field or key)
+    name, command, timeout = item.get("name"), item.get("command"), item.get("timeout", TIMEOUT_DEFAULT)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise bad("name", "must be 1-60 letters, digits, '_', '.' or '-'")
+    if not isinstance(command, str) or not command.strip() or len(command) > COMMAND_MAX:
+        raise bad("command", f"must be a non-empty string of at most {COMMAND_MAX} characters")
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= TIMEOUT_MAX:
+        raise bad("timeout", f"must be an integer from 1 to {TIMEOUT_MAX} (seconds)")
+    return {"name": name, "command": command, "timeout": timeout}
+
 
 def clean_spec(value: object, field: str = "verify_checks") -> list[dict]:
     """[{name, command, timeout}] validated; errors name the entry and the field."""
@@ -50,23 +75,11 @@ def clean_spec(value: object, field: str = "verify_checks") -> list[dict]:
         raise VeronicaError(f"{field} has {len(value)} checks; the limit is {MAX_CHECKS}", field=field)
     out, seen = [], set()
     for i, item in enumerate(value):
-        where = f"{field}[{i}]"
-        if not isinstance(item, dict):
-            raise VeronicaError(f"{where} must be a table with name, command and timeout", field=field)
-        unknown = set(item) - {"name", "command", "timeout"}
-        if unknown:
-            raise VeronicaError(f"{where}.{sorted(unknown)[0]}: unknown key (known: command, name, timeout)", field=field)
-        name, command, timeout = item.get("name"), item.get("command"), item.get("timeout", TIMEOUT_DEFAULT)
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise VeronicaError(f"{where}.name must be 1-60 letters, digits, '_', '.' or '-'", field=field)
-        if name in seen:
-            raise VeronicaError(f"{where}.name {name!r} is used twice", field=field)
-        seen.add(name)
-        if not isinstance(command, str) or not command.strip() or len(command) > 2000:
-            raise VeronicaError(f"{where}.command must be a non-empty string of at most 2000 characters", field=field)
-        if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= TIMEOUT_MAX:
-            raise VeronicaError(f"{where}.timeout must be an integer from 1 to {TIMEOUT_MAX} (seconds)", field=field)
-        out.append({"name": name, "command": command, "timeout": timeout})
+        check = clean_check(item, f"{field}[{i}].", field)
+        if check["name"] in seen:
+            raise VeronicaError(f"{field}[{i}].name {check['name']!r} is used twice", field=field)
+        seen.add(check["name"])
+        out.append(check)
     total, budget = sum(c["timeout"] for c in out), worker_budget()
     if total > budget:
         # the django-q2 worker would be killed mid-verification and the tick would retry it forever
@@ -248,3 +261,61 @@ def configure(space: Space, spec: object, *, actor: str) -> Space:
         space.verify_checks = cleaned
         events.emit(space.pk, "space.checks_configured", actor=actor, checks=[c["name"] for c in cleaned])
     return space
+
+
+# --- one check at a time (the console form) -------------------------------------------------------
+# Each reads the list under the space row's lock and hands the whole new list to configure, so the
+# form, the API, the admin and the manifest share one writer and two owners editing at once both land.
+
+def _edit(space: Space, edit: Callable[[list[dict]], list[dict]], *, actor: str) -> Space:
+    with transaction.atomic():
+        current = Space.objects.select_for_update().filter(pk=space.pk).values_list("verify_checks", flat=True).get()
+        return configure(space, edit([dict(c) for c in current or []]), actor=actor)
+
+
+def _index(current: list[dict], name: str) -> int:
+    for i, check in enumerate(current):
+        if check["name"] == name:
+            return i
+    raise NotFound(f"this space has no check named {name!r}", field="check")
+
+
+def add_check(space: Space, item: dict, *, actor: str) -> Space:
+    check = clean_check(item)
+
+    def edit(current: list[dict]) -> list[dict]:
+        if any(c["name"] == check["name"] for c in current):
+            raise Conflict(f"a check named {check['name']!r} already exists; edit it instead", field="name")
+        return [*current, check]
+    return _edit(space, edit, actor=actor)
+
+
+def update_check(space: Space, name: str, item: dict, *, actor: str) -> Space:
+    """Replace the check called `name` (it may be renamed) in place, keeping the order."""
+    check = clean_check(item)
+
+    def edit(current: list[dict]) -> list[dict]:
+        i = _index(current, name)
+        if check["name"] != name and any(c["name"] == check["name"] for c in current):
+            raise Conflict(f"a check named {check['name']!r} already exists", field="name")
+        current[i] = check
+        return current
+    return _edit(space, edit, actor=actor)
+
+
+def remove_check(space: Space, name: str, *, actor: str) -> Space:
+    def edit(current: list[dict]) -> list[dict]:
+        del current[_index(current, name)]
+        return current
+    return _edit(space, edit, actor=actor)
+
+
+def results_of(task: Task) -> list[dict]:
+    """The task page: every verification of the task, newest attempt first, each with its checks."""
+    attempts: dict[int, list[dict]] = {}
+    for r in TaskCheck.objects.filter(task=task).order_by("-attempt", "id"):
+        verdict = "passed" if r.passed else ("timed out" if r.timed_out else "failed")
+        attempts.setdefault(r.attempt, []).append({
+            "name": r.name, "command": r.command, "verdict": verdict, "passed": r.passed, "exit_code": r.exit_code,
+            "timed_out": r.timed_out, "duration_ms": r.duration_ms, "output": r.output, "at": r.created_at.isoformat()})
+    return [{"attempt": n, "passed": all(c["passed"] for c in rows), "checks": rows} for n, rows in attempts.items()]

@@ -4,7 +4,8 @@ A space with retention_days > 0 loses rows older than that many days: read mail,
 consumed approvals, answered and consumed questions, wake rows, ended runs, ended sessions (with
 their turns), closed tasks no open task depends on, and events. It never loses unread mail (mail
 to the operator counts as read once accepted), open tasks, pending or unconsumed approvals, a
-member's open session, or the newest RETENTION_KEEP_EVENTS events.
+member's open session, or the newest RETENTION_KEEP_EVENTS events. An ended session that learning
+has not distilled yet waits up to RETENTION_DISTILL_GRACE_DAYS past the window.
 
 Events go oldest first, as a prefix of the seq range, so what remains is still gapless: the oldest
 kept seq is the table's MIN(seq). A stream client asking for `after` below it gets a
@@ -24,13 +25,13 @@ from typing import Callable
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Min, QuerySet
+from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from veronica import events, ledger
 from veronica.errors import VeronicaError
 from veronica.models import (
-    Approval, ApprovalStatus, Event, Message, Question, Run, Session, Space, Task, Wake, WebhookDelivery,
+    Approval, ApprovalStatus, Event, Message, Question, Run, Session, Space, Task, Turn, Wake, WebhookDelivery,
 )
 
 TICK_BATCHES = 2
@@ -48,6 +49,23 @@ def _closed_tasks(space: Space, cutoff: datetime) -> QuerySet:
     return closed.exclude(dependents__status__in=ledger.OPEN)
 
 
+def _ended_sessions(space: Space, cutoff: datetime) -> QuerySet:
+    """Ended sessions past the window, except those learning has not distilled yet: they wait up to
+    RETENTION_DISTILL_GRACE_DAYS more, so a stopped or failing distiller cannot keep them forever.
+    A session with no turns has nothing to distill and does not wait."""
+    from veronica.learning_bridge import session_distilled
+
+    grace = cutoff - timedelta(days=settings.RETENTION_DISTILL_GRACE_DAYS)
+    ended = Session.objects.filter(member__space=space, ended_at__lt=cutoff)
+    has_turns = Exists(Turn.objects.filter(session=OuterRef("pk")))
+    return ended.filter(Q(ended_at__lt=grace) | ~has_turns | session_distilled())
+
+
+def awaiting_distill(space: Space, cutoff: datetime) -> int:
+    """Sessions the purge holds back for learning (shown in the preview)."""
+    return Session.objects.filter(member__space=space, ended_at__lt=cutoff).exclude(pk__in=_ended_sessions(space, cutoff)).count()
+
+
 # Order matters only for speed: messages go before tasks so fewer task FKs need nulling.
 KINDS = [
     Kind("messages", lambda s, c: Message.objects.filter(space=s, read_at__isnull=False, created_at__lt=c)),
@@ -55,7 +73,7 @@ KINDS = [
     Kind("questions", lambda s, c: Question.objects.filter(space=s, consumed=True, answered_at__isnull=False, created_at__lt=c)),
     Kind("wakes", lambda s, c: Wake.objects.filter(member__space=s, created_at__lt=c)),
     Kind("runs", lambda s, c: Run.objects.filter(member__space=s, ended_at__lt=c)),
-    Kind("sessions", lambda s, c: Session.objects.filter(member__space=s, ended_at__lt=c)),
+    Kind("sessions", _ended_sessions),
     Kind("tasks", _closed_tasks),
 ]
 
@@ -157,8 +175,11 @@ def purge_due() -> int:
 
 def preview(space: Space) -> dict:
     """The console / API view: the setting, the oldest kept event, and what a purge now would remove."""
+    cutoff = cutoff_for(space)
     return {"retention_days": space.retention_days, "keep_events": settings.RETENTION_KEEP_EVENTS,
-            "oldest_seq": oldest_seq(space.pk), "would_purge": purge_space(space, dry_run=True)}
+            "oldest_seq": oldest_seq(space.pk), "would_purge": purge_space(space, dry_run=True),
+            "awaiting_distill": awaiting_distill(space, cutoff) if cutoff else 0,
+            "distill_grace_days": settings.RETENTION_DISTILL_GRACE_DAYS}
 
 
 def set_retention_days(space: Space, raw: object, *, actor: str) -> int:

@@ -141,11 +141,15 @@ class RunLease:
             raise box["error"]
         return box["value"]
 
-    def phase(self, phase: str, tool: str = "") -> None:
-        if self.member.phase == phase and self.member.phase_tool == tool:
+    def phase(self, phase: str, tool: str = "", *, step: bool = False) -> None:
+        same = self.member.phase == phase and self.member.phase_tool == tool
+        if same and not step:
             return
         with self.fenced():
-            write_phase(self.member, phase, tool)
+            if same:  # a new model or tool call in the same phase is progress: the stall watchdog reads phase_since
+                Member.objects.filter(pk=self.member.pk).update(phase_since=Now())
+            else:
+                write_phase(self.member, phase, tool)
 
 
 def claim(member: Member, source: str, *, held_ok: bool = False) -> RunLease | None:

@@ -19,7 +19,7 @@ from veronica.models.tasks import TaskStatus
 # True while a run holds the slot: that run must see the cancel at its next step.
 _HAS_LEASE = Case(When(lease_token="", then=Value(False)), default=Value(True), output_field=BooleanField())
 NAME_RE = r"^[A-Za-z][A-Za-z0-9_-]{0,59}$"
-RESERVED_NAMES = {bus.BROADCAST, bus.OPERATOR, bus.SYSTEM, Role.LEADER, Role.WORKER}
+RESERVED_NAMES = {*bus.ENGINE_NAMES, Role.LEADER, Role.WORKER}  # role names address by role
 MAX_PERSONA = 50000
 MAX_WHEN_TO_USE = 2000
 MAX_DOMAIN = 64  # learning's domain names
@@ -105,7 +105,10 @@ def check_name(name: object) -> str:
 
     limit = column_limit(Member, "name")
     name = require_text(name, "name", max_len=limit).strip()
-    if not re.match(NAME_RE, name) or name.lower() in RESERVED_NAMES:
+    if name.lower() in RESERVED_NAMES:
+        raise VeronicaError(f"name '{name}' is reserved: the engine sends mail or addresses members by it "
+                            f"(reserved, in any case: {', '.join(sorted(RESERVED_NAMES))})", field="name")
+    if not re.match(NAME_RE, name):
         raise VeronicaError(f"name '{name}' must start with a letter, use letters, digits, '-' or '_' (at most {limit}) "
                             f"and not be one of {', '.join(sorted(RESERVED_NAMES))}", field="name")
     return name

@@ -1,5 +1,11 @@
 """Ops watchdogs beside the stale-task one: a member stuck mid-run and a mailbox backlog.
 
+The stuck-run watchdog is the seeds' "stall" notice: a run that holds a live lease (renewed by its
+heartbeat) but has started no model call and no tool call for the threshold. phase_since is that
+clock: every step re-stamps it, even when the phase is unchanged (two calls of one tool in a row).
+A run past its lease is not a stall but a dead holder: the lease recovery releases and re-wakes it
+within lease + 5 s, so it is not alerted here.
+
 Each raises one `ops.alert` (which the notifier sends on) plus a mail to the operator, once per
 episode: a marker column on the member is set with a conditional update when the alert fires and
 cleared when the condition ends, so the next episode alerts again.
@@ -11,6 +17,7 @@ from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from veronica import bus, events, notify
@@ -36,13 +43,14 @@ MIN_THRESHOLD = timedelta(minutes=1)
 
 
 def stuck_runs() -> int:
-    """Members holding their lease whose phase has not changed for the space's stuck_run_minutes."""
+    """Members holding a live lease that started no model or tool call for the space's stuck_run_minutes."""
     now = timezone.now()
     # the episode ends when the lease is released or the phase moves on
     Member.objects.filter(stuck_alerted_at__isnull=False).filter(Q(lease_token="") | Q(phase_since__gt=F("stuck_alerted_at"))).update(
         stuck_alerted_at=None)
     candidates = Member.objects.filter(removed_at__isnull=True, stuck_alerted_at__isnull=True, phase_since__lt=now - MIN_THRESHOLD,
-                                       space__stuck_run_minutes__gt=0).exclude(lease_token="").exclude(phase__in=WAITING_ON_PEOPLE)
+                                       space__stuck_run_minutes__gt=0, lease_expires_at__gt=Now()).exclude(lease_token="")
+    candidates = candidates.exclude(phase__in=WAITING_ON_PEOPLE)
     count = 0
     for member in candidates.select_related("space"):
         space = member.space
@@ -52,8 +60,8 @@ def stuck_runs() -> int:
             if not Member.objects.filter(pk=member.pk, stuck_alerted_at__isnull=True).exclude(lease_token="").update(stuck_alerted_at=now):
                 continue
             minutes = int((now - member.phase_since).total_seconds() // 60)
-            body = (f"{member.name} has been in phase {member.display_phase} for {minutes} minutes while holding its run lease "
-                    f"(threshold {space.stuck_run_minutes} min). Cancel or suspend it if it does not move.")
+            body = (f"{member.name} has been in phase {member.display_phase} for {minutes} minutes while holding its run lease, "
+                    f"with no new model or tool call (threshold {space.stuck_run_minutes} min). Cancel or suspend it if it does not move.")
             _alert(space, member, "stuck run", body)
         count += 1
     return count

@@ -1,0 +1,115 @@
+"""Outbound HTTP to addresses people type in (the notifier's webhook and Slack URLs) must not reach
+the host's own network: loopback, private, link-local (the cloud metadata service at
+169.254.169.254), shared, reserved or multicast addresses are refused unless the host is on the
+VERONICA_NOTIFY_ALLOW_HOSTS allow-list.
+
+Checked twice: when the URL is saved (literal addresses, localhost names, and what the name
+resolves to now) and when a request is sent. At send time the check sits in the connection itself:
+the name is resolved once, every address is checked, and the socket connects to that checked
+address (TLS still verifies the name), so a DNS answer that changes between check and connect
+(rebinding) cannot slip an internal address in.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+import httpcore
+import httpx
+from django.conf import settings
+
+from veronica.errors import VeronicaError
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "metadata.google.internal")
+
+
+class Refused(VeronicaError):
+    """An outbound target on the host's own network."""
+
+
+def _allow_list() -> tuple[frozenset[str], tuple]:
+    """Host names (exact, case-insensitive) and IP networks; settings has validated each item."""
+    names, networks = set(), []
+    for item in settings.NOTIFY_ALLOW_HOSTS:
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            names.add(item.lower().rstrip("."))
+    return frozenset(names), tuple(networks)
+
+
+def internal(ip: Address) -> bool:
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None:
+        ip = mapped
+    return not ip.is_global or ip.is_multicast or ip.is_unspecified
+
+
+def _allowed_ip(ip: Address, networks: tuple) -> bool:
+    return any(ip.version == net.version and ip in net for net in networks)
+
+
+def _literal(host: str) -> Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def resolve(host: str, port: int) -> list[Address]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+
+
+def checked_addresses(host: str, port: int, field: str, *, must_resolve: bool) -> list[Address]:
+    """The addresses a connection to host may use; Refused if any is internal and not allowed."""
+    names, networks = _allow_list()
+    host = host.lower().rstrip(".")
+    if host in names:
+        return resolve(host, port) if must_resolve else []
+    literal = _literal(host)
+    if literal is None and (host in _LOCAL_NAMES or host.endswith(".localhost")):
+        raise Refused(f"{field} points at {host}, this host's own network; outbound notifications may not "
+                      f"(allow it with VERONICA_NOTIFY_ALLOW_HOSTS)", field=field)
+    try:
+        addresses = [literal] if literal is not None else resolve(host, port)
+    except OSError as exc:
+        if must_resolve:
+            raise Refused(f"{field}: cannot resolve {host} ({exc})", field=field) from None
+        return []  # saved now, checked again when something is sent
+    for ip in addresses:
+        if internal(ip) and not _allowed_ip(ip, networks):
+            raise Refused(f"{field} points at {ip} ({host}), an internal address (loopback, private, link-local or "
+                          f"reserved); outbound notifications may not go there (allow it with VERONICA_NOTIFY_ALLOW_HOSTS)",
+                          field=field)
+    return addresses
+
+
+def check_url(url: str, field: str) -> None:
+    """Save-time check of a URL that has already passed the http(s) validator."""
+    parts = urlsplit(url)
+    checked_addresses(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80), field, must_resolve=False)
+
+
+class _GuardedBackend(httpcore.SyncBackend):
+    """Resolve, check and connect to the checked address (one resolution: no rebinding window)."""
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        addresses = checked_addresses(host, port, "url", must_resolve=True)
+        last: Exception | None = None
+        for ip in addresses:
+            try:
+                return super().connect_tcp(str(ip), port, timeout, local_address, socket_options)
+            except httpcore.ConnectError as exc:
+                last = exc
+        raise last or httpcore.ConnectError(f"{host} has no address")
+
+
+def client(timeout: float) -> httpx.Client:
+    """An httpx client whose every connection goes through the guard (and ignores proxy env vars,
+    which would move the connection, and the check, to the proxy)."""
+    transport = httpx.HTTPTransport()
+    transport._pool._network_backend = _GuardedBackend()  # httpcore's documented backend hook, set on httpx's pool
+    return httpx.Client(transport=transport, timeout=timeout, follow_redirects=False, trust_env=False)
