@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
 from veronica import events
@@ -148,24 +148,31 @@ class RunLease:
             write_phase(self.member, phase, tool)
 
 
-def claim(member: Member, source: str, *, held_ok: bool = False) -> RunLease | None:
+def claim(member: Member | int, source: str, *, held_ok: bool = False, needs: Q = Q()) -> RunLease | None:
     """One conditional UPDATE takes the slot; the Run row is written in the same commit, so a run
     never exists without its lease nor a lease without its Run row. A parked member is not claimed,
     nor one in backoff unless the wake is the retry itself (source `resume`: the backoff's own ring,
     an operator's resume, a decision). held_ok: compaction may claim both, it is how a context
-    overflow gets fixed."""
+    overflow gets fixed. needs: more conditions on the member row, checked in the same UPDATE (the
+    wake's budget and work gates). Given an id, the member is read inside the claim's transaction
+    (the wake's path: nothing is read before the claim); given a Member, that object is refreshed."""
+    by_id = isinstance(member, int)
+    member_id = member if by_id else member.pk
     token = uuid.uuid4().hex
     gate = Q() if held_ok else ~failures.PARKED if source == "resume" else failures.RUNNABLE
     with transaction.atomic():
         claimed = Member.objects.filter(
-            gate, pk=member.pk, run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True,
+            gate, needs, pk=member_id, run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True,
             lease_token="",
         ).update(run_status=RunStatus.BUSY, lease_token=token, lease_expires_at=Now() + lease_delta(), cancel_requested=False)
         if not claimed:
             return None
+        if by_id:
+            member = Member.objects.select_related("space").get(pk=member_id)
         run = Run.objects.create(member=member, source=source, lease_token=token, started_at=Now())
         events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
-    member.refresh_from_db()
+    if not by_id:
+        member.refresh_from_db()
     return RunLease(member, token, run, source)
 
 
@@ -177,6 +184,11 @@ def release(member: Member, token: str) -> None:
 
 def has_unread(member_id: int) -> bool:
     return Message.objects.filter(recipient_id=member_id, read_at__isnull=True).exists()
+
+
+def unread_mail() -> Exists:
+    """The claim's work gate for mail wakes: the member row has unread mail."""
+    return Exists(Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True))
 
 
 def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = False, settle: bool = True) -> None:
