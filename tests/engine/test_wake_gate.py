@@ -70,3 +70,28 @@ def test_a_busy_members_mail_wake_is_still_coalesced(space, scripted):
     Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="held")
     events.emit(space.pk, "test.noise")
     assert runner.wake(w1.pk, "message") == "coalesced"  # no mail, but a run is in flight: that is the reason
+
+
+def test_the_compiled_claim_follows_the_lease_length_and_its_gates(space, settings):
+    """The claim's UPDATE is compiled once per shape: a new lease length or another gate set is
+    another shape, never the cached statement of the last one."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from veronica.engine import slot
+    from veronica.models import UsageDay
+
+    w1 = w1_of(space)
+    for seconds in (60, 600):
+        settings.RUN_LEASE_SECONDS = seconds
+        lease = slot.claim(w1.pk, "message")
+        expires = Member.objects.get(pk=w1.pk).lease_expires_at
+        assert timedelta(seconds=seconds - 30) < expires - timezone.now() <= timedelta(seconds=seconds)
+        slot.finish(lease, "done")
+    assert slot.claim(w1.pk, "message", gates=("mail",)) is None  # no mail: the mail gate holds
+    UsageDay.objects.create(member=w1, space=space, day=timezone.now().date(), tripped=True)
+    assert slot.claim(w1.pk, "message", gates=("breaker",)) is None  # tripped: the breaker gate holds
+    lease = slot.claim(w1.pk, "message")  # no gates: claimed
+    assert lease is not None and lease.member.space == space
+    slot.finish(lease, "done")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef
 
 from veronica import tracing
 from veronica.agent.providers.base import ProviderError
@@ -43,11 +43,11 @@ def wake(member_id: int, source: str) -> str:
     Nothing is read before the claim: its UPDATE carries every gate (active, idle, not parked or
     backing off, breaker not tripped, work to do), so the run starts one statement after the wake."""
     mail = source in MAIL_SOURCES
-    lease = slot.claim(member_id, source, needs=~budget.tripped_today() & (slot.unread_mail() if mail else Q()))
+    lease = slot.claim(member_id, source, gates=("breaker", "mail") if mail else ("breaker",))
     if lease is None:
         why = why_not_claimed(member_id, mail)
         if why == NOTHING_TO_DO and transcript_open(member_id):
-            lease = slot.claim(member_id, source, needs=~budget.tripped_today())
+            lease = slot.claim(member_id, source, gates=("breaker",))
         if lease is None:
             if why != "gone":
                 Wake.objects.create(member_id=member_id, source=source)
