@@ -32,8 +32,13 @@ SUFFIX = ".sock"
 
 
 def enabled() -> bool:
-    """Embedded mode only: with channels-redis the channel layer itself crosses processes."""
-    return not settings.REDIS_URL and connections["default"].vendor == "sqlite"
+    """Embedded mode only (with channels-redis the channel layer itself crosses processes), and only
+    for a database in a file: an in-memory one has no other process to ring."""
+    conn = connections["default"]
+    if settings.REDIS_URL or conn.vendor != "sqlite":
+        return False
+    name = str(conn.settings_dict["NAME"])
+    return bool(name) and not name.startswith((":memory:", "file:")) and "mode=memory" not in name
 
 
 _dirs: dict[str, Path] = {}

@@ -95,3 +95,17 @@ def test_a_malformed_datagram_is_ignored(tmp_path, monkeypatch, garbage):
     finally:
         listener.close()
         loop.close()
+
+
+def test_the_doorbell_is_for_an_embedded_database_in_a_file(settings):
+    from django.db import connections
+
+    expected = not settings.REDIS_URL and connections["default"].vendor == "sqlite"
+    assert doorbell.enabled() is expected  # hosted mode rings through channels-redis instead
+    if expected:
+        name = connections["default"].settings_dict["NAME"]
+        try:
+            connections["default"].settings_dict["NAME"] = ":memory:"
+            assert not doorbell.enabled()
+        finally:
+            connections["default"].settings_dict["NAME"] = name
