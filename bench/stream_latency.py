@@ -1,6 +1,6 @@
 """Stream latency: from an event committed in a separate worker process to its arrival at N sockets.
 
-    .venv/bin/python bench/stream_latency.py [--clients 1,10,50] [--events 100] [--rate 25] [--hosted]
+    .venv/bin/python bench/stream_latency.py [--clients 1,10,50] [--events 100] [--rate 25] [--modes embedded,hosted]
 
 For each mode it builds a throwaway database, starts a real daphne (veronica.asgi), connects N
 WebSocket clients to one space, and runs a worker process that emits events at about `rate` per
@@ -8,11 +8,13 @@ second. The worker stamps each event's commit time (an on_commit hook registered
 own doorbell); each client stamps the arrival. Same host, same clock. It also checks that every
 client got every event exactly once, in order.
 
-* embedded: SQLite in a temp VERONICA_DATA_DIR, in-memory channel layer (a worker's ring never
-  reaches the web process: delivery rides the consumer's poll).
-* hosted (--hosted, or DATABASE_URL and REDIS_URL in the environment): PostgreSQL + channels-redis
-  (the worker's ring crosses processes). With --hosted and no DATABASE_URL it recreates a local
-  database `bench_stream` (psql -h 127.0.0.1 -U postgres) and uses Redis db 3 with its own prefix.
+* embedded: SQLite in a temp VERONICA_DATA_DIR, in-memory channel layer; a worker's ring reaches
+  the web process through the embedded doorbell (veronica.doorbell), the consumer's poll is the backstop.
+* hosted: PostgreSQL + channels-redis (the worker's ring crosses processes), on a uniquely named
+  database and channel prefix that are dropped afterwards.
+
+The last line printed is one JSON object {mode: {clients: {...}}}; bench/engine.py imports
+measure_stream(mode, sockets).
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -33,8 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-LOCAL_PG = "postgres://postgres@127.0.0.1:5432/bench_stream"
-LOCAL_REDIS = "redis://127.0.0.1:6379/3"
+sys.path.insert(0, str(REPO))
+from bench.wake_latency import Throwaway  # noqa: E402  (one throwaway database per measurement)
 
 SETUP = """
 import json, django
@@ -68,16 +69,6 @@ for i in range(count + 1):  # event 0 warms up the worker's connections and is n
     time.sleep(rng.expovariate(rate))
 """
 
-CLEANUP = """
-import django
-django.setup()
-from django.contrib.auth.models import User
-from veronica.models import Space
-Space.objects.filter(slug="bench-stream").delete()
-User.objects.filter(username="bench-stream").delete()
-"""
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,17 +80,6 @@ def run_python(code: str, env: dict, *args: str) -> str:
     if out.returncode:
         raise SystemExit(f"subprocess failed:\n{out.stderr[-3000:]}")
     return out.stdout
-
-
-def base_env(data_dir: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "VERONICA_SQLITE_PATH")}
-    env.update(DJANGO_SETTINGS_MODULE="veronica.settings", VERONICA_DATA_DIR=data_dir, LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1")
-    return env
-
-
-def recreate_local_pg() -> None:
-    for sql in ("DROP DATABASE IF EXISTS bench_stream WITH (FORCE)", "CREATE DATABASE bench_stream"):
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qc", sql], check=True)
 
 
 class Daphne:
@@ -182,22 +162,21 @@ async def measure(url: str, key: str, env: dict, space_id: int, clients: int, ev
             "max": latencies[-1], "ring_ms": ring_ms}
 
 
-def run_mode(name: str, env: dict, client_counts: list[int], events: int, rate: float) -> list[dict]:
-    subprocess.run([PYTHON, "manage.py", "migrate", "--verbosity", "0"], cwd=REPO, env=env, check=True)
-    info = json.loads(run_python(SETUP, env).strip().splitlines()[-1])
-    web = Daphne(env)
-    rows = []
-    try:
-        for n in client_counts:
-            row = asyncio.run(measure(web.url, info["key"], env, info["space_id"], n, events, rate))
-            row["mode"] = name
-            rows.append(row)
-            print(f"{name:9} {row['clients']:>7} {row['events']:>7} {row['p50']:>9.1f} {row['p99']:>9.1f} {row['max']:>9.1f}"
-                  f"   {row['exact']}/{row['clients']} clients got every event once, in order"
-                  f" (worker's ring call {row['ring_ms']:.1f} ms)", flush=True)
-    finally:
-        web.stop()
-    return rows
+def measure_stream(mode: str, sockets: int, events: int = 100, rate: float = 25.0) -> dict:
+    """One client count in one mode, on a throwaway database (and Redis prefixes), dropped after:
+    p50_ms, p99_ms, max_ms, exact (clients that got every event once, in order), ring_ms."""
+    with Throwaway(mode) as box:
+        env = box.env()
+        env["LOG_LEVEL"], env["PYTHONUNBUFFERED"] = "WARNING", "1"
+        subprocess.run([PYTHON, "manage.py", "migrate", "--verbosity", "0"], cwd=REPO, env=env, check=True)
+        info = json.loads(run_python(SETUP, env).strip().splitlines()[-1])
+        web = Daphne(env)
+        try:
+            row = asyncio.run(measure(web.url, info["key"], env, info["space_id"], sockets, events, rate))
+        finally:
+            web.stop()
+    return {"mode": mode, "sockets": sockets, "events": row["events"], "p50_ms": row["p50"], "p99_ms": row["p99"],
+            "max_ms": row["max"], "exact": row["exact"], "ring_ms": row["ring_ms"]}
 
 
 def main() -> None:
@@ -205,32 +184,19 @@ def main() -> None:
     parser.add_argument("--clients", default="1,10,50", help="comma-separated client counts")
     parser.add_argument("--events", type=int, default=100, help="events per client count")
     parser.add_argument("--rate", type=float, default=25.0, help="events per second from the worker (exponential gaps)")
-    parser.add_argument("--hosted", action="store_true", help="also run hosted mode (local PostgreSQL + Redis)")
-    parser.add_argument("--skip-embedded", action="store_true")
+    parser.add_argument("--modes", default="embedded,hosted")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",") if c.strip()]
-    env_db, env_redis = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
-    hosted = args.hosted or bool(env_db and env_redis)
-
     print(f"{'mode':9} {'clients':>7} {'events':>7} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
-    tmp = tempfile.mkdtemp(prefix="bench-stream-")
-    try:
-        if not args.skip_embedded:
-            run_mode("embedded", base_env(os.path.join(tmp, "embedded")), counts, args.events, args.rate)
-        if hosted:
-            env = base_env(os.path.join(tmp, "hosted"))
-            own_db = not env_db
-            if own_db:
-                recreate_local_pg()
-            env.update(DATABASE_URL=env_db or LOCAL_PG, REDIS_URL=env_redis or LOCAL_REDIS,
-                       VERONICA_CHANNEL_PREFIX=f"bench-stream-{os.getpid()}")
-            try:
-                run_mode("hosted", env, counts, args.events, args.rate)
-            finally:
-                if not own_db:
-                    run_python(CLEANUP, env)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    report: dict = {}
+    for mode in args.modes.split(","):
+        for n in counts:
+            row = measure_stream(mode, n, args.events, args.rate)
+            report.setdefault(mode, {})[str(n)] = {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}
+            print(f"{mode:9} {n:>7} {row['events']:>7} {row['p50_ms']:>9.1f} {row['p99_ms']:>9.1f} {row['max_ms']:>9.1f}"
+                  f"   {row['exact']}/{n} clients got every event once, in order"
+                  f" (worker's ring call {row['ring_ms']:.1f} ms)", flush=True)
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ The Event table is the truth; the channel layer is only a doorbell ("look again"
   session cookie through AuthMiddlewareStack, with an allowed Origin: see veronica.stream_auth),
   check SpaceAccess (none -> close 4404 before accept; no valid credential -> 4401), replay every
   event after the client's `after`, say {"type": "ready", "seq": n}, then stream live.
-* live: one Feed per space per process looks at the table when rung (a ring from this process, or
-  from any process when the layer is channels-redis) and at least every POLL_SECONDS (the embedded
-  default's layer is in-memory, so a worker process's ring never reaches the web process). The
-  feed, not each socket, is the group member; it reads each new batch once and fans it out to
-  this process's sockets on that space.
+* live: one Feed per space per process looks at the table when rung and at least every
+  POLL_SECONDS (the backstop for a lost ring). A ring crosses processes through channels-redis
+  (hosted) or, in the embedded default whose channel layer is in-memory, through the doorbell
+  (veronica.doorbell: a datagram socket per process beside the SQLite file). The feed, not each
+  socket, is the group member; it reads each new batch once and fans it out to this process's
+  sockets on that space.
 * each socket tracks last_sent: it never sends a seq twice, and on a gap (a batch starting past
   last_sent + 1) it backfills from the table first. A reconnect with after=<last seq seen> resumes
   exactly. If retention removed the rows it asks for, it gets {"type": "purged", "through": n} once
@@ -34,7 +35,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from veronica import access, stream_auth
+from veronica import access, doorbell, stream_auth
 from veronica.events import group_name
 from veronica.models import Event
 
@@ -105,11 +106,14 @@ class Feed:
 
     @classmethod
     async def join(cls, socket: SpaceConsumer) -> Feed:
-        key = (id(asyncio.get_running_loop()), socket.space_id)
+        loop = asyncio.get_running_loop()
+        key = (id(loop), socket.space_id)
         feed = cls._feeds.get(key)
         if feed is None:
+            _Doorbells.listen(loop)  # before the head is read: a later commit is sure to ring us
             feed = cls(socket.space_id, await _head(socket.space_id))
             feed = cls._feeds.setdefault(key, feed)  # another socket may have raced us across the await
+            feed.rung.set()  # a ring that came while we read the head found no feed: look once now
         feed.sockets.add(socket)
         if feed.task is None or feed.task.done():
             feed.task = asyncio.create_task(feed.run(key))
@@ -146,10 +150,16 @@ class Feed:
                 del Feed._feeds[key]
             if not Feed._feeds:
                 _feed_thread.submit(connections.close_all)  # an idle process holds no connection
+            if not any(k[0] == key[0] for k in Feed._feeds):
+                _Doorbells.close(loop)
             await self.stop_listening()
 
+    def ring(self, seq: int) -> None:
+        if seq > self.seen:
+            self.rung.set()
+
     async def listen(self) -> None:
-        """The doorbell: any ring for a seq we have not read makes run() look now."""
+        """The channel-layer doorbell: any ring for a seq we have not read makes run() look now."""
         layer = get_channel_layer()
         if layer is None:
             return
@@ -168,8 +178,7 @@ class Feed:
                     continue
                 if self.stopping:
                     return
-                if int(message.get("seq") or 0) > self.seen:
-                    self.rung.set()
+                self.ring(int(message.get("seq") or 0))
         except asyncio.CancelledError:
             raise
         except Exception:  # no doorbell at all: the poll still delivers, only later
@@ -225,6 +234,34 @@ class Feed:
                     await socket.close(code=1011)
             if len(batch) < BATCH:
                 return
+
+
+class _Doorbells:
+    """Embedded mode: one veronica.doorbell listener per event loop with feeds, so a worker
+    process's commit rings this process's feeds (the in-memory channel layer cannot carry it)."""
+
+    _listeners: dict[int, doorbell.Listener] = {}
+
+    @classmethod
+    def listen(cls, loop: asyncio.AbstractEventLoop) -> None:
+        if id(loop) in cls._listeners or not doorbell.enabled():
+            return
+        try:
+            cls._listeners[id(loop)] = doorbell.Listener(loop, lambda space_id, seq: cls.rung(loop, space_id, seq))
+        except OSError:  # e.g. a read-only data dir: the poll still delivers, only later
+            log.warning("no embedded doorbell for this process; the event stream polls only", exc_info=True)
+
+    @staticmethod
+    def rung(loop: asyncio.AbstractEventLoop, space_id: int, seq: int) -> None:
+        feed = Feed._feeds.get((id(loop), space_id))
+        if feed is not None:
+            feed.ring(seq)
+
+    @classmethod
+    def close(cls, loop: asyncio.AbstractEventLoop) -> None:
+        listener = cls._listeners.pop(id(loop), None)
+        if listener is not None:
+            listener.close()
 
 
 class SpaceConsumer(AsyncJsonWebsocketConsumer):

@@ -17,7 +17,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import F
 
-from veronica import tracing
+from veronica import doorbell, tracing
 from veronica.models import Event, Member, Space
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,11 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
 
 def ring(space_id: int, seq: int) -> None:
     """Tell live sockets to look again. At-most-once by design: sockets backfill from the table."""
+    if doorbell.enabled():  # embedded: the in-memory layer cannot leave this process, the doorbell can
+        try:
+            doorbell.ring(space_id, seq)
+        except Exception:
+            log.warning("doorbell ring failed for space %s seq %s", space_id, seq, exc_info=True)
     layer = get_channel_layer()
     if layer is None:
         return

@@ -134,6 +134,10 @@ else:
             },
             # A file (not :memory:) so worker processes in engine tests see the same database.
             "TEST": {"NAME": str(DATA_DIR / "test.sqlite3")},
+            # Kept open between requests and tasks: django-q2's ORM broker and its workers call
+            # close_old_connections() around every poll and task, which with 0 reopened the file
+            # (and re-ran the PRAGMAs above) ten times a second and on every wake. 0 turns it off.
+            "CONN_MAX_AGE": env_int("DB_CONN_MAX_AGE", 600, minimum=0),
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

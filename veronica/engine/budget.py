@@ -5,7 +5,7 @@ from datetime import date
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
 from veronica import bus, events
@@ -44,6 +44,11 @@ def space_today(space: Space) -> dict:
 
 def is_tripped(member: Member) -> bool:
     return UsageDay.objects.filter(member=member, day=today(), tripped=True).exists()
+
+
+def tripped_today() -> Exists:
+    """is_tripped() as a condition on a member row (the wake checks it inside its claim)."""
+    return Exists(UsageDay.objects.filter(member=OuterRef("pk"), day=today(), tripped=True))
 
 
 def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,

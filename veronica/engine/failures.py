@@ -69,18 +69,6 @@ def unpark(member: Member, *, actor: str) -> bool:
     return bool(changed)
 
 
-def why_not_claimed(member_id: int) -> str:
-    """For the wake's outcome string: a held member is not a coalesced wake."""
-    held = Member.objects.filter(pk=member_id).aggregate(parked=_count(PARKED), backoff=_count(IN_BACKOFF))
-    return "parked" if held["parked"] else "backoff" if held["backoff"] else "coalesced"
-
-
-def _count(q: Q):
-    from django.db.models import Count
-
-    return Count("pk", filter=q)
-
-
 def due_retries() -> list[int]:
     """The tick's duty: wake members whose backoff ran out, or whose config changed while parked.
     One select when idle (nobody failing costs nothing per member).

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 
+from django.db.models import Exists, OuterRef
+
 from veronica import tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures, slot
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
-from veronica.models import Member, RunOutcome, RunStatus, Wake
+from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +32,28 @@ def describe(exc: ProviderError) -> str:
     return "; ".join(parts)
 
 
+# Wakes rung by mail. One whose mail a run already drained (it came while that run was in flight)
+# finds nothing: it claims nothing and writes no Run, unless a stopped run left its turn unanswered.
+MAIL_SOURCES = ("message", "alarm", "task")
+
+
 def wake(member_id: int, source: str) -> str:
-    """The django-q2 task. Returns a short outcome string (kept in q2's result for debugging)."""
-    member = Member.objects.filter(pk=member_id).select_related("space").first()
-    if member is None:
-        return "gone"
-    received = Wake.objects.create(member=member, source=source)
-    if not member.is_active or member.run_status == RunStatus.SUSPENDED:
-        return "not-active"
-    if budget.is_tripped(member):
-        return "budget-tripped"
-    lease = slot.claim(member, source)
+    """The django-q2 task. Returns a short outcome string (kept in q2's result for debugging).
+
+    Nothing is read before the claim: its UPDATE carries every gate (active, idle, not parked or
+    backing off, breaker not tripped, work to do), so the run starts one statement after the wake."""
+    mail = source in MAIL_SOURCES
+    lease = slot.claim(member_id, source, gates=("breaker", "mail") if mail else ("breaker",))
     if lease is None:
-        return failures.why_not_claimed(member_id)
-    Wake.objects.filter(pk=received.pk).update(claimed=True)  # the metrics split wakes by claimed / coalesced
+        why = why_not_claimed(member_id, mail)
+        if why == NOTHING_TO_DO and transcript_open(member_id):
+            lease = slot.claim(member_id, source, gates=("breaker",))
+        if lease is None:
+            if why != "gone":
+                Wake.objects.create(member_id=member_id, source=source)
+            return why
+    Wake.objects.create(member_id=member_id, source=source, claimed=True)  # the metrics split wakes by claimed / coalesced
+    member = lease.member
     traced = tracing.start_run(lease.member, lease.run, source)  # the run's root span (a no-op when tracing is off)
     from veronica.agent.loop import run_member
 
@@ -69,5 +79,37 @@ def wake(member_id: int, source: str) -> str:
         outcome = "lease-lost"
     tracing.end_run(traced, outcome, error)
     return outcome
+
+
+NOTHING_TO_DO = "nothing-to-do"
+
+
+def why_not_claimed(member_id: int, mail: bool) -> str:
+    """Why a claim matched no row, in one query (the outcome string; the state may have moved on)."""
+    row = (Member.objects.filter(pk=member_id)
+           .annotate(tripped=budget.tripped_today(), unread=slot.unread_mail(), parked=Exists(Member.objects.filter(
+               failures.PARKED, pk=OuterRef("pk"))), backoff=Exists(Member.objects.filter(failures.IN_BACKOFF, pk=OuterRef("pk"))))
+           .values("membership", "removed_at", "run_status", "lease_token", "tripped", "unread", "parked", "backoff").first())
+    if row is None:
+        return "gone"
+    if row["membership"] != Membership.ACTIVE or row["removed_at"] is not None or row["run_status"] == RunStatus.SUSPENDED:
+        return "not-active"
+    if row["tripped"]:
+        return "budget-tripped"
+    if row["parked"]:
+        return "parked"
+    if row["backoff"]:
+        return "backoff"
+    if mail and not row["unread"] and row["run_status"] == RunStatus.IDLE and not row["lease_token"]:
+        return NOTHING_TO_DO
+    return "coalesced"
+
+
+def transcript_open(member_id: int) -> bool:
+    """The member's open session ends in something other than a final reply (a brief, a tool
+    result, a call still to answer): a run has work even without unread mail."""
+    last = (Turn.objects.filter(session__member_id=member_id, session__ended_at__isnull=True)
+            .order_by("-seq").values("role", "tool_calls").first())
+    return last is not None and (last["role"] != TurnRole.ASSISTANT or bool(last["tool_calls"]))
 
 

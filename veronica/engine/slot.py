@@ -24,12 +24,13 @@ from typing import Callable, TypeVar
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
+from django.db.models.sql import UpdateQuery
 
 from veronica import events
 from veronica.agent.runctx import Cancelled, LeaseLost
-from veronica.engine import failures
+from veronica.engine import budget, failures
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus
 
@@ -152,25 +153,74 @@ class RunLease:
                 write_phase(self.member, phase, tool)
 
 
-def claim(member: Member, source: str, *, held_ok: bool = False) -> RunLease | None:
+def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tuple[str, ...] = ()) -> RunLease | None:
     """One conditional UPDATE takes the slot; the Run row is written in the same commit, so a run
     never exists without its lease nor a lease without its Run row. A parked member is not claimed,
     nor one in backoff unless the wake is the retry itself (source `resume`: the backoff's own ring,
     an operator's resume, a decision). held_ok: compaction may claim both, it is how a context
-    overflow gets fixed."""
+    overflow gets fixed. gates: more conditions checked in the same UPDATE, "breaker" (not tripped
+    today) and "mail" (unread mail waiting). Given an id, the member is read inside the claim's
+    transaction (the wake's path: nothing is read before the claim); given a Member, that object is
+    refreshed."""
+    by_id = isinstance(member, int)
+    member_id = member if by_id else member.pk
     token = uuid.uuid4().hex
-    gate = Q() if held_ok else ~failures.PARKED if source == "resume" else failures.RUNNABLE
     with transaction.atomic():
-        claimed = Member.objects.filter(
-            gate, pk=member.pk, run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True,
-            lease_token="",
-        ).update(run_status=RunStatus.BUSY, lease_token=token, lease_expires_at=Now() + lease_delta(), cancel_requested=False)
-        if not claimed:
+        if not _claim_update(member_id, token, source, held_ok, gates):
             return None
+        if by_id:
+            member = Member.objects.select_related("space").get(pk=member_id)
         run = Run.objects.create(member=member, source=source, lease_token=token, started_at=Now())
         events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
-    member.refresh_from_db()
+    if not by_id:
+        member.refresh_from_db()
     return RunLease(member, token, run, source)
+
+
+def claimable(source: str, *, held_ok: bool = False, gates: tuple[str, ...] = ()) -> Q:
+    """Which member rows a claim may take (besides being idle, active and unleased)."""
+    q = Q() if held_ok else ~failures.PARKED if source == "resume" else failures.RUNNABLE
+    if "breaker" in gates:
+        q &= ~budget.tripped_today()
+    if "mail" in gates:
+        q &= unread_mail()
+    return q
+
+
+# The claim's UPDATE, compiled by the ORM once per shape and then run with this claim's token and
+# member: compiling it (the parked-config expression, two EXISTS) cost more than running it, on
+# the path from a wake to its run. Everything else in the key is fixed within the shape.
+_TOKEN, _MEMBER = "\x00claim-token\x00", -918273645
+_claim_sql: dict[tuple, tuple[str, list, int, int]] = {}
+
+
+def _claim_update(member_id: int, token: str, source: str, held_ok: bool, gates: tuple[str, ...]) -> int:
+    conn = connections[Member.objects.db]
+    key = (conn.alias, conn.vendor, held_ok, source == "resume", tuple(sorted(gates)), settings.RUN_LEASE_SECONDS,
+           budget.today() if "breaker" in gates else None)
+    compiled = _claim_sql.get(key)
+    if compiled is None:
+        if len(_claim_sql) > 32:  # a new day (or tests changing the lease): old shapes are dead
+            _claim_sql.clear()
+        query = Member.objects.filter(
+            claimable(source, held_ok=held_ok, gates=gates), pk=_MEMBER, run_status=RunStatus.IDLE,
+            membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="",
+        ).query.chain(UpdateQuery)
+        query.add_update_values(dict(run_status=RunStatus.BUSY, lease_token=_TOKEN, lease_expires_at=Now() + lease_delta(),
+                                     cancel_requested=False))
+        sql, params = query.get_compiler(conn.alias).as_sql()
+        params = list(params)
+        token_at = [i for i, p in enumerate(params) if p == _TOKEN]
+        member_at = [i for i, p in enumerate(params) if p == _MEMBER]
+        if len(token_at) != 1 or len(member_at) != 1:
+            raise RuntimeError("the claim's UPDATE did not compile to one token and one member parameter")
+        compiled = _claim_sql[key] = (sql, params, token_at[0], member_at[0])
+    sql, params, token_at, member_at = compiled
+    params = list(params)
+    params[token_at], params[member_at] = token, member_id
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
 
 
 def release(member: Member, token: str) -> None:
@@ -181,6 +231,11 @@ def release(member: Member, token: str) -> None:
 
 def has_unread(member_id: int) -> bool:
     return Message.objects.filter(recipient_id=member_id, read_at__isnull=True).exists()
+
+
+def unread_mail() -> Exists:
+    """The claim's work gate for mail wakes: the member row has unread mail."""
+    return Exists(Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True))
 
 
 def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = False, settle: bool = True) -> None:
