@@ -162,7 +162,7 @@ class Harness:
         tally = Tally(routes=Waggle.objects.filter(space_key=space, disabled=False).count())
         if self.verbose:
             for w in Waggle.objects.filter(space_key=space):
-                print(w.script, file=sys.stderr)
+                print(w.script, "reach", w.route.get("reach"), file=sys.stderr)
         for i, t in enumerate(t for t in self.traces if t["task_id"] not in train):
             self.walk(space, f"held-{i}", t, frozen, tally)
         return tally

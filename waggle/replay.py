@@ -64,7 +64,10 @@ def _alignments(route: Route, recent: Sequence[Call], min_prefix: int, cap: int 
     for m in range(top, lower - 1, -1):
         if m < len(route.steps) and not route.determined_at(m):
             continue
-        got = tail_of(route, recent[-m:], route.fanout_cap(cap), made)
+        limit = route.reach_at(m) if m < len(route.steps) else None
+        if limit == 0:
+            continue  # the evidence at this alignment did not vouch for any step
+        got = tail_of(route, recent[-m:], route.fanout_cap(cap) if limit is None else max(1, cap), made, limit)
         if got is None:
             continue
         binding, tail = got

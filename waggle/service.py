@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
@@ -355,7 +355,9 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
         # unsettled until the model's next reply says whether it relied on the steps (settle)
         entry = _ledger(plan.route, space_key, session_key, plan.steps, 0, False, settled=False,
                         detail=f"~{outcome.yield_tokens} tokens if every step is used")
-        tail = [[tool, dict(args), estimate_yield([(tool, args)], [out])]
+        # per step: the call, its yield, and its *setting* keys (literal arguments: a reply that
+        # asks the same object with other settings contradicts the replay; see judge_reply)
+        tail = [[tool, dict(args), estimate_yield([(tool, args)], [out]), _setting_keys(plan.route, plan.matched, tool)]
                 for (tool, args), out in zip(plan.tail, outcome.outputs)]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=tail)
         member = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
@@ -365,6 +367,33 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
     return outcome.block
 
 
+def _setting_keys(route: Route, matched: int, tool: str) -> list[str]:
+    """The literal argument keys of the route's replayed steps of ``tool`` (its settings, as
+    opposed to the object a parameter or an output ref names)."""
+    return sorted({k for s in route.steps[matched:] if s.tool == tool for k, _ in s.literals})
+
+
+def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str:
+    """How the model's reply treated one replayed step: ``"used"``, ``"re-issued"`` (it made the
+    call itself: it ignored the replay) or ``"contradicted"`` (it asked the same tool about the
+    same object with other settings: the replayed output was not what it needed)."""
+    tool, args = step[0], tuple(sorted((step[1] or {}).items()))
+    settings = set(step[3]) if len(step) > 3 and isinstance(step[3], list) else set()
+    own = dict(args)
+    for t, a in issued:
+        if t != tool:
+            continue
+        if a == args:
+            return "re-issued"
+        other = dict(a)
+        if other.keys() != own.keys():
+            continue
+        differing = {k for k in own if own[k] != other[k]}
+        if differing and settings and differing <= settings:
+            return "contradicted"
+    return "used"
+
+
 def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
     return list(FiredPlan.objects.filter(space_key=space_key, session_key=session_key, settled=False).order_by("id"))
 
@@ -372,17 +401,23 @@ def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
 def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] | None, *,
                 config: WaggleConfig | None = None) -> int:
     """Call when the model's reply after a replay arrives, with the tool calls it makes
-    (``[(tool, args), ...]``; empty for a text answer). A replayed step the model issues again
-    itself is a *miss* (it did not rely on the replay); every other step is *used*. Settles every
-    replay of the session still waiting for a judgement; returns how many. Never raises."""
+    (``[(tool, args), ...]``; empty for a text answer). A replayed step is *used* only when the
+    model relied on it: it does not issue that call itself, and its next calls are consistent
+    with the replayed output, i.e. none asks the same tool about the same object with other
+    settings (a replayed ``git_log(path=p, limit=5)`` followed by the model's own
+    ``git_log(path=p, limit=50)``: the replay was not what it needed). A re-issued or contradicted
+    step is a *miss*. Settles every replay of the session still waiting for a judgement; returns
+    how many. Never raises."""
     try:
         pending = _pending(space_key, session_key)
         if not pending:
             return 0
-        issued = {(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])}
+        issued = [(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])]
         for fired in pending:
-            used = [(step[0], tuple(sorted((step[1] or {}).items()))) not in issued for step in fired.tail]
-            settle(space_key, session_key, used, fired=fired, config=config)
+            verdicts = [_judge_step(step, issued) for step in fired.tail]
+            misses = Counter(v for v in verdicts if v != "used")
+            why = ", ".join(f"{n} {v}" for v, n in sorted(misses.items()))
+            settle(space_key, session_key, [v == "used" for v in verdicts], fired=fired, config=config, why=why)
         return len(pending)
     except Exception:  # noqa: BLE001 - best effort by contract
         log.exception("waggle: judging a reply failed (space=%r session=%r); ignored", space_key, session_key)
@@ -390,7 +425,7 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
 
 
 def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPlan | None = None,
-           config: WaggleConfig | None = None) -> None:
+           config: WaggleConfig | None = None, why: str = "") -> None:
     """Book the oldest unsettled replay of the session (or ``fired``): ``used[i]`` says whether the
     model relied on replayed step i. Used steps earn their estimated yield; a replay with no used
     step is a failure; a route whose misses make its lower bound of use fall below
@@ -409,7 +444,7 @@ def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPl
         yield_tokens = sum(int(step[2]) for step, u in zip(fired.tail, used) if u and len(step) > 2)
         LedgerEntry.objects.filter(pk=entry.pk).update(
             settled=True, used_steps=n_used, fail=n_used == 0, yield_tokens=yield_tokens,
-            detail=f"{n_used} of {entry.steps} replayed steps used")
+            detail=f"{n_used} of {entry.steps} replayed steps used" + (f" ({why})" if why else ""))
         _demote_if_missing(entry.scope, entry.store_key, entry.name, cfg)
 
 

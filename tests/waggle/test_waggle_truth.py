@@ -50,6 +50,20 @@ def test_a_replay_the_model_repeats_itself_is_a_miss_and_demotes_the_route(cfg):
     assert fire("1", "s4", "later", cfg) is None
 
 
+def test_a_reply_that_contradicts_a_replayed_step_makes_it_a_miss(cfg):
+    teach("1", cfg)
+    assert fire("1", "s1", "fresh", cfg) is not None  # replays read_file, git_log(limit=5), blackboard_read
+    # the model asks git_log about the same path with another setting: the replayed log was not
+    # what it needed; another path with the same setting contradicts nothing
+    service.judge_reply("1", "s1", [("git_log", {"path": "fresh", "limit": 50}),
+                                    ("read_file", {"path": "elsewhere"})], config=cfg)
+    entry = LedgerEntry.objects.get()
+    assert entry.settled and entry.used_steps == 2 and "1 contradicted" in entry.detail
+    assert fire("1", "s2", "x2", cfg) is not None
+    service.judge_reply("1", "s2", [("git_log", {"path": "other", "limit": 5})], config=cfg)
+    assert LedgerEntry.objects.get(session_key="s2").used_steps == 3
+
+
 def test_replayed_calls_are_never_mining_input(cfg):
     teach("1", cfg)
     for i in range(4):
