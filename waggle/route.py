@@ -457,6 +457,9 @@ def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
                     f"over {route.contexts} distinct contexts)")
         lines.append(f"# replay: after the first {trigger} steps, the remaining {len(route.steps) - trigger} "
                      f"run automatically{conf}")
+        if route.reach:  # each alignment replays only as far as its own evidence carries
+            stretches = ", ".join(f"after {m} steps the next {r}" for m, r in sorted(route.reach.items()))
+            lines.append(f"# calls replayed (a fan-out counts each element): {stretches}")
     lines.append("")
     for i, s in enumerate(route.steps, 1):
         lines.append(f"{i}. {s.describe()}")
