@@ -293,7 +293,7 @@ def evaluate(args) -> dict:
     h.verbose = args.verbose
     lines = []
     pooled = Tally()
-    for seed in range(args.folds or args.seeds):
+    for seed in args.only or range(args.folds or args.seeds):
         tally = h.run_seed(seed, args.train_frac, args.folds)
         lines.append(tally.line())
         for f in ("read_only_calls", "round_trips_saved", "replayed_steps", "replayed_steps_used", "fires",
@@ -305,7 +305,7 @@ def evaluate(args) -> dict:
                 print(f"    {name}: {used} of {n} replayed steps used", file=sys.stderr)
     keys = lines[0].keys()
     if args.folds:  # every task held out once: pool the folds (small folds make noisy ratios)
-        return pooled.line() | {"routes": round(pooled.routes / args.folds, 3), "folds": args.folds}
+        return pooled.line() | {"routes": round(pooled.routes / len(lines), 3), "folds": args.folds}
     mean = {k: round(statistics.fmean(line[k] for line in lines), 3) for k in keys}
     return mean | {"seeds": args.seeds}
 
@@ -343,6 +343,7 @@ def main() -> None:
     ap.add_argument("--code-dir", help="import waggle and veronica from this checkout instead of this tree")
     ap.add_argument("--no-baseline", action="store_true", help="skip the run of today's main")
     ap.add_argument("--baseline-ref", default="main")
+    ap.add_argument("--only", type=int, action="append", help="run only this seed / fold (diagnostics)")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-route figures on stderr")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one waggle default for this run (sensitivity analysis; not the baseline)")

@@ -497,7 +497,12 @@ def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = (
             ) -> tuple[dict[str, str], list[ConcreteStep]] | None:
     """Match ``route`` against ``window`` (its first len(window) steps); return the binding and the
     concrete tail (steps already made inside the window, or in ``made``, are left out), or None.
-    ``limit`` keeps only the first tail positions (route steps, then fan-out elements)."""
+    ``limit`` keeps only the first tail positions (route steps, then fan-out elements).
+
+    A step whose output value is missing (the user lists 3 reservations, the route names a 5th)
+    ends the tail there: the positions that can be formed stand on their own. So a long route is
+    judged on every context where its trigger occurs, not only on those whose lists happened to be
+    long enough (its own mined occurrences, a biased sample), and it replays what it can form."""
     binding: dict[str, str] = {}
     for j, (step, call) in enumerate(zip(route.steps, window)):
         got = step.match(call, binding, window[:j])
@@ -509,8 +514,10 @@ def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = (
     pos = 0
     for step in route.steps[len(window):]:
         conc = step.concretes(binding, window, cap)
-        if conc is None:
-            return None
+        if not conc:
+            if pos == 0:
+                return None
+            break
         for c in conc:
             if limit is not None and pos >= limit:
                 return binding, tail
@@ -622,7 +629,10 @@ def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence
         flags = dict(zip(tail, used_flags(tail, calls, p + m)))
         pos = 0  # positions by route step (and list element), not by place in this tail
         for step in route.steps[m:]:
-            for conc in step.concretes(binding, window, top) or ():
+            formed = step.concretes(binding, window, top)
+            if not formed:
+                break  # (the tail ended here: see tail_of)
+            for conc in formed:
                 while len(per) <= pos:
                     per.append([0, 0])
                 if conc in flags:  # (a step the session had already made is not offered)
