@@ -47,6 +47,7 @@ class Plan:
     binding: Mapping[str, str]
     tail: tuple[ConcreteStep, ...]
     key: str = ""
+    positions: tuple[int, ...] = ()  # each tail step's position in the route's tail at ``matched``
 
     @property
     def steps(self) -> int:
@@ -67,11 +68,14 @@ def _alignments(route: Route, recent: Sequence[Call], min_prefix: int, cap: int 
         limit = route.reach_at(m) if m < len(route.steps) else None
         if limit == 0:
             continue  # the evidence at this alignment did not vouch for any step
-        got = tail_of(route, recent[-m:], route.fanout_cap(cap) if limit is None else max(1, cap), made, limit)
+        positions: list[int] = []
+        got = tail_of(route, recent[-m:], route.fanout_cap(cap) if limit is None else max(1, cap), made, limit,
+                      positions)
         if got is None:
             continue
         binding, tail = got
-        return Plan(route=route, matched=m, binding=binding, tail=tuple(tail), key=plan_key(route.name, tail))
+        return Plan(route=route, matched=m, binding=binding, tail=tuple(tail), key=plan_key(route.name, tail),
+                    positions=tuple(positions))
     return None
 
 

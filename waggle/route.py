@@ -206,6 +206,8 @@ class Route:
     # alignment m (leading steps matched) -> tail positions replayed there, each judged on its own
     # evidence at that alignment (learned; empty: routes stored before, the whole tail)
     reach: Mapping[int, int] = field(default_factory=dict, compare=False)
+    # (alignment, tail position) -> (contexts offered it, contexts where the agent made it), as mined
+    evidence: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict, compare=False)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -250,9 +252,10 @@ class Route:
         return any(self.determined_at(m) for m in range(m0, len(self.steps)))
 
     def with_trigger(self, trigger: int, confidence: float, contexts: int = 0, cap: int = 0,
-                     reach: Mapping[int, int] | None = None) -> "Route":
+                     reach: Mapping[int, int] | None = None,
+                     evidence: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> "Route":
         return replace(self, trigger=trigger, confidence=confidence, contexts=contexts, cap=cap,
-                       reach=dict(reach or {}))
+                       reach=dict(reach or {}), evidence=dict(evidence or {}))
 
     def reach_at(self, m: int) -> int | None:
         """Tail positions to replay when the first ``m`` steps matched: None for a route without
@@ -293,6 +296,8 @@ class Route:
         data["cap"] = self.cap
         if self.reach:
             data["reach"] = {str(m): r for m, r in sorted(self.reach.items())}
+        if self.evidence:
+            data["evidence"] = {f"{m}:{pos}": list(v) for (m, pos), v in sorted(self.evidence.items())}
         return data
 
     @classmethod
@@ -337,10 +342,14 @@ class Route:
             reach = {int(m): max(0, int(r)) for m, r in (data.get("reach") or {}).items()}
             if any(m < 1 or m >= len(steps) for m in reach):
                 raise RouteFormatError("reach must name alignments that leave a step to replay")
+            evidence = {}
+            for key, (offered, used) in (data.get("evidence") or {}).items():
+                m, pos = (int(x) for x in str(key).split(":"))
+                evidence[(m, pos)] = (int(offered), int(used))
             return cls(steps=tuple(steps), params=params, name=name, scope=scope, examples=examples,
                        count=int(data.get("count") or 0), trigger=trigger,
                        confidence=float(data.get("confidence") or 0.0), contexts=int(data.get("contexts") or 0),
-                       cap=max(0, int(data.get("cap") or 0)), reach=reach)
+                       cap=max(0, int(data.get("cap") or 0)), reach=reach, evidence=evidence)
         except RouteFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -493,11 +502,12 @@ class TraceIndex:
         self.work = 0  # sightings examined, for tests pinning the cost
 
 
-def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = (), limit: int | None = None
-            ) -> tuple[dict[str, str], list[ConcreteStep]] | None:
+def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = (), limit: int | None = None,
+            positions: list[int] | None = None) -> tuple[dict[str, str], list[ConcreteStep]] | None:
     """Match ``route`` against ``window`` (its first len(window) steps); return the binding and the
     concrete tail (steps already made inside the window, or in ``made``, are left out), or None.
-    ``limit`` keeps only the first tail positions (route steps, then fan-out elements).
+    ``limit`` keeps only the first tail positions (route steps, then fan-out elements); the
+    position of each returned step is appended to ``positions`` when given.
 
     A step whose output value is missing (the user lists 3 reservations, the route names a 5th)
     ends the tail there: the positions that can be formed stand on their own. So a long route is
@@ -521,9 +531,11 @@ def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = (
         for c in conc:
             if limit is not None and pos >= limit:
                 return binding, tail
-            pos += 1
             if c not in made:
                 tail.append(c)
+                if positions is not None:
+                    positions.append(pos)
+            pos += 1
     return binding, tail
 
 
@@ -677,26 +689,29 @@ def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confide
     by element gets its predictable stretches replayed, not its coin flips)."""
     m0 = max(2, int(min_prefix))
     reach: dict[int, int] = {}
+    evidence: dict[tuple[int, int], tuple[int, int]] = {}
     first: tuple[int, float, int, int] | None = None
     for m in range(m0, len(route.steps)):
         got = _judge_alignment(route, index, m, min_confidence, z, min_contexts, max(1, cap))
         if got is None:
             continue
-        lower, contexts, elements = got
+        lower, contexts, elements, per = got
         fixed = len(route.steps) - m - (1 if route.fans_out else 0)
         reach[m] = fixed + elements
+        evidence.update({(m, pos): per[pos] for pos in range(min(reach[m], len(per)))})
         if first is None:
             first = (m, lower, contexts, elements if route.fans_out else 0)
     if first is None:
         return None
     m, lower, contexts, c = first
-    return route.with_trigger(m, lower, contexts, c, reach)
+    return route.with_trigger(m, lower, contexts, c, reach, evidence)
 
 
 def _judge_alignment(route: Route, index: TraceIndex, m: int, min_confidence: float, z: float,
-                     min_contexts: int, top: int) -> tuple[float, int, int] | None:
-    """At alignment ``m``: (lower bound of the share used, contexts, fan-out elements replayed),
-    or None when nothing may be replayed there (see :func:`choose_trigger`)."""
+                     min_contexts: int, top: int) -> tuple[float, int, int, list[tuple[int, int]]] | None:
+    """At alignment ``m``: (lower bound of the share used, contexts, fan-out elements replayed,
+    per tail position (offered, used)), or None when nothing may be replayed there (see
+    :func:`choose_trigger`)."""
     if not route.determined_at(m):
         return None
     caps = list(range(1, top + 1)) if route.fans_out else [top]
@@ -719,5 +734,5 @@ def _judge_alignment(route: Route, index: TraceIndex, m: int, min_confidence: fl
         # together (an agent that stops early misses every later step)
         lower = wilson_lower(evidence[c][3], contexts, z)
         if lower >= min_confidence:
-            return lower, contexts, c if route.fans_out else 0
+            return lower, contexts, c if route.fans_out else 0, per
     return None

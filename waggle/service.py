@@ -355,10 +355,12 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
         # unsettled until the model's next reply says whether it relied on the steps (settle)
         entry = _ledger(plan.route, space_key, session_key, plan.steps, 0, False, settled=False,
                         detail=f"~{outcome.yield_tokens} tokens if every step is used")
-        # per step: the call, its yield, and its *setting* keys (literal arguments: a reply that
-        # asks the same object with other settings contradicts the replay; see judge_reply)
-        tail = [[tool, dict(args), estimate_yield([(tool, args)], [out]), _setting_keys(plan.route, plan.matched, tool)]
-                for (tool, args), out in zip(plan.tail, outcome.outputs)]
+        # per step: the call, its yield, its *setting* keys (literal arguments: a reply that asks
+        # the same object with other settings contradicts the replay; see judge_reply), and where
+        # it stood (alignment, tail position: the ledger judges each position; see _learn_reach)
+        tail = [[tool, dict(args), estimate_yield([(tool, args)], [out]), _setting_keys(plan.route, plan.matched, tool),
+                 plan.matched, pos]
+                for (tool, args), out, pos in zip(plan.tail, outcome.outputs, plan.positions)]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=tail)
         member = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
                   .order_by("-seq").values_list("member_key", flat=True).first()) or ""
@@ -428,8 +430,9 @@ def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPl
            config: WaggleConfig | None = None, why: str = "") -> None:
     """Book the oldest unsettled replay of the session (or ``fired``): ``used[i]`` says whether the
     model relied on replayed step i. Used steps earn their estimated yield; a replay with no used
-    step is a failure; a route whose misses make its lower bound of use fall below
-    ``min_confidence`` is demoted at once (disabled, kept for inspection)."""
+    step is a failure; a route whose misses make its upper bound of use fall below
+    ``min_confidence`` is demoted at once (disabled, kept for inspection), and a position that
+    did so alone stops being replayed (see :func:`_learn_reach`)."""
     cfg = (config or default_config()).normalized()
     fired = fired or next(iter(_pending(space_key, session_key)), None)
     if fired is None:
@@ -445,7 +448,38 @@ def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPl
         LedgerEntry.objects.filter(pk=entry.pk).update(
             settled=True, used_steps=n_used, fail=n_used == 0, yield_tokens=yield_tokens,
             detail=f"{n_used} of {entry.steps} replayed steps used" + (f" ({why})" if why else ""))
+        _learn_reach(entry.scope, entry.store_key, entry.name, fired.tail, used, cfg)
         _demote_if_missing(entry.scope, entry.store_key, entry.name, cfg)
+
+
+def _learn_reach(scope: str, store_key: str, name: str, tail: list, used: list[bool], cfg: WaggleConfig) -> None:
+    """Confidence per step, from the live ledger: count, per (alignment, tail position), the
+    replays the model relied on; a position whose upper bound of use, over the contexts it was
+    mined from and its live replays together, falls below ``min_confidence`` is no longer
+    replayed at that alignment (nor anything after it), while the route's earlier positions keep
+    firing. (Routes stored without a reach only demote whole.)"""
+    items = [(int(s[4]), int(s[5]), bool(u)) for s, u in zip(tail, used) if len(s) > 5]
+    if not items:
+        return
+    w = Waggle.objects.select_for_update().filter(scope=scope, space_key=store_key, name=name).first()
+    if w is None or not isinstance(w.route, dict) or not w.route.get("reach"):
+        return
+    data = dict(w.route)
+    live = {str(k): list(v) for k, v in (data.get("live") or {}).items()}
+    for m, pos, u in items:
+        offered, ok = live.get(f"{m}:{pos}", [0, 0])
+        live[f"{m}:{pos}"] = [offered + 1, ok + u]
+    reach = {int(m): int(r) for m, r in data["reach"].items()}
+    mined = data.get("evidence") or {}
+    for key, (offered, ok) in live.items():
+        m, pos = (int(x) for x in key.split(":"))
+        prior = mined.get(key) or [0, 0]
+        offered, ok = offered + int(prior[0]), ok + int(prior[1])
+        if m in reach and pos < reach[m] and wilson_upper(ok, offered, cfg.confidence_z) < cfg.min_confidence:
+            reach[m] = pos
+    data["live"] = live
+    data["reach"] = {str(m): r for m, r in sorted(reach.items())}
+    Waggle.objects.filter(pk=w.pk).update(route=data)
 
 
 def _demote_if_missing(scope: str, store_key: str, name: str, cfg: WaggleConfig) -> bool:

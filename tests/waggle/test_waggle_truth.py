@@ -216,3 +216,27 @@ def test_mining_sees_repeats_further_apart_than_two_thousand_calls(cfg):
         ForageCall.objects.bulk_create([ForageCall(space_key="1", session_key=f"n{i}", seq=j + 1, tool=f"other{i}_{j}",
                                                    args={"j": j}) for j in range(1_500)])
     assert service.sweep("1", config=cfg) is not None
+
+
+def test_the_ledger_stops_replaying_a_position_the_model_keeps_redoing(cfg):
+    # user -> reservations [0], [1], [2], [3]; mined from 4 users who all walked the whole list
+    steps = (Step("get_user", binds=(("user_id", "u"),)),) + tuple(
+        Step("get_reservation", refs=(("reservation_id", (0, ("reservations", j))),)) for j in range(4))
+    route = Route(steps=steps, params=("u",), name="walk4").with_trigger(
+        2, 0.8, 4, reach={2: 3}, evidence={(2, pos): (4, 4) for pos in range(3)})
+    Waggle.objects.create(name="walk4", scope="space", space_key="1", route=route.to_json(),
+                          script=render_script(route), length=5)
+    replayed = []
+    for n in range(4):
+        ids = [f"R{n}{j}" for j in range(4)]
+        walk("1", f"s{n}", f"user{n}", ids, 1, cfg)
+        exe = FakeExec()
+        assert service.follow("1", f"s{n}", exe, config=cfg) is not None
+        replayed.append([a["reservation_id"] for _, a in exe.calls])
+        # the model relies on [1] and [2] but fetches [3] again itself: position 2 is a miss
+        service.judge_reply("1", f"s{n}", [("get_reservation", {"reservation_id": ids[3]})], config=cfg)
+    # 4 mined contexts and 3 live misses: the upper bound of "used" at position 2 is below 0.75
+    assert [len(r) for r in replayed] == [3, 3, 3, 2]
+    w = Waggle.objects.get(name="walk4")
+    assert not w.disabled and w.route["reach"] == {"2": 2} and w.route["live"]["2:2"] == [3, 0]
+    assert LedgerEntry.objects.filter(session_key="s3").get().used_steps == 2
