@@ -720,14 +720,10 @@ def _judge_alignment(route: Route, index: TraceIndex, m: int, min_confidence: fl
     if contexts < max(1, min_contexts):
         return None
     enough = [offered >= max(1, min_contexts) for offered, _ in per]
-    # a position joins the replay only if it is used at least as often as the target: one below
-    # it would pull the replay's precision down whatever the others do; the small-sample doubt is
-    # taken once, by the lower bound over the whole stretch below (a per-position bound would
-    # drop an 80 % step between two sure ones, and a stretch at 90 % with it)
-    sure = [ok and used >= min_confidence * offered for ok, (offered, used) in zip(enough, per)]
+    sure = [ok and wilson_lower(used, offered, z) >= min_confidence for ok, (offered, used) in zip(enough, per)]
     fixed = len(route.steps) - m - (1 if route.fans_out else 0)
     if any(ok and not good for ok, good in zip(enough[:fixed], sure[:fixed])):
-        return None  # a fixed step used less often than the target (thinner evidence: the overall bound)
+        return None  # a fixed step shown to be unpredictable (thinner evidence: the overall bound)
     if route.fans_out:
         elements = 0
         while fixed + elements < len(sure) and sure[fixed + elements]:

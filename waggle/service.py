@@ -232,17 +232,24 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
     candidates = mine(trace, cfg.mine_config)
     created = None
     if candidates:
-        known = set(Waggle.objects.filter(Q(scope=Waggle.SCOPE_SPACE, space_key=space_key)
-                                          | Q(scope=Waggle.SCOPE_GLOBAL)).values_list("name", flat=True))
+        own = {name: (count, disabled) for name, count, disabled in Waggle.objects.filter(
+            scope=Waggle.SCOPE_SPACE, space_key=space_key).values_list("name", "mined_count", "disabled")}
+        known = set(own) | set(Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL).values_list("name", flat=True))
         index = TraceIndex(trace, sessions)
         judged = 0
         for cand in candidates:
             route = Route.from_candidate(cand)
-            if route.name in known or not route.replayable(cfg.min_prefix):
+            if not route.replayable(cfg.min_prefix):
+                continue
+            stored = own.get(route.name)
+            if route.name in known and (stored is None or stored[1] or cand.count <= stored[0]):
                 continue  # (cheap checks: only routes that reach the trigger test count below)
             judged += 1
             if judged > cfg.sweep_candidates:
                 break  # the rest wait for a later sweep: each sweep stays linear in the window
+            if stored is not None:  # seen more often than when it was judged: judge it again
+                _rejudge(space_key, route.name, cand, index, cfg)
+                continue
             route = promotable(cand, index, cfg)
             if route is None:
                 continue
@@ -262,6 +269,31 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
                          route.confidence * 100)
             break
     return created
+
+
+def _rejudge(space_key: str, name: str, cand: Candidate, index: TraceIndex, cfg: WaggleConfig) -> None:
+    """A stored route was judged on the sightings there were when it first passed (as few as
+    ``min_contexts``); judge it again now that it was seen more often. Its trigger, reach and
+    evidence follow the larger sample (its live ledger counts are kept and still trim it); when
+    the larger sample no longer vouches for any replay, the route is disabled."""
+    fresh = promotable(cand, index, cfg)
+    with transaction.atomic():
+        w = (Waggle.objects.select_for_update()
+             .filter(scope=Waggle.SCOPE_SPACE, space_key=space_key, name=name, disabled=False).first())
+        if w is None:
+            return
+        now = timezone.now()
+        if fresh is None:
+            Waggle.objects.filter(pk=w.pk).update(disabled=True, mined_count=cand.count, touched=now)
+            log.info("waggle: disabled %s: seen %dx now, its sightings no longer vouch for a replay", name, cand.count)
+            return
+        data = fresh.to_json()
+        live = (w.route or {}).get("live") if isinstance(w.route, dict) else None
+        if live and data.get("reach"):
+            data["live"] = live
+            data["reach"] = {str(m): r for m, r in sorted(_trimmed_reach(data, cfg).items())}
+        Waggle.objects.filter(pk=w.pk).update(route=data, script=render_script(fresh, min_prefix=cfg.min_prefix) or w.script,
+                                              mined_count=cand.count, touched=now)
 
 
 def _trim_space(space_key: str, cfg: WaggleConfig) -> int:
@@ -469,17 +501,23 @@ def _learn_reach(scope: str, store_key: str, name: str, tail: list, used: list[b
     for m, pos, u in items:
         offered, ok = live.get(f"{m}:{pos}", [0, 0])
         live[f"{m}:{pos}"] = [offered + 1, ok + u]
-    reach = {int(m): int(r) for m, r in data["reach"].items()}
+    data["live"] = live
+    data["reach"] = {str(m): r for m, r in sorted(_trimmed_reach(data, cfg).items())}
+    Waggle.objects.filter(pk=w.pk).update(route=data)
+
+
+def _trimmed_reach(data: dict, cfg: WaggleConfig) -> dict[int, int]:
+    """A stored route's reach, cut before the first position of each alignment whose upper bound
+    of use over its mined evidence and live replays together is below ``min_confidence``."""
+    reach = {int(m): int(r) for m, r in (data.get("reach") or {}).items()}
     mined = data.get("evidence") or {}
-    for key, (offered, ok) in live.items():
+    for key, (offered, ok) in (data.get("live") or {}).items():
         m, pos = (int(x) for x in key.split(":"))
         prior = mined.get(key) or [0, 0]
         offered, ok = offered + int(prior[0]), ok + int(prior[1])
         if m in reach and pos < reach[m] and wilson_upper(ok, offered, cfg.confidence_z) < cfg.min_confidence:
             reach[m] = pos
-    data["live"] = live
-    data["reach"] = {str(m): r for m, r in sorted(reach.items())}
-    Waggle.objects.filter(pk=w.pk).update(route=data)
+    return reach
 
 
 def _demote_if_missing(scope: str, store_key: str, name: str, cfg: WaggleConfig) -> bool:
