@@ -240,3 +240,20 @@ def test_the_ledger_stops_replaying_a_position_the_model_keeps_redoing(cfg):
     w = Waggle.objects.get(name="walk4")
     assert not w.disabled and w.route["reach"] == {"2": 2} and w.route["live"]["2:2"] == [3, 0]
     assert LedgerEntry.objects.filter(session_key="s3").get().used_steps == 2
+
+
+def test_a_stored_route_is_judged_again_when_seen_more_often(cfg):
+    w = teach("1", cfg)  # three clean contexts: fires after list_dir + grep
+    assert w.route["trigger"] == 2 and w.route["contexts"] == 3
+    for i, m in enumerate(("m4", "m5", "m6")):  # three more whole routines...
+        feed("1", f"more-{m}", routine(m) + noise(10 + i), QUIET)
+    for i in range(8):  # ...and eight sessions where list_dir + grep led elsewhere
+        feed("1", f"other-{i}", routine(f"o{i}")[:2] + noise(20 + i), QUIET)
+    service.sweep("1", config=cfg)
+    w.refresh_from_db()
+    assert not w.disabled and w.mined_count == 6
+    assert w.route["trigger"] == 3 and w.route["contexts"] == 6  # the larger sample moved the trigger
+    feed("1", "fresh", routine("fresh")[:2], cfg)
+    assert service.follow("1", "fresh", FakeExec(), config=cfg) is None
+    feed("1", "fresh", routine("fresh")[2:3], cfg)
+    assert service.follow("1", "fresh", FakeExec(), config=cfg) is not None
