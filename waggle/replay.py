@@ -9,8 +9,8 @@ as one marked block.
 Conservatism beyond the prefix length: a route may carry its own, longer trigger (chosen when it
 was mined: the shortest prefix that was followed by the rest of the route often enough). All routes that match the current calls are compared. If
 two of them predict different continuations (neither is a prefix of the other) nothing fires, and
-when they agree only the shortest prediction runs; a route that has just been walked to its end
-counts as predicting "nothing more". A plan (route + parameter values) fires at most once per
+when they agree the longest prediction runs; a route that has just been walked to its end
+counts as predicting "nothing more". Each alignment replays only its learned ``reach``. A plan (route + parameter values) fires at most once per
 session: the caller passes the keys of plans already fired.
 """
 from __future__ import annotations

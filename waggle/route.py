@@ -22,6 +22,12 @@ sightings reaches ``min_confidence``; each replayed step (and each fan-out eleme
 enough contexts must reach it on its own too, so a route replays only its predictable steps (see
 ``choose_trigger``). The sightings come from a pair index (the positions of
 each pair of consecutive call shapes), so judging a route never scans the whole trace.
+
+Every alignment (leading steps matched) is judged that way on its own sightings: ``reach`` says
+how many tail positions replay there, and ``evidence`` keeps each position's mined tally, which
+the live ledger extends (a position the model keeps redoing stops being replayed). A step whose
+referenced output value is missing ends the tail, so a route is judged on every context its
+trigger occurs in, not only on those long enough to hold all of it.
 """
 from __future__ import annotations
 
