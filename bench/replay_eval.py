@@ -1,6 +1,6 @@
 """waggle on recorded agent trajectories: mine on some tasks, replay on held-out ones.
 
-    .venv/bin/python bench/replay_eval.py [--traces PATH] [--seeds 5] [--train-frac 0.5]
+    .venv/bin/python bench/replay_eval.py [--traces PATH] [--seeds 5] [--train-frac 0.5] [--folds K]
                                           [--no-baseline] [--code-dir DIR]
 
 It drives waggle's own code paths, the ones a live member uses: ``service.observe`` (recorder and
@@ -22,8 +22,11 @@ for the model:
   on every later request). ``net_tokens_saved_pct`` is (input tokens without waggle - with) over
   input tokens without waggle.
 
-The last line is one JSON object averaged over seeds (the baseline line before it runs today's
-``main`` the same way: ``git archive main`` into a temp dir, imported instead of this tree).
+The last line is one JSON object averaged over seeds, or with ``--folds K`` pooled over K folds
+(every task held out exactly once, trained on the other K-1 folds); the baseline line before it
+runs today's ``main`` the same way (``git archive main`` into a temp dir, imported instead of this
+tree). Every figure is held out: nothing is mined from a task that is then replayed on.
+``bench/replay_ceiling.py`` gives the most any list-walk replay could save on the same file.
 Trace format: one JSON object per line (gzip or plain): ``task_id``, ``trial``, ``messages``
 (``role`` user|assistant|tool; assistant ``tool_calls: [{id, name, args}]``; tool ``content``).
 Which tools mutate: ``tools.json`` next to the traces (``{"read_only": [...], "mutating": [...]}``),
@@ -140,13 +143,19 @@ class Harness:
         self.exec_log.append((tool, dict(args)))
         return self.outputs.get(lookup_key(tool, args)) or self.typical.get(tool) or "{}"
 
-    def run_seed(self, seed: int, train_frac: float) -> Tally:
+    def run_seed(self, seed: int, train_frac: float, folds: int = 0) -> Tally:
+        """One held-out evaluation: with ``folds`` (k-fold by task), fold ``seed`` is held out and
+        every other task trains; else a random ``train_frac`` of the tasks trains."""
         svc = self.service
         space = f"eval-{seed}"
         tasks = sorted({t["task_id"] for t in self.traces}, key=str)
-        rng = random.Random(seed)
+        rng = random.Random(0 if folds else seed)
         rng.shuffle(tasks)
-        train = set(tasks[: max(1, int(round(len(tasks) * train_frac)))])
+        if folds:
+            held = set(tasks[seed::folds])
+            train = set(tasks) - held
+        else:
+            train = set(tasks[: max(1, int(round(len(tasks) * train_frac)))])
         cfg = self.config
         frozen = replace(cfg, mine_period=10 ** 9)
         for i, t in enumerate(t for t in self.traces if t["task_id"] in train):
@@ -162,7 +171,7 @@ class Harness:
         tally = Tally(routes=Waggle.objects.filter(space_key=space, disabled=False).count())
         if self.verbose:
             for w in Waggle.objects.filter(space_key=space):
-                print(w.script, file=sys.stderr)
+                print(w.script, "reach", w.route.get("reach"), file=sys.stderr)
         for i, t in enumerate(t for t in self.traces if t["task_id"] not in train):
             self.walk(space, f"held-{i}", t, frozen, tally)
         return tally
@@ -283,15 +292,22 @@ def evaluate(args) -> dict:
     h = Harness(service, config, traces, tool_kinds(path, args.mutating or []), system_tokens(path))
     h.verbose = args.verbose
     lines = []
-    for seed in range(args.seeds):
-        tally = h.run_seed(seed, args.train_frac)
+    pooled = Tally()
+    for seed in args.only or range(args.folds or args.seeds):
+        tally = h.run_seed(seed, args.train_frac, args.folds)
         lines.append(tally.line())
+        for f in ("read_only_calls", "round_trips_saved", "replayed_steps", "replayed_steps_used", "fires",
+                  "input_tokens", "input_tokens_with_waggle", "routes"):
+            setattr(pooled, f, getattr(pooled, f) + getattr(tally, f))
         print(f"seed {seed}: {json.dumps(tally.line())}", file=sys.stderr)
         if args.verbose:
             for name, (n, used) in sorted(tally.per_route.items()):
                 print(f"    {name}: {used} of {n} replayed steps used", file=sys.stderr)
     keys = lines[0].keys()
-    return {k: round(statistics.fmean(line[k] for line in lines), 3) for k in keys} | {"seeds": args.seeds}
+    if args.folds:  # every task held out once: pool the folds (small folds make noisy ratios)
+        return pooled.line() | {"routes": round(pooled.routes / len(lines), 3), "folds": args.folds}
+    mean = {k: round(statistics.fmean(line[k] for line in lines), 3) for k in keys}
+    return mean | {"seeds": args.seeds}
 
 
 def baseline(args) -> dict | None:
@@ -305,6 +321,8 @@ def baseline(args) -> dict | None:
         return None
     cmd = [sys.executable, str(Path(__file__).resolve()), "--code-dir", str(tmp), "--no-baseline",
            "--traces", str(args.traces), "--seeds", str(args.seeds), "--train-frac", str(args.train_frac)]
+    if args.folds:
+        cmd += ["--folds", str(args.folds)]
     for name in args.mutating or []:
         cmd += ["--mutating", name]
     got = subprocess.run(cmd, capture_output=True, text=True)
@@ -319,10 +337,13 @@ def main() -> None:
     ap.add_argument("--traces", default=str(DEFAULT_TRACES))
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--train-frac", type=float, default=0.5)
+    ap.add_argument("--folds", type=int, default=0,
+                    help="k-fold by task instead of random halves: every task held out exactly once")
     ap.add_argument("--mutating", action="append", help="a tool that changes state (repeatable)")
     ap.add_argument("--code-dir", help="import waggle and veronica from this checkout instead of this tree")
     ap.add_argument("--no-baseline", action="store_true", help="skip the run of today's main")
     ap.add_argument("--baseline-ref", default="main")
+    ap.add_argument("--only", type=int, action="append", help="run only this seed / fold (diagnostics)")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-route figures on stderr")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one waggle default for this run (sensitivity analysis; not the baseline)")

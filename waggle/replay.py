@@ -9,8 +9,8 @@ as one marked block.
 Conservatism beyond the prefix length: a route may carry its own, longer trigger (chosen when it
 was mined: the shortest prefix that was followed by the rest of the route often enough). All routes that match the current calls are compared. If
 two of them predict different continuations (neither is a prefix of the other) nothing fires, and
-when they agree only the shortest prediction runs; a route that has just been walked to its end
-counts as predicting "nothing more". A plan (route + parameter values) fires at most once per
+when they agree the longest prediction runs; a route that has just been walked to its end
+counts as predicting "nothing more". Each alignment replays only its learned ``reach``. A plan (route + parameter values) fires at most once per
 session: the caller passes the keys of plans already fired.
 """
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Plan:
     binding: Mapping[str, str]
     tail: tuple[ConcreteStep, ...]
     key: str = ""
+    positions: tuple[int, ...] = ()  # each tail step's position in the route's tail at ``matched``
 
     @property
     def steps(self) -> int:
@@ -64,11 +65,17 @@ def _alignments(route: Route, recent: Sequence[Call], min_prefix: int, cap: int 
     for m in range(top, lower - 1, -1):
         if m < len(route.steps) and not route.determined_at(m):
             continue
-        got = tail_of(route, recent[-m:], route.fanout_cap(cap), made)
+        limit = route.reach_at(m) if m < len(route.steps) else None
+        if limit == 0:
+            continue  # the evidence at this alignment did not vouch for any step
+        positions: list[int] = []
+        got = tail_of(route, recent[-m:], route.fanout_cap(cap) if limit is None else max(1, cap), made, limit,
+                      positions)
         if got is None:
             continue
         binding, tail = got
-        return Plan(route=route, matched=m, binding=binding, tail=tuple(tail), key=plan_key(route.name, tail))
+        return Plan(route=route, matched=m, binding=binding, tail=tuple(tail), key=plan_key(route.name, tail),
+                    positions=tuple(positions))
     return None
 
 

@@ -22,6 +22,12 @@ sightings reaches ``min_confidence``; each replayed step (and each fan-out eleme
 enough contexts must reach it on its own too, so a route replays only its predictable steps (see
 ``choose_trigger``). The sightings come from a pair index (the positions of
 each pair of consecutive call shapes), so judging a route never scans the whole trace.
+
+Every alignment (leading steps matched) is judged that way on its own sightings: ``reach`` says
+how many tail positions replay there, and ``evidence`` keeps each position's mined tally, which
+the live ledger extends (a position the model keeps redoing stops being replayed). A step whose
+referenced output value is missing ends the tail, so a route is judged on every context its
+trigger occurs in, not only on those long enough to hold all of it.
 """
 from __future__ import annotations
 
@@ -203,6 +209,11 @@ class Route:
     confidence: float = field(default=0.0, compare=False)  # lower bound: replayed steps the agent made itself
     contexts: int = field(default=0, compare=False)  # distinct contexts the trigger was seen in when judged
     cap: int = field(default=0, compare=False)  # calls the fan-out step may make (learned; 0: the config's cap)
+    # alignment m (leading steps matched) -> tail positions replayed there, each judged on its own
+    # evidence at that alignment (learned; empty: routes stored before, the whole tail)
+    reach: Mapping[int, int] = field(default_factory=dict, compare=False)
+    # (alignment, tail position) -> (contexts offered it, contexts where the agent made it), as mined
+    evidence: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict, compare=False)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -246,8 +257,18 @@ class Route:
         m0 = max(2, int(min_prefix))
         return any(self.determined_at(m) for m in range(m0, len(self.steps)))
 
-    def with_trigger(self, trigger: int, confidence: float, contexts: int = 0, cap: int = 0) -> "Route":
-        return replace(self, trigger=trigger, confidence=confidence, contexts=contexts, cap=cap)
+    def with_trigger(self, trigger: int, confidence: float, contexts: int = 0, cap: int = 0,
+                     reach: Mapping[int, int] | None = None,
+                     evidence: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> "Route":
+        return replace(self, trigger=trigger, confidence=confidence, contexts=contexts, cap=cap,
+                       reach=dict(reach or {}), evidence=dict(evidence or {}))
+
+    def reach_at(self, m: int) -> int | None:
+        """Tail positions to replay when the first ``m`` steps matched: None for a route without
+        learned reach (its whole tail), 0 where the evidence at that alignment did not pass."""
+        if not self.reach:
+            return None
+        return self.reach.get(m, 0)
 
     @property
     def fans_out(self) -> bool:
@@ -279,6 +300,10 @@ class Route:
         data["confidence"] = round(self.confidence, 4)
         data["contexts"] = self.contexts
         data["cap"] = self.cap
+        if self.reach:
+            data["reach"] = {str(m): r for m, r in sorted(self.reach.items())}
+        if self.evidence:
+            data["evidence"] = {f"{m}:{pos}": list(v) for (m, pos), v in sorted(self.evidence.items())}
         return data
 
     @classmethod
@@ -320,10 +345,17 @@ class Route:
             trigger = int(data.get("trigger") or 0)
             if trigger < 0 or trigger >= len(steps):
                 raise RouteFormatError("trigger must leave at least one step to replay")
+            reach = {int(m): max(0, int(r)) for m, r in (data.get("reach") or {}).items()}
+            if any(m < 1 or m >= len(steps) for m in reach):
+                raise RouteFormatError("reach must name alignments that leave a step to replay")
+            evidence = {}
+            for key, (offered, used) in (data.get("evidence") or {}).items():
+                m, pos = (int(x) for x in str(key).split(":"))
+                evidence[(m, pos)] = (int(offered), int(used))
             return cls(steps=tuple(steps), params=params, name=name, scope=scope, examples=examples,
                        count=int(data.get("count") or 0), trigger=trigger,
                        confidence=float(data.get("confidence") or 0.0), contexts=int(data.get("contexts") or 0),
-                       cap=max(0, int(data.get("cap") or 0)))
+                       cap=max(0, int(data.get("cap") or 0)), reach=reach, evidence=evidence)
         except RouteFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -440,6 +472,9 @@ def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
                     f"over {route.contexts} distinct contexts)")
         lines.append(f"# replay: after the first {trigger} steps, the remaining {len(route.steps) - trigger} "
                      f"run automatically{conf}")
+        if route.reach:  # each alignment replays only as far as its own evidence carries
+            stretches = ", ".join(f"after {m} steps the next {r}" for m, r in sorted(route.reach.items()))
+            lines.append(f"# calls replayed (a fan-out counts each element): {stretches}")
     lines.append("")
     for i, s in enumerate(route.steps, 1):
         lines.append(f"{i}. {s.describe()}")
@@ -473,10 +508,17 @@ class TraceIndex:
         self.work = 0  # sightings examined, for tests pinning the cost
 
 
-def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = ()
-            ) -> tuple[dict[str, str], list[ConcreteStep]] | None:
+def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = (), limit: int | None = None,
+            positions: list[int] | None = None) -> tuple[dict[str, str], list[ConcreteStep]] | None:
     """Match ``route`` against ``window`` (its first len(window) steps); return the binding and the
-    concrete tail (steps already made inside the window, or in ``made``, are left out), or None."""
+    concrete tail (steps already made inside the window, or in ``made``, are left out), or None.
+    ``limit`` keeps only the first tail positions (route steps, then fan-out elements); the
+    position of each returned step is appended to ``positions`` when given.
+
+    A step whose output value is missing (the user lists 3 reservations, the route names a 5th)
+    ends the tail there: the positions that can be formed stand on their own. So a long route is
+    judged on every context where its trigger occurs, not only on those whose lists happened to be
+    long enough (its own mined occurrences, a biased sample), and it replays what it can form."""
     binding: dict[str, str] = {}
     for j, (step, call) in enumerate(zip(route.steps, window)):
         got = step.match(call, binding, window[:j])
@@ -485,11 +527,21 @@ def tail_of(route: Route, window: Sequence[Call], cap: int, made: Collection = (
         binding = got
     made = {c.invocation() for c in window} | set(made)
     tail: list[ConcreteStep] = []
+    pos = 0
     for step in route.steps[len(window):]:
         conc = step.concretes(binding, window, cap)
-        if conc is None:
-            return None
-        tail.extend(c for c in conc if c not in made)
+        if not conc:
+            if pos == 0:
+                return None
+            break
+        for c in conc:
+            if limit is not None and pos >= limit:
+                return binding, tail
+            if c not in made:
+                tail.append(c)
+                if positions is not None:
+                    positions.append(pos)
+            pos += 1
     return binding, tail
 
 
@@ -595,7 +647,10 @@ def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence
         flags = dict(zip(tail, used_flags(tail, calls, p + m)))
         pos = 0  # positions by route step (and list element), not by place in this tail
         for step in route.steps[m:]:
-            for conc in step.concretes(binding, window, top) or ():
+            formed = step.concretes(binding, window, top)
+            if not formed:
+                break  # (the tail ended here: see tail_of)
+            for conc in formed:
                 while len(per) <= pos:
                     per.append([0, 0])
                 if conc in flags:  # (a step the session had already made is not offered)
@@ -632,32 +687,58 @@ def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confide
     made it" (a strong first step cannot carry a coin-flip second one). A fan-out replays only the
     leading list elements that were offered in ``min_contexts`` contexts and pass that bound (its
     learned cap, at most ``cap``): agents stop somewhere in a list, the later elements are the
-    likelier misses, and an element seen too rarely is not known to be predictable."""
+    likelier misses, and an element seen too rarely is not known to be predictable.
+
+    Every longer alignment is judged the same way on its own sightings and kept in the route's
+    ``reach`` (m -> tail positions replayed there): when the agent walks on past a replay, what
+    follows is replayed only as far as the evidence at that point carries (a list walked element
+    by element gets its predictable stretches replayed, not its coin flips)."""
     m0 = max(2, int(min_prefix))
-    top = max(1, cap)
+    reach: dict[int, int] = {}
+    evidence: dict[tuple[int, int], tuple[int, int]] = {}
+    first: tuple[int, float, int, int] | None = None
     for m in range(m0, len(route.steps)):
-        if not route.determined_at(m):
+        got = _judge_alignment(route, index, m, min_confidence, z, min_contexts, max(1, cap))
+        if got is None:
             continue
-        caps = list(range(1, top + 1)) if route.fans_out else [top]
-        evidence, per = _sightings(route, index, m, top, caps)
-        contexts = evidence[top][0]
-        if contexts < max(1, min_contexts):
-            continue
-        enough = [offered >= max(1, min_contexts) for offered, _ in per]
-        sure = [ok and wilson_lower(used, offered, z) >= min_confidence for ok, (offered, used) in zip(enough, per)]
+        lower, contexts, elements, per = got
         fixed = len(route.steps) - m - (1 if route.fans_out else 0)
-        if any(ok and not good for ok, good in zip(enough[:fixed], sure[:fixed])):
-            continue  # a fixed step shown to be unpredictable (thinner evidence: the overall bound)
-        if route.fans_out:
-            elements = 0
-            while fixed + elements < len(sure) and sure[fixed + elements]:
-                elements += 1
-            caps = list(range(1, elements + 1))
-        for c in reversed(caps):
-            _, _, _, share = evidence[c]
-            # the unit of evidence is the context, not the step: one context's steps stand or fall
-            # together (an agent that stops early misses every later step)
-            lower = wilson_lower(share, contexts, z)
-            if lower >= min_confidence:
-                return route.with_trigger(m, lower, contexts, c if route.fans_out else 0)
+        reach[m] = fixed + elements
+        evidence.update({(m, pos): per[pos] for pos in range(min(reach[m], len(per)))})
+        if first is None:
+            first = (m, lower, contexts, elements if route.fans_out else 0)
+    if first is None:
+        return None
+    m, lower, contexts, c = first
+    return route.with_trigger(m, lower, contexts, c, reach, evidence)
+
+
+def _judge_alignment(route: Route, index: TraceIndex, m: int, min_confidence: float, z: float,
+                     min_contexts: int, top: int) -> tuple[float, int, int, list[tuple[int, int]]] | None:
+    """At alignment ``m``: (lower bound of the share used, contexts, fan-out elements replayed,
+    per tail position (offered, used)), or None when nothing may be replayed there (see
+    :func:`choose_trigger`)."""
+    if not route.determined_at(m):
+        return None
+    caps = list(range(1, top + 1)) if route.fans_out else [top]
+    evidence, per = _sightings(route, index, m, top, caps)
+    contexts = evidence[top][0]
+    if contexts < max(1, min_contexts):
+        return None
+    enough = [offered >= max(1, min_contexts) for offered, _ in per]
+    sure = [ok and wilson_lower(used, offered, z) >= min_confidence for ok, (offered, used) in zip(enough, per)]
+    fixed = len(route.steps) - m - (1 if route.fans_out else 0)
+    if any(ok and not good for ok, good in zip(enough[:fixed], sure[:fixed])):
+        return None  # a fixed step shown to be unpredictable (thinner evidence: the overall bound)
+    if route.fans_out:
+        elements = 0
+        while fixed + elements < len(sure) and sure[fixed + elements]:
+            elements += 1
+        caps = list(range(1, elements + 1))
+    for c in reversed(caps):
+        # the unit of evidence is the context, not the step: one context's steps stand or fall
+        # together (an agent that stops early misses every later step)
+        lower = wilson_lower(evidence[c][3], contexts, z)
+        if lower >= min_confidence:
+            return lower, contexts, c if route.fans_out else 0, per
     return None

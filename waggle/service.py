@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
@@ -232,17 +232,24 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
     candidates = mine(trace, cfg.mine_config)
     created = None
     if candidates:
-        known = set(Waggle.objects.filter(Q(scope=Waggle.SCOPE_SPACE, space_key=space_key)
-                                          | Q(scope=Waggle.SCOPE_GLOBAL)).values_list("name", flat=True))
+        own = {name: (count, disabled) for name, count, disabled in Waggle.objects.filter(
+            scope=Waggle.SCOPE_SPACE, space_key=space_key).values_list("name", "mined_count", "disabled")}
+        known = set(own) | set(Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL).values_list("name", flat=True))
         index = TraceIndex(trace, sessions)
         judged = 0
         for cand in candidates:
             route = Route.from_candidate(cand)
-            if route.name in known or not route.replayable(cfg.min_prefix):
+            if not route.replayable(cfg.min_prefix):
+                continue
+            stored = own.get(route.name)
+            if route.name in known and (stored is None or stored[1] or cand.count <= stored[0]):
                 continue  # (cheap checks: only routes that reach the trigger test count below)
             judged += 1
             if judged > cfg.sweep_candidates:
                 break  # the rest wait for a later sweep: each sweep stays linear in the window
+            if stored is not None:  # seen more often than when it was judged: judge it again
+                _rejudge(space_key, route.name, cand, index, cfg)
+                continue
             route = promotable(cand, index, cfg)
             if route is None:
                 continue
@@ -262,6 +269,31 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
                          route.confidence * 100)
             break
     return created
+
+
+def _rejudge(space_key: str, name: str, cand: Candidate, index: TraceIndex, cfg: WaggleConfig) -> None:
+    """A stored route was judged on the sightings there were when it first passed (as few as
+    ``min_contexts``); judge it again now that it was seen more often. Its trigger, reach and
+    evidence follow the larger sample (its live ledger counts are kept and still trim it); when
+    the larger sample no longer vouches for any replay, the route is disabled."""
+    fresh = promotable(cand, index, cfg)
+    with transaction.atomic():
+        w = (Waggle.objects.select_for_update()
+             .filter(scope=Waggle.SCOPE_SPACE, space_key=space_key, name=name, disabled=False).first())
+        if w is None:
+            return
+        now = timezone.now()
+        if fresh is None:
+            Waggle.objects.filter(pk=w.pk).update(disabled=True, mined_count=cand.count, touched=now)
+            log.info("waggle: disabled %s: seen %dx now, its sightings no longer vouch for a replay", name, cand.count)
+            return
+        data = fresh.to_json()
+        live = (w.route or {}).get("live") if isinstance(w.route, dict) else None
+        if live and data.get("reach"):
+            data["live"] = live
+            data["reach"] = {str(m): r for m, r in sorted(_trimmed_reach(data, cfg).items())}
+        Waggle.objects.filter(pk=w.pk).update(route=data, script=render_script(fresh, min_prefix=cfg.min_prefix) or w.script,
+                                              mined_count=cand.count, touched=now)
 
 
 def _trim_space(space_key: str, cfg: WaggleConfig) -> int:
@@ -355,14 +387,45 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
         # unsettled until the model's next reply says whether it relied on the steps (settle)
         entry = _ledger(plan.route, space_key, session_key, plan.steps, 0, False, settled=False,
                         detail=f"~{outcome.yield_tokens} tokens if every step is used")
-        tail = [[tool, dict(args), estimate_yield([(tool, args)], [out])]
-                for (tool, args), out in zip(plan.tail, outcome.outputs)]
+        # per step: the call, its yield, its *setting* keys (literal arguments: a reply that asks
+        # the same object with other settings contradicts the replay; see judge_reply), and where
+        # it stood (alignment, tail position: the ledger judges each position; see _learn_reach)
+        tail = [[tool, dict(args), estimate_yield([(tool, args)], [out]), _setting_keys(plan.route, plan.matched, tool),
+                 plan.matched, pos]
+                for (tool, args), out, pos in zip(plan.tail, outcome.outputs, plan.positions)]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=tail)
         member = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
                   .order_by("-seq").values_list("member_key", flat=True).first()) or ""
         for (tool, args), out in zip(plan.tail, outcome.outputs):
             _record(space_key, session_key, member, Call.make(tool, args_json(args), output=out), cfg, replayed=True)
     return outcome.block
+
+
+def _setting_keys(route: Route, matched: int, tool: str) -> list[str]:
+    """The literal argument keys of the route's replayed steps of ``tool`` (its settings, as
+    opposed to the object a parameter or an output ref names)."""
+    return sorted({k for s in route.steps[matched:] if s.tool == tool for k, _ in s.literals})
+
+
+def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str:
+    """How the model's reply treated one replayed step: ``"used"``, ``"re-issued"`` (it made the
+    call itself: it ignored the replay) or ``"contradicted"`` (it asked the same tool about the
+    same object with other settings: the replayed output was not what it needed)."""
+    tool, args = step[0], tuple(sorted((step[1] or {}).items()))
+    settings = set(step[3]) if len(step) > 3 and isinstance(step[3], list) else set()
+    own = dict(args)
+    for t, a in issued:
+        if t != tool:
+            continue
+        if a == args:
+            return "re-issued"
+        other = dict(a)
+        if other.keys() != own.keys():
+            continue
+        differing = {k for k in own if own[k] != other[k]}
+        if differing and settings and differing <= settings:
+            return "contradicted"
+    return "used"
 
 
 def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
@@ -372,17 +435,23 @@ def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
 def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] | None, *,
                 config: WaggleConfig | None = None) -> int:
     """Call when the model's reply after a replay arrives, with the tool calls it makes
-    (``[(tool, args), ...]``; empty for a text answer). A replayed step the model issues again
-    itself is a *miss* (it did not rely on the replay); every other step is *used*. Settles every
-    replay of the session still waiting for a judgement; returns how many. Never raises."""
+    (``[(tool, args), ...]``; empty for a text answer). A replayed step is *used* only when the
+    model relied on it: it does not issue that call itself, and its next calls are consistent
+    with the replayed output, i.e. none asks the same tool about the same object with other
+    settings (a replayed ``git_log(path=p, limit=5)`` followed by the model's own
+    ``git_log(path=p, limit=50)``: the replay was not what it needed). A re-issued or contradicted
+    step is a *miss*. Settles every replay of the session still waiting for a judgement; returns
+    how many. Never raises."""
     try:
         pending = _pending(space_key, session_key)
         if not pending:
             return 0
-        issued = {(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])}
+        issued = [(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])]
         for fired in pending:
-            used = [(step[0], tuple(sorted((step[1] or {}).items()))) not in issued for step in fired.tail]
-            settle(space_key, session_key, used, fired=fired, config=config)
+            verdicts = [_judge_step(step, issued) for step in fired.tail]
+            misses = Counter(v for v in verdicts if v != "used")
+            why = ", ".join(f"{n} {v}" for v, n in sorted(misses.items()))
+            settle(space_key, session_key, [v == "used" for v in verdicts], fired=fired, config=config, why=why)
         return len(pending)
     except Exception:  # noqa: BLE001 - best effort by contract
         log.exception("waggle: judging a reply failed (space=%r session=%r); ignored", space_key, session_key)
@@ -390,11 +459,12 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
 
 
 def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPlan | None = None,
-           config: WaggleConfig | None = None) -> None:
+           config: WaggleConfig | None = None, why: str = "") -> None:
     """Book the oldest unsettled replay of the session (or ``fired``): ``used[i]`` says whether the
     model relied on replayed step i. Used steps earn their estimated yield; a replay with no used
-    step is a failure; a route whose misses make its lower bound of use fall below
-    ``min_confidence`` is demoted at once (disabled, kept for inspection)."""
+    step is a failure; a route whose misses make its upper bound of use fall below
+    ``min_confidence`` is demoted at once (disabled, kept for inspection), and a position that
+    did so alone stops being replayed (see :func:`_learn_reach`)."""
     cfg = (config or default_config()).normalized()
     fired = fired or next(iter(_pending(space_key, session_key)), None)
     if fired is None:
@@ -409,8 +479,45 @@ def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPl
         yield_tokens = sum(int(step[2]) for step, u in zip(fired.tail, used) if u and len(step) > 2)
         LedgerEntry.objects.filter(pk=entry.pk).update(
             settled=True, used_steps=n_used, fail=n_used == 0, yield_tokens=yield_tokens,
-            detail=f"{n_used} of {entry.steps} replayed steps used")
+            detail=f"{n_used} of {entry.steps} replayed steps used" + (f" ({why})" if why else ""))
+        _learn_reach(entry.scope, entry.store_key, entry.name, fired.tail, used, cfg)
         _demote_if_missing(entry.scope, entry.store_key, entry.name, cfg)
+
+
+def _learn_reach(scope: str, store_key: str, name: str, tail: list, used: list[bool], cfg: WaggleConfig) -> None:
+    """Confidence per step, from the live ledger: count, per (alignment, tail position), the
+    replays the model relied on; a position whose upper bound of use, over the contexts it was
+    mined from and its live replays together, falls below ``min_confidence`` is no longer
+    replayed at that alignment (nor anything after it), while the route's earlier positions keep
+    firing. (Routes stored without a reach only demote whole.)"""
+    items = [(int(s[4]), int(s[5]), bool(u)) for s, u in zip(tail, used) if len(s) > 5]
+    if not items:
+        return
+    w = Waggle.objects.select_for_update().filter(scope=scope, space_key=store_key, name=name).first()
+    if w is None or not isinstance(w.route, dict) or not w.route.get("reach"):
+        return
+    data = dict(w.route)
+    live = {str(k): list(v) for k, v in (data.get("live") or {}).items()}
+    for m, pos, u in items:
+        offered, ok = live.get(f"{m}:{pos}", [0, 0])
+        live[f"{m}:{pos}"] = [offered + 1, ok + u]
+    data["live"] = live
+    data["reach"] = {str(m): r for m, r in sorted(_trimmed_reach(data, cfg).items())}
+    Waggle.objects.filter(pk=w.pk).update(route=data)
+
+
+def _trimmed_reach(data: dict, cfg: WaggleConfig) -> dict[int, int]:
+    """A stored route's reach, cut before the first position of each alignment whose upper bound
+    of use over its mined evidence and live replays together is below ``min_confidence``."""
+    reach = {int(m): int(r) for m, r in (data.get("reach") or {}).items()}
+    mined = data.get("evidence") or {}
+    for key, (offered, ok) in (data.get("live") or {}).items():
+        m, pos = (int(x) for x in key.split(":"))
+        prior = mined.get(key) or [0, 0]
+        offered, ok = offered + int(prior[0]), ok + int(prior[1])
+        if m in reach and pos < reach[m] and wilson_upper(ok, offered, cfg.confidence_z) < cfg.min_confidence:
+            reach[m] = pos
+    return reach
 
 
 def _demote_if_missing(scope: str, store_key: str, name: str, cfg: WaggleConfig) -> bool:

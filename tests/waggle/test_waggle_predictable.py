@@ -64,3 +64,25 @@ def test_an_element_seen_in_too_few_contexts_is_not_replayed():
     route = Route(steps=WALK + (Step("get_res", refs=ref(2), each=True),), params=("u",), name="rare")
     chosen = choose_trigger(route, TraceIndex(sessions(walks)), 2, 0.75, min_contexts=3)
     assert chosen is not None and chosen.cap == 1
+
+
+def test_a_walk_past_a_replay_is_judged_again_at_each_alignment():
+    # 20 users with 5 reservations: everyone fetches the first three, only half go on to the
+    # fourth, and whoever fetched the fourth also fetches the fifth
+    walks = [(5, 3)] * 10 + [(5, 5)] * 10
+    steps = WALK + (Step("get_res", refs=ref(2)), Step("get_res", refs=ref(3)), Step("get_res", refs=ref(4)))
+    route = Route(steps=steps, params=("u",), name="walk5")
+    chosen = choose_trigger(route, TraceIndex(sessions(walks)), 2, 0.6)
+    # fixed steps: nothing after user + one, two or three (the coin-flip fourth blocks every tail
+    # holding it); after user + four (the model went on by itself): the fifth
+    assert chosen is not None and chosen.trigger == 5 and chosen.reach == {5: 1}
+    fan = Route(steps=WALK + (Step("get_res", refs=ref(2), each=True),), params=("u",), name="walkfan")
+    chosen = choose_trigger(fan, TraceIndex(sessions(walks)), 2, 0.6)
+    assert chosen is not None and chosen.reach == {2: 2, 3: 1}
+    from waggle.replay import find_plan
+
+    ids = ["a", "b", "c", "d", "e"]
+    calls = [user("new", ids)] + [res(r) for r in ids]
+    assert [dict(a)["rid"] for _, a in find_plan(calls[:2], [chosen]).tail] == ['"b"', '"c"']
+    assert [dict(a)["rid"] for _, a in find_plan(calls[:3], [chosen]).tail] == ['"c"']
+    assert Route.from_json(chosen.to_json(), name="walkfan").reach == {2: 2, 3: 1}

@@ -50,6 +50,20 @@ def test_a_replay_the_model_repeats_itself_is_a_miss_and_demotes_the_route(cfg):
     assert fire("1", "s4", "later", cfg) is None
 
 
+def test_a_reply_that_contradicts_a_replayed_step_makes_it_a_miss(cfg):
+    teach("1", cfg)
+    assert fire("1", "s1", "fresh", cfg) is not None  # replays read_file, git_log(limit=5), blackboard_read
+    # the model asks git_log about the same path with another setting: the replayed log was not
+    # what it needed; another path with the same setting contradicts nothing
+    service.judge_reply("1", "s1", [("git_log", {"path": "fresh", "limit": 50}),
+                                    ("read_file", {"path": "elsewhere"})], config=cfg)
+    entry = LedgerEntry.objects.get()
+    assert entry.settled and entry.used_steps == 2 and "1 contradicted" in entry.detail
+    assert fire("1", "s2", "x2", cfg) is not None
+    service.judge_reply("1", "s2", [("git_log", {"path": "other", "limit": 5})], config=cfg)
+    assert LedgerEntry.objects.get(session_key="s2").used_steps == 3
+
+
 def test_replayed_calls_are_never_mining_input(cfg):
     teach("1", cfg)
     for i in range(4):
@@ -202,3 +216,44 @@ def test_mining_sees_repeats_further_apart_than_two_thousand_calls(cfg):
         ForageCall.objects.bulk_create([ForageCall(space_key="1", session_key=f"n{i}", seq=j + 1, tool=f"other{i}_{j}",
                                                    args={"j": j}) for j in range(1_500)])
     assert service.sweep("1", config=cfg) is not None
+
+
+def test_the_ledger_stops_replaying_a_position_the_model_keeps_redoing(cfg):
+    # user -> reservations [0], [1], [2], [3]; mined from 4 users who all walked the whole list
+    steps = (Step("get_user", binds=(("user_id", "u"),)),) + tuple(
+        Step("get_reservation", refs=(("reservation_id", (0, ("reservations", j))),)) for j in range(4))
+    route = Route(steps=steps, params=("u",), name="walk4").with_trigger(
+        2, 0.8, 4, reach={2: 3}, evidence={(2, pos): (4, 4) for pos in range(3)})
+    Waggle.objects.create(name="walk4", scope="space", space_key="1", route=route.to_json(),
+                          script=render_script(route), length=5)
+    replayed = []
+    for n in range(4):
+        ids = [f"R{n}{j}" for j in range(4)]
+        walk("1", f"s{n}", f"user{n}", ids, 1, cfg)
+        exe = FakeExec()
+        assert service.follow("1", f"s{n}", exe, config=cfg) is not None
+        replayed.append([a["reservation_id"] for _, a in exe.calls])
+        # the model relies on [1] and [2] but fetches [3] again itself: position 2 is a miss
+        service.judge_reply("1", f"s{n}", [("get_reservation", {"reservation_id": ids[3]})], config=cfg)
+    # 4 mined contexts and 3 live misses: the upper bound of "used" at position 2 is below 0.75
+    assert [len(r) for r in replayed] == [3, 3, 3, 2]
+    w = Waggle.objects.get(name="walk4")
+    assert not w.disabled and w.route["reach"] == {"2": 2} and w.route["live"]["2:2"] == [3, 0]
+    assert LedgerEntry.objects.filter(session_key="s3").get().used_steps == 2
+
+
+def test_a_stored_route_is_judged_again_when_seen_more_often(cfg):
+    w = teach("1", cfg)  # three clean contexts: fires after list_dir + grep
+    assert w.route["trigger"] == 2 and w.route["contexts"] == 3
+    for i, m in enumerate(("m4", "m5", "m6")):  # three more whole routines...
+        feed("1", f"more-{m}", routine(m) + noise(10 + i), QUIET)
+    for i in range(8):  # ...and eight sessions where list_dir + grep led elsewhere
+        feed("1", f"other-{i}", routine(f"o{i}")[:2] + noise(20 + i), QUIET)
+    service.sweep("1", config=cfg)
+    w.refresh_from_db()
+    assert not w.disabled and w.mined_count == 6
+    assert w.route["trigger"] == 3 and w.route["contexts"] == 6  # the larger sample moved the trigger
+    feed("1", "fresh", routine("fresh")[:2], cfg)
+    assert service.follow("1", "fresh", FakeExec(), config=cfg) is None
+    feed("1", "fresh", routine("fresh")[2:3], cfg)
+    assert service.follow("1", "fresh", FakeExec(), config=cfg) is not None

@@ -1,0 +1,119 @@
+"""A second family of agent traces, unlike τ-bench airline, to check replay_eval's figures on.
+
+    .venv/bin/python bench/synth_traces.py OUT_DIR [--tasks 60] [--trials 3] [--seed 7]
+    .venv/bin/python bench/replay_eval.py --traces OUT_DIR/trajectories.jsonl.gz
+
+A coding agent in a repository (same trace format as τ-bench: task_id, trial, messages; writes
+``tools.json`` beside it). Every task has its own repository; trials of a task are near-copies
+(the same files, the agent's choices drawn again). What the agent does, with how predictable it is:
+
+* ``git_status()`` then ``git_diff(path=...)`` for the changed files in list order: it walks the
+  whole list 90 % of the time (a literal trigger, a fan-out over ``changed[*].path``);
+* ``grep(pattern, path=".")`` then ``read_file`` of the first matches, stopping after each with
+  probability 1/2 (a coin flip: replaying it would be wrong half the time);
+* ``read_file(path=module)`` then ``list_tests(module=module)`` 60 % of the time (a parameter
+  carried from an argument, not an output);
+* free-text calls (``think``), and mutating ``edit_file`` / ``run_tests`` between phases.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+from pathlib import Path
+
+READ_ONLY = ["git_status", "git_diff", "grep", "read_file", "list_tests", "think"]
+MUTATING = ["edit_file", "run_tests"]
+WORDS = ["parser", "cache", "router", "auth", "models", "views", "utils", "config", "jobs", "mail"]
+
+
+class Trace:
+    def __init__(self) -> None:
+        self.messages: list[dict] = []
+        self.n = 0
+
+    def say(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+
+    def user(self, text: str) -> None:
+        self.messages.append({"role": "user", "content": text})
+
+    def call(self, name: str, args: dict, output) -> None:
+        self.n += 1
+        cid = f"call_{self.n}"
+        self.messages.append({"role": "assistant", "content": None,
+                              "tool_calls": [{"id": cid, "name": name, "args": args}]})
+        text = output if isinstance(output, str) else json.dumps(output)
+        self.messages.append({"role": "tool", "tool_call_id": cid, "name": name, "content": text})
+
+
+def repo(rng: random.Random, task: int) -> dict:
+    mods = rng.sample(WORDS, 5)
+    files = [f"pkg{task}/{m}.py" for m in mods]
+    return {
+        "files": files,
+        "changed": rng.sample(files, rng.randint(1, 4)),
+        "pattern": rng.choice(["TODO", "FIXME", "deprecated", "XXX"]) + str(task),
+        "matches": rng.sample(files, rng.randint(2, 5)),
+        "module": rng.choice(files),
+    }
+
+
+def body(path: str) -> str:
+    return f"# {path}\n" + "\n".join(f"def f{i}():\n    return {i}" for i in range(12))
+
+
+def trial(rng: random.Random, r: dict) -> Trace:
+    t = Trace()
+    t.user(f"Please look at the open change and fix {r['pattern']} in {r['module']}.")
+    phases = ["status", "grep", "module"]
+    rng.shuffle(phases)
+    for phase in phases:
+        if phase == "status":
+            t.call("git_status", {}, {"branch": "main", "changed": [{"path": p, "state": "M"} for p in r["changed"]]})
+            walk = r["changed"] if rng.random() < 0.9 else r["changed"][:rng.randint(0, len(r["changed"]) - 1)]
+            for p in walk:
+                t.call("git_diff", {"path": p}, {"path": p, "hunks": [f"@@ -1 +1 @@ {p}"] * 3})
+        elif phase == "grep":
+            t.call("grep", {"pattern": r["pattern"], "path": "."},
+                   {"matches": [{"file": p, "line": 10 + i} for i, p in enumerate(r["matches"])]})
+            for p in r["matches"]:
+                t.call("read_file", {"path": p}, body(p))
+                if rng.random() < 0.5:
+                    break
+        else:
+            t.call("read_file", {"path": r["module"]}, body(r["module"]))
+            if rng.random() < 0.6:
+                t.call("list_tests", {"module": r["module"]}, {"tests": [f"test_{i}" for i in range(3)]})
+        if rng.random() < 0.5:
+            t.call("think", {"thought": f"next step {rng.random():.6f}"}, "ok")
+        if rng.random() < 0.7:
+            t.call("edit_file", {"path": r["module"], "patch": f"fix {rng.random():.6f}"}, "edited")
+            t.call("run_tests", {}, "passed" if rng.random() < 0.8 else "1 failed")
+        t.say("Done with this part.")
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--tasks", type=int, default=60)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with gzip.open(out / "trajectories.jsonl.gz", "wt", encoding="utf-8") as fh:
+        for task in range(args.tasks):
+            r = repo(rng, task)
+            for k in range(args.trials):
+                t = trial(rng, r)
+                fh.write(json.dumps({"task_id": task, "trial": k, "reward": 1.0, "messages": t.messages}) + "\n")
+    (out / "tools.json").write_text(json.dumps({"read_only": READ_ONLY, "mutating": MUTATING}, indent=1))
+    print(f"wrote {args.tasks * args.trials} trajectories to {out}")
+
+
+if __name__ == "__main__":
+    main()
