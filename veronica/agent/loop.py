@@ -60,6 +60,8 @@ def run_member(member: Member, ctx: RunContext) -> str:
     last = rows[-1] if rows else None
     unanswered_brief = last is not None and last.role == TurnRole.USER
     resumed_tools = bool(rows) and rows[-1].role == TurnRole.TOOL
+    if resumed_tools and ctx.source != "timer":
+        unread = []  # finish the interrupted chain first, as the run would have; the new mail gets the next run
     if not unread and ctx.source != "timer" and not unanswered_brief and not resumed_tools:
         return RunOutcome.DONE  # a wake with nothing to do exits cleanly, no model call
     if unread or ctx.source == "timer":
