@@ -25,16 +25,19 @@ from veronica.models import Member, Membership, RunStatus, UsageDay
 # The config a member was parked under; a change to either field un-parks it.
 CONFIG = Concat(F("model"), Value("|"), F("permission_mode"))
 PARKED = Q(parked_config=CONFIG)
-IN_BACKOFF = Q(retry_at__gt=Now())
+# Backing off is a failure streak's retry time; a resume owed after a lost lease (owe_resume, no
+# failure) rings on the same clock but lets any wake take the slot: whichever comes first runs.
+IN_BACKOFF = Q(retry_at__gt=Now(), failures__gt=0)
 # The claim's gate for new work: not parked under its current config, not waiting out a backoff.
 RUNNABLE = ~PARKED & ~IN_BACKOFF
 
 
 def ring_again_seconds() -> float:
-    """How long a due retry's doorbell may go unanswered before it is rung again. Brokers lose
-    wakes (a killed cluster takes the ones its pusher had fetched with it), so this bounds how late a
-    lost one makes the retry; a delivered one makes the member busy, which stops the ringing."""
-    return max(3.0, 2.0 * settings.ENGINE_TICK_SECONDS)
+    """How long a due retry's doorbell may go unanswered before it is rung again (every tick). Brokers
+    lose wakes (a killed cluster takes the ones its pusher had fetched with it) and a wake fetched by a
+    cluster whose workers are all busy waits behind their runs: a fresh ring goes to whichever cluster
+    has a free worker. A delivered one makes the member busy, which stops the ringing."""
+    return max(2.0, float(settings.ENGINE_TICK_SECONDS))
 
 
 def owe_resume(member_id: int) -> None:
