@@ -165,3 +165,12 @@ def test_a_due_retention_pass_adds_two_statements_to_an_idle_tick(tmp_path, monk
     monkeypatch.setattr(retention, "_last_purge", time.monotonic() - 10 * 86400)
     assert idle_tick_statements() == idle + 2, "prune webhook deliveries, select spaces with retention on"
     assert idle_tick_statements() == idle, "then not again until the period has passed"
+
+
+def test_two_hand_overs_in_a_row_fit_inside_the_shortest_lease_the_bench_uses():
+    """The holder dies, its successor dies a beat later: each hand-over costs the role's TTL plus a
+    follower's beat; both must be done before a 10 s run lease runs out, or recovery waits on the role."""
+    from veronica.engine.ticker import role_ttl
+
+    period = 2
+    assert 2 * (role_ttl(period) + period) < 10
