@@ -102,7 +102,7 @@ def child(args) -> dict:
 
     from veronica import ledger
     from veronica.engine import supervisor
-    from veronica.models import Member, Message, Role, Run, RunOutcome, Space, Task, TaskStatus, Turn
+    from veronica.models import Member, Message, Role, Run, RunOutcome, Space, Task, TaskStatus, Turn, Wake
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-recovery-ws-"))
     for i in range(6):
@@ -189,7 +189,7 @@ def child(args) -> dict:
         for (_, prev_end), (start, _) in zip(runs, runs[1:]):
             if prev_end is None or start < prev_end:
                 overlaps += 1
-    recoveries, detections, pickups = [], [], []
+    recoveries, detections, pickups, slowest = [], [], [], []
     # A dead lease stays frozen across later kills (the first of those ended it); a live run that
     # merely skipped a heartbeat renews later and is frozen again only by the kill that ends it.
     first_kill: dict = {}
@@ -206,6 +206,9 @@ def child(args) -> dict:
         rerun = Run.objects.filter(member_id=member_id, started_at__gt=killed_at).order_by("started_at").first()
         recoveries.append((rerun.started_at - killed_at).total_seconds() if rerun else float("inf"))
         pickups.append((rerun.started_at - expired.ended_at).total_seconds() if rerun else float("inf"))
+        if rerun:  # what the member's doorbells did between the expiry and the run (the slowest are printed)
+            rung = Wake.objects.filter(member_id=member_id, created_at__gte=expired.ended_at, created_at__lte=rerun.started_at)
+            slowest.append((recoveries[-1], detections[-1], pickups[-1], rung.count(), rung.filter(claimed=False).count()))
     stuck = set(Member.objects.filter(space=space).exclude(lease_token="").values_list("pk", flat=True))
     stuck |= set(Member.objects.filter(space=space, run_status="busy").values_list("pk", flat=True))
     stuck |= set(Message.objects.filter(space=space, read_at__isnull=True, recipient__isnull=False).values_list("recipient_id", flat=True))
@@ -217,7 +220,7 @@ def child(args) -> dict:
         "pickup_p50": pct(pickups, 50), "pickup_p99": pct(pickups, 99), "failed": failed, "load": os.getloadavg()[0],
         "p50": pct(recoveries, 50), "p99": pct(recoveries, 99), "max": max(recoveries) if recoveries else None,
         "expired_runs": Run.objects.filter(member__space=space, outcome=RunOutcome.LEASE_EXPIRED).count(),
-        "deadlocks": len(DEADLOCKS), "lease": args.lease, "drained_after": drained_after, "runs": Run.objects.filter(member__space=space).count(),
+        "deadlocks": len(DEADLOCKS), "lease": args.lease, "slowest": sorted(slowest, reverse=True)[:3], "drained_after": drained_after, "runs": Run.objects.filter(member__space=space).count(),
     }
 
 
@@ -293,6 +296,8 @@ def main() -> None:
               f"max {fmt(r['max'])}   (goal <= lease + 5 = {r['lease'] + 5}s)")
         print(f"    of which kill -> lease expired by the ticker  p50 {fmt(r['detect_p50'])}  max {fmt(r['detect_max'])};"
               f"  lease expired -> running again  p50 {fmt(r['pickup_p50'])}  p99 {fmt(r['pickup_p99'])}")
+        for total, detect, pickup, wakes, refused in r["slowest"]:
+            print(f"    slow: {total:5.1f}s = expiry {detect:5.1f}s + pickup {pickup:5.1f}s ({wakes} wakes received meanwhile, {refused} unclaimed)")
         print(f"    (1-minute load average at the end {r['load']:.1f} on {os.cpu_count()} CPUs)\n")
 
 
