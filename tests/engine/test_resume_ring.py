@@ -133,3 +133,26 @@ def test_a_run_killed_mid_chain_is_finished_before_the_new_mail_is_briefed(space
     assert runner.wake(w1.pk, "message") == "done"
     assert "second job" in provider.requests[-1][-1]["content"]
     assert Run.objects.filter(member=w1, outcome=RunOutcome.LEASE_EXPIRED).count() == 1
+
+
+def test_a_resume_wake_goes_to_the_head_of_the_redis_queue():
+    """Recovery first: the next free worker takes the resume, not the doorbells queued before it."""
+    from django.conf import settings
+    from django_q.brokers import get_broker
+    from django_q.signing import SignedPackage
+
+    from tests.harness import isolate_queue
+    from veronica.engine.wakes import enqueue_wake
+
+    if not getattr(settings, "REDIS_URL", ""):
+        pytest.skip("the ORM broker has no order to jump (embedded mode)")
+    isolate_queue()
+    broker = get_broker()
+    try:
+        enqueue_wake(1, "message")
+        enqueue_wake(2, "message")
+        enqueue_wake(3, "resume")
+        names = [SignedPackage.loads(raw)["name"] for raw in broker.connection.lrange(broker.list_key, 0, -1)]
+        assert names == ["wake-3-resume", "wake-1-message", "wake-2-message"]
+    finally:
+        broker.delete_queue()
