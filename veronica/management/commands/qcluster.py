@@ -2,8 +2,6 @@
 
 * the q2 schedules are ensured (idempotently) before any worker starts, on every host, so the
   documented recipe `migrate` + `daphne` + `qcluster` needs no extra step;
-* the run's code is imported before q2 forks its workers (preload), so a fresh worker's first run
-  does not pay for the imports;
 * the engine ticker runs in this (the cluster's main) process: started after q2 forked its
   sentinel, so no worker is ever forked from a process with a live ticker thread;
 * SIGTERM / SIGINT stop q2 gracefully, bounded by VERONICA_Q_STOP_GRACE: past it (a worker stuck
@@ -64,17 +62,6 @@ def kill_tree() -> None:
             pass
 
 
-def preload() -> None:
-    """Import the run's code (agent loop, tools, vendor SDKs: ~3 s on a busy host) before q2 forks
-    its workers, as a preforking web server does: otherwise every fresh worker pays it inside its first
-    run, and a host restarted after a crash serves its first recoveries seconds late. Imports only: no
-    connection or client is opened here."""
-    import veronica.agent.loop  # noqa: F401
-    import veronica.agent.providers.anthropic  # noqa: F401
-    import veronica.agent.providers.openai_compat  # noqa: F401
-    import veronica.engine.runner  # noqa: F401
-
-
 class Command(Q2Command):
     help = "Start the django-q2 cluster with Veronica's engine ticker (schedules ensured, bounded stop)."
 
@@ -83,7 +70,6 @@ class Command(Q2Command):
         if options.get("cluster_name"):
             os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
         ensure_schedules()
-        preload()
         connections.close_all()  # never hand our socket to the forked sentinel and workers
         cluster = Cluster()
         ticker = Ticker()
