@@ -6,12 +6,13 @@ group is SIGKILLed (workers mid-run, and the active ticker whenever it is that g
 one started in its place; then the stream drains. Printed per mode:
 
 * messages sent / read / lost (assignment mail still unread after the drain), tasks whose mail was
-  read but that never finished, answers (task_done calls) and duplicate answers (a task answered
-  more than once);
+  read but that never finished (still open after the drain; tasks the worker reported failed are
+  counted apart), answers (task_done calls) and duplicate answers (a task answered more than once);
 * overlapping runs (two runs of one member whose intervals intersect);
 * stuck members (still leased, busy or with unread mail after the drain);
 * kill -> running again p50 / p99 / max: for every run a kill ended (outcome lease_expired), from
-  the kill to that member's next run starting. The goal is <= lease + 5 s.
+  the kill to that member's next run starting (split into kill -> lease expired, and lease expired
+  -> running again: the re-wake and a free worker). The goal is <= lease + 5 s.
 
 Usage: .venv/bin/python bench/recovery.py [--modes embedded,hosted] [--groups 3] [--members 8]
        [--messages 120] [--kill-every 4] [--lease 10]
@@ -68,6 +69,25 @@ class Group:
         self.kill()
 
 
+def create(space, member, n: int) -> None:
+    """One task for the stream. A deadlock victim is retried (and counted): older engines ordered the
+    member and space row locks differently and PostgreSQL broke the cycle by failing this write."""
+    from django.db import OperationalError
+
+    from veronica import ledger
+
+    for attempt in range(3):
+        try:
+            ledger.create_task(space, "bench", f"Check part{n % 6}.py (job {n})", assignee=member)
+            return
+        except OperationalError as exc:
+            DEADLOCKS.append(str(exc).splitlines()[0])
+    raise RuntimeError(f"task {n} failed three times: {DEADLOCKS[-1]}")
+
+
+DEADLOCKS: list[str] = []
+
+
 def child(args) -> dict:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "veronica.settings")
@@ -82,7 +102,7 @@ def child(args) -> dict:
 
     from veronica import ledger
     from veronica.engine import supervisor
-    from veronica.models import Member, Message, Role, Run, RunOutcome, Space, Task, TaskStatus, Turn
+    from veronica.models import Member, Message, Role, Run, RunOutcome, Space, Task, TaskStatus, Turn, Wake
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-recovery-ws-"))
     for i in range(6):
@@ -130,7 +150,7 @@ def child(args) -> dict:
             groups[victim] = Group(env, args.workers, log_dir, next(serial))
             next_kill = now + args.kill_every
         member = members[sent % len(members)]
-        ledger.create_task(space, "bench", f"Check part{sent % 6}.py (job {sent})", assignee=member)
+        create(space, member, sent)
         sent += 1
         time.sleep(interval)
 
@@ -153,7 +173,10 @@ def child(args) -> dict:
 
     close_old_connections()
     mails = Message.objects.filter(space=space, task__isnull=False, sender_name="bench")
-    unfinished = Task.objects.filter(space=space).exclude(status=TaskStatus.DONE).count()
+    # A task whose mail was read ends done, or failed when the worker reported a failure (an honest
+    # answer, e.g. after a read the kill interrupted); "never finished" is one still open: work lost.
+    unfinished = Task.objects.filter(space=space, status__in=sorted(ledger.OPEN)).count()
+    failed = Task.objects.filter(space=space, status=TaskStatus.FAILED).count()
     answers: dict[int, int] = {}
     for calls in Turn.objects.filter(session__member__space=space, role="assistant").values_list("tool_calls", flat=True):
         for call in calls or []:
@@ -166,7 +189,7 @@ def child(args) -> dict:
         for (_, prev_end), (start, _) in zip(runs, runs[1:]):
             if prev_end is None or start < prev_end:
                 overlaps += 1
-    recoveries, detections = [], []
+    recoveries, detections, pickups, slowest = [], [], [], []
     # A dead lease stays frozen across later kills (the first of those ended it); a live run that
     # merely skipped a heartbeat renews later and is frozen again only by the kill that ends it.
     first_kill: dict = {}
@@ -182,6 +205,10 @@ def child(args) -> dict:
         detections.append((expired.ended_at - killed_at).total_seconds())
         rerun = Run.objects.filter(member_id=member_id, started_at__gt=killed_at).order_by("started_at").first()
         recoveries.append((rerun.started_at - killed_at).total_seconds() if rerun else float("inf"))
+        pickups.append((rerun.started_at - expired.ended_at).total_seconds() if rerun else float("inf"))
+        if rerun:  # what the member's doorbells did between the expiry and the run (the slowest are printed)
+            rung = Wake.objects.filter(member_id=member_id, created_at__gte=expired.ended_at, created_at__lte=rerun.started_at)
+            slowest.append((recoveries[-1], detections[-1], pickups[-1], rung.count(), rung.filter(claimed=False).count()))
     stuck = set(Member.objects.filter(space=space).exclude(lease_token="").values_list("pk", flat=True))
     stuck |= set(Member.objects.filter(space=space, run_status="busy").values_list("pk", flat=True))
     stuck |= set(Message.objects.filter(space=space, read_at__isnull=True, recipient__isnull=False).values_list("recipient_id", flat=True))
@@ -190,9 +217,10 @@ def child(args) -> dict:
         "answers": sum(answers.values()), "duplicates": sum(n - 1 for n in answers.values() if n > 1),
         "overlaps": overlaps, "stuck": len(stuck), "kills": len(kills), "killed_runs": len(recoveries),
         "detect_p50": pct(detections, 50), "detect_max": max(detections) if detections else None,
+        "pickup_p50": pct(pickups, 50), "pickup_p99": pct(pickups, 99), "failed": failed, "load": os.getloadavg()[0],
         "p50": pct(recoveries, 50), "p99": pct(recoveries, 99), "max": max(recoveries) if recoveries else None,
         "expired_runs": Run.objects.filter(member__space=space, outcome=RunOutcome.LEASE_EXPIRED).count(),
-        "lease": args.lease, "drained_after": drained_after, "runs": Run.objects.filter(member__space=space).count(),
+        "deadlocks": len(DEADLOCKS), "lease": args.lease, "slowest": sorted(slowest, reverse=True)[:3], "drained_after": drained_after, "runs": Run.objects.filter(member__space=space).count(),
     }
 
 
@@ -261,11 +289,16 @@ def main() -> None:
         r = spawn(mode, args)
         fmt = lambda v: "-" if v is None else f"{v:5.1f}s"  # noqa: E731
         print(f"[{mode}]  drained after {r['drained_after']:.0f}s, {r['runs']} runs, {r['kills']} kills")
-        print(f"  messages sent {r['sent']}  read {r['read']}  lost {r['lost']}   tasks read but never finished {r['unfinished']}")
+        print(f"  messages sent {r['sent']}  read {r['read']}  lost {r['lost']}   tasks read but never finished {r['unfinished']}"
+              f"  (reported failed by the worker {r['failed']}; producer writes failed by a deadlock {r['deadlocks']})")
         print(f"  answers {r['answers']}  duplicate answers {r['duplicates']}  overlapping runs {r['overlaps']}  stuck members {r['stuck']}")
         print(f"  kill -> running again ({r['killed_runs']} killed runs of {r['expired_runs']} lease-expired)  p50 {fmt(r['p50'])}  p99 {fmt(r['p99'])}  "
               f"max {fmt(r['max'])}   (goal <= lease + 5 = {r['lease'] + 5}s)")
-        print(f"    of which kill -> lease expired by the ticker  p50 {fmt(r['detect_p50'])}  max {fmt(r['detect_max'])}\n")
+        print(f"    of which kill -> lease expired by the ticker  p50 {fmt(r['detect_p50'])}  max {fmt(r['detect_max'])};"
+              f"  lease expired -> running again  p50 {fmt(r['pickup_p50'])}  p99 {fmt(r['pickup_p99'])}")
+        for total, detect, pickup, wakes, refused in r["slowest"]:
+            print(f"    slow: {total:5.1f}s = expiry {detect:5.1f}s + pickup {pickup:5.1f}s ({wakes} wakes received meanwhile, {refused} unclaimed)")
+        print(f"    (1-minute load average at the end {r['load']:.1f} on {os.cpu_count()} CPUs)\n")
 
 
 if __name__ == "__main__":

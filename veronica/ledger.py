@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from veronica import bus, events
@@ -63,6 +63,8 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", **fields: o
     if reason:
         updates["status_reason"] = reason
     with transaction.atomic():
+        if task.assignee_id and (to == S.RUNNING or current == S.RUNNING):
+            lock_member_first(task.assignee_id)
         if Task.objects.filter(pk=task.pk, status=current).update(**updates) != 1:
             raise IllegalTransition(f"task #{task.pk} changed while moving it from {current}; reload and retry")
         for key, value in updates.items():
@@ -78,6 +80,14 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", **fields: o
 
             checks.enqueue_on_commit(task)
     return task
+
+
+def lock_member_first(member_id: int) -> None:
+    """Lock order on PostgreSQL: member row, then space row. A run's fenced write renews its lease
+    (member) before it emits (space); a ledger write that emitted first and then touched the member
+    (current_task) would deadlock with it. SQLite serializes writers (IMMEDIATE): nothing to do."""
+    if connection.features.has_select_for_update:
+        list(Member.objects.select_for_update().filter(pk=member_id).values_list("pk", flat=True))
 
 
 def _track_current_task(member_id: int) -> None:
@@ -105,6 +115,8 @@ def create_task(space: Space, creator: str, title: str, *, spec: str = "", assig
                             "use verify 'leader' or 'auto'", field="verify")
     dep_ids = sorted(set(depends_on or []))
     with transaction.atomic():
+        if assignee is not None:
+            lock_member_first(assignee.pk)
         deps = list(Task.objects.filter(space=space, pk__in=dep_ids))
         missing = set(dep_ids) - {d.pk for d in deps}
         if missing:
@@ -142,6 +154,7 @@ def assign(task: Task, member: Member, *, actor: str, auto: bool = False) -> Tas
     if task.status in TERMINAL or (task.status in (S.RUNNING, S.VERIFYING) and task.assignee_id not in (None, member.pk)):
         raise IllegalTransition(f"task #{task.pk} is {task.status}; it cannot be (re)assigned now", field="task_id")
     with transaction.atomic():
+        lock_member_first(member.pk)
         Task.objects.filter(pk=task.pk).update(assignee=member)
         task.assignee = member
         events.emit(task.space_id, "task.assigned", task=task.pk, title=task.title, assignee=member.name, actor=actor, auto=auto)

@@ -171,14 +171,16 @@ else:
 #   the engine tick's sweep re-wakes any member with unread work, so nothing is lost.
 # * catch_up off: after downtime the tick runs once, not once per missed minute.
 # * time zone explicit (UTC) so cron schedules do not move with the host's zone.
-# * queue_limit = workers: q2 prefetches workers² tasks by default, and a SIGKILLed cluster takes
-#   its prefetched wakes with it (the sweep recovers them, late); keep at most one spare per worker.
+# * queue_limit = 1, the least prefetch q2 allows (one queued, one in the pusher's hand; the default
+#   is workers²): a wake fetched by a cluster whose workers are all busy waits behind their runs while
+#   another cluster idles, and a SIGKILLed cluster takes what it fetched with it (the engine re-rings
+#   owed resumes every tick and the sweep recovers mail, but each costs seconds).
 Q_TIMEOUT = env_int("VERONICA_Q_TIMEOUT", 900, minimum=10)
 Q_WORKERS = env_int("VERONICA_Q_WORKERS", 4, minimum=1, maximum=64)
 Q_CLUSTER = {
     "name": env_str("VERONICA_Q_NAME", "veronica"),
     "workers": Q_WORKERS,
-    "queue_limit": Q_WORKERS,
+    "queue_limit": 1,
     "timeout": Q_TIMEOUT,
     "retry": Q_TIMEOUT + 60,
     "max_attempts": 1,

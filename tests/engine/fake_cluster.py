@@ -5,7 +5,8 @@
     VERONICA_FAKE_STATE=/path/to/counter                   the call counter (the test reads it)
 
 Steps: text:ANSWER, tool:NAME (no args), cmd:SHELL (run_command), err:STATUS (transient),
-perm:STATUS (permanent), empty. Run as `python tests/engine/fake_cluster.py` from the repository.
+perm:STATUS (permanent), empty, slow:SECONDS (an answer after SECONDS of wall time that does not
+poll for a stop: a vendor call that completes whatever happened meanwhile). Run as `python tests/engine/fake_cluster.py` from the repository.
 """
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ class PlanProvider:
             raise ProviderError(f"HTTP {arg} from the fake vendor", status=int(arg), request_id=f"req_{n}")
         if kind == "perm":
             raise ProviderError(f"HTTP {arg} from the fake vendor", permanent=True, status=int(arg), request_id=f"req_{n}")
+        if kind == "slow":
+            import time
+
+            deadline = time.time() + float(arg)  # wall time: a SIGSTOP spent inside it counts
+            while time.time() < deadline:
+                time.sleep(0.05)
+            return Reply(text="the slow answer", usage=usage, finish_reason="stop")
         if kind == "empty":
             return Reply(text="", usage=usage, finish_reason="stop")
         if kind == "tool":

@@ -115,6 +115,42 @@ def test_a_worker_paused_past_its_lease_writes_nothing_when_it_continues(tmp_pat
         assert start >= prev_end, "two runs of one member overlapped"
 
 
+def test_a_call_the_paused_run_completed_is_metered_and_it_writes_nothing_else(tmp_path):
+    """SIGSTOP right after a call went out, past the lease; the next run answers; SIGCONT: the stale
+    call comes back complete. The vendor billed it, so it is metered (to the member's day and to the
+    stale run's own counters) while turns, mail, phase, events and the Run row's outcome stay as they were."""
+    from veronica.models import UsageDay
+
+    space = make_space(tmp_path, workers=("w1",))
+    w1 = supervisor.get_member(space, "w1")
+    state = tmp_path / "calls"
+    plan = "slow:2,text:the next run's answer"
+    with fake_cluster(plan, state, workers=1, VERONICA_RUN_LEASE_SECONDS="3") as paused:
+        bus.send(space, "boss", "w1", "the goal")
+        wait_for(lambda: calls_made(state) == 1, 30, message="the slow call in flight")
+        os.killpg(paused.pid, signal.SIGSTOP)
+        try:
+            with fake_cluster(plan, state, workers=1, VERONICA_RUN_LEASE_SECONDS="3"):
+                ticking(lambda: Run.objects.filter(member=w1, outcome=RunOutcome.DONE).exists() and not fresh(w1).lease_token,
+                        60, "the next run to answer the goal")
+                quiet(w1)
+            before = written_by(w1)
+            os.killpg(paused.pid, signal.SIGCONT)
+            wait_for(lambda: UsageDay.objects.get(member=w1).model_calls == 2, 20, message="the stale call to be metered")
+            time.sleep(1)
+        finally:
+            os.killpg(paused.pid, signal.SIGCONT)
+    after = written_by(w1)
+    assert calls_made(state) == 2
+    day = UsageDay.objects.get(member=w1)
+    assert (day.model_calls, day.input_tokens, day.output_tokens) == (2, 200, 20), "both billed calls are metered"
+    stale = [run for run in after["runs"] if run[0] == RunOutcome.LEASE_EXPIRED]
+    assert [run[2:] for run in stale] == [(1, 110)], "the stale call is the stale run's own cost"
+    assert [run[:2] for run in after.pop("runs")] == [run[:2] for run in before.pop("runs")], "outcomes and ends untouched"
+    assert after == before, "the paused run wrote after it lost its lease"
+    assert Turn.objects.get(session__member=w1, role="assistant").content == "the next run's answer"
+
+
 def test_a_long_tool_call_keeps_its_lease_under_the_watchdog(tmp_path):
     space = make_space(tmp_path, workers=("w1",))
     w1 = supervisor.get_member(space, "w1")

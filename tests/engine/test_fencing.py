@@ -49,9 +49,16 @@ def test_a_run_that_lost_its_lease_during_the_model_call_writes_nothing(space, s
         before.update(snapshot(space))
     provider.on_call = lose_the_lease
     assert runner.wake(w1.pk, "message") == "lease-lost"
-    assert snapshot(space) == before, "the stale run wrote after it lost its lease"
+    after = snapshot(space)
+    billed = (after.pop("usage"), after.pop("runs"))
+    before.pop("usage"), before.pop("runs")
+    assert after == before, "the stale run wrote after it lost its lease"
     assert not Turn.objects.filter(role="assistant").exists()
     assert Message.objects.get(recipient=w1).read_at is None, "the goal stays unread for the next run"
+    # ...but the call it completed was billed: metered to the member's day and to the stale run itself
+    assert billed[0] == [(100, 10, 1)]
+    assert [(outcome, calls, tokens) for outcome, _, calls, tokens in billed[1]] == [(RunOutcome.LEASE_EXPIRED if lost == "taken over"
+                                                                                      else "running", 1, 110)]
 
 
 def test_the_stale_run_does_not_rewrite_the_run_row_or_overlap_the_next_one(space, scripted):

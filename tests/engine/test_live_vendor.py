@@ -102,3 +102,31 @@ def test_live_text_is_throttled_not_one_event_per_token(space):
     assert ctx.phases[-1] == ("thinking", "retrying in 8 s: HTTP 529 overloaded")
     sink({"type": "text", "delta": "again"})  # the next attempt starts a new preview, in phase texting
     assert ctx.phases[-1] == ("texting", "")
+
+
+def test_budgets_count_cache_reads_and_writes_as_billed_tokens(space, anthropic_mock):
+    """Cache reads are billed input (at their own rate), and so are cache writes: a token budget
+    that skipped them let an Anthropic member spend most of its prompt uncounted."""
+    from veronica.engine import budget
+    from veronica.models import Run, Space, Turn
+
+    w1 = member_on(space, "anthropic:claude-haiku-4-5")
+    for ask in ("say hello", "again"):
+        anthropic_mock.push(f.text("Hello."))
+        bus.send(space, "boss", "w1", ask)
+        assert runner.wake(w1.pk, "message") == "done"
+    day = UsageDay.objects.get(member=w1)
+    assert day.cache_write_tokens > 1024 and day.cache_read_tokens > 1024, "the mock wrote, then read, the stable prefix"
+    billed = day.input_tokens + day.output_tokens + day.cache_read_tokens + day.cache_write_tokens
+    assert day.total_tokens == billed == budget.tokens_today(w1)
+    assert sum(Run.objects.filter(member=w1).values_list("tokens", flat=True)) == billed
+    assert sum(Turn.objects.filter(role="assistant").values_list("tokens", flat=True)) == billed
+    assert budget.space_today(space)["tokens"] == billed
+
+    uncached = day.input_tokens + day.output_tokens
+    Member.objects.filter(pk=w1.pk).update(budget_override=uncached + 1)  # the uncached part alone is under the cap
+    assert budget.check_breaker(Member.objects.select_related("space").get(pk=w1.pk)), "the breaker must see the cached tokens"
+    UsageDay.objects.filter(member=w1).update(tripped=False)
+    Member.objects.filter(pk=w1.pk).update(budget_override=-1)
+    Space.objects.filter(pk=space.pk).update(daily_token_ceiling=uncached + 1)
+    assert budget.check_breaker(Member.objects.select_related("space").get(pk=w1.pk)), "so must the space's ceiling"

@@ -199,9 +199,9 @@ def test_one_members_crash_does_not_touch_another(space, scripted, monkeypatch):
 
 def test_expired_lease_is_released_and_rewoken(space, django_capture_on_commit_callbacks, monkeypatch):
     woken = []
-    from veronica.engine import leases
+    from veronica.engine import failures, leases
 
-    monkeypatch.setattr(leases, "enqueue_wake", lambda pk, source: woken.append((pk, source)))
+    monkeypatch.setattr(failures, "enqueue_wake", lambda pk, source: woken.append((pk, source)))
     w1 = w1_of(space)
     Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="dead", lease_expires_at=timezone.now() - timedelta(seconds=1))
     with django_capture_on_commit_callbacks(execute=True):

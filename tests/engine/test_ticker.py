@@ -165,3 +165,14 @@ def test_a_due_retention_pass_adds_two_statements_to_an_idle_tick(tmp_path, monk
     monkeypatch.setattr(retention, "_last_purge", time.monotonic() - 10 * 86400)
     assert idle_tick_statements() == idle + 2, "prune webhook deliveries, select spaces with retention on"
     assert idle_tick_statements() == idle, "then not again until the period has passed"
+
+
+def test_two_hand_overs_in_a_row_fit_inside_the_shortest_lease_the_bench_uses():
+    """A hand-over costs at most the role's TTL plus a follower's beat after the holder dies. The
+    holder dies at K, its successor takes over and dies at the next kill (K + 4 in bench/recovery.py):
+    the third holder must be ticking before the dead run's 10 s lease runs out, or recovery waits on
+    the role (it did: kill -> lease expired 16.9 s with TTL period + 2)."""
+    from veronica.engine.ticker import role_ttl
+
+    period, kill_every, lease = 2, 4, 10
+    assert kill_every + role_ttl(period) + period < lease

@@ -18,7 +18,7 @@ def test_wakes_share_one_broker_until_the_queue_changes(db, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(django_q.brokers, "get_broker", counting)
-    monkeypatch.setattr(wakes, "_broker", None)
+    monkeypatch.setattr(wakes, "_brokers", {})
     first = wakes.wake_broker()
     assert wakes.wake_broker() is first and wakes.wake_broker() is first
     assert len(built) == 1
@@ -26,6 +26,9 @@ def test_wakes_share_one_broker_until_the_queue_changes(db, monkeypatch):
     renamed = wakes.wake_broker()
     assert renamed is not first and Conf.CLUSTER_NAME in renamed.list_key  # Redis prefixes its key
     assert len(built) == 2
+    front = wakes.wake_broker(front=True)
+    assert front is not renamed and wakes.wake_broker(front=True) is front, "the resume broker is kept too"
+    assert len(built) == 3
 
 
 def test_an_enqueued_wake_goes_through_the_shared_broker(db, monkeypatch):
@@ -38,7 +41,7 @@ def test_an_enqueued_wake_goes_through_the_shared_broker(db, monkeypatch):
             sent.append(task)
             return 1
 
-    monkeypatch.setattr(wakes, "wake_broker", lambda: Recording())
+    monkeypatch.setattr(wakes, "wake_broker", lambda front=False: Recording())
     monkeypatch.setattr("django_q.conf.Conf.SYNC", False)
     wakes.enqueue_wake(7, "message")
     assert len(sent) == 1

@@ -25,11 +25,14 @@ def _migrate(targets):
     executor.loader.build_graph()
     targets = targets or executor.loader.graph.leaf_nodes()
     executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
+    applied = MigrationExecutor(connection).loader.applied_migrations  # every app's models as the schema now is
+    return executor.loader.project_state(list(applied)).apps
 
 
-def _denial(member, reason="no"):
-    return f"approval:{Approval.objects.create(space=member.space, member=member, tool_name='run_command', tool_args={}, status='denied', reason=reason).pk}"
+def _denial(apps, member, reason="no"):
+    """Written through the historical model: the schema is the old one here (later migrations add columns)."""
+    OApproval = apps.get_model("veronica", "Approval")
+    return f"approval:{OApproval.objects.create(space_id=member.space_id, member_id=member.pk, tool_name='run_command', tool_args={}, status='denied', reason=reason).pk}"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -57,12 +60,12 @@ def test_shared_domains_split_per_space_single_ones_move_unrouted_ones_stay_unow
                                                    base=[{"id": cite.pk, "text": "Cite sources.", "strength": 3, "enabled": True}])
         OReflection.objects.create(kind="session", item_key=f"session:{a_session.pk}", domain="conduct", text="from A, proposed",
                                    consumed_at=timezone.now(), proposal=shared_proposal)
-        OReflection.objects.create(kind="correction", item_key=_denial(a_w1), domain="conduct", text="from A")
-        OReflection.objects.create(kind="correction", item_key=_denial(b_w1), domain="conduct", text="from B")
+        OReflection.objects.create(kind="correction", item_key=_denial(old, a_w1), domain="conduct", text="from A")
+        OReflection.objects.create(kind="correction", item_key=_denial(old, b_w1), domain="conduct", text="from B")
         OReflection.objects.create(kind="correction", item_key="approval:99999", domain="conduct", text="origin unknown")
         solo_proposal = OProposal.objects.create(domain="solo", ops=[{"op": "add", "text": "More solo."}])
         OReflection.objects.create(kind="session", item_key=f"session:{b_session.pk}", domain="solo", text="B's stray lesson")
-        OReflection.objects.create(kind="correction", item_key=_denial(a_w1), domain="solo", text="A's solo lesson")
+        OReflection.objects.create(kind="correction", item_key=_denial(old, a_w1), domain="solo", text="A's solo lesson")
 
         _migrate(AFTER)
     finally:

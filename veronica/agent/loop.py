@@ -12,6 +12,7 @@ import json
 import logging
 
 from django.db import transaction
+from django.db.models.functions import Now
 
 from veronica import bus, events, tracing
 from veronica.agent import compaction, metering, transcript, waggle_bridge
@@ -22,6 +23,7 @@ from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import Provider, ProviderError, Reply
 from veronica.agent.runctx import Cancelled, RunContext
 from veronica.agent.tools import Tool, ToolContext, ToolError, tools_for, truncate, workspace
+from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
 from veronica.errors import VeronicaError
 from veronica.models import Approval, ApprovalStatus, Member, Phase, PermissionMode, Question, RunOutcome, TurnRole
@@ -32,6 +34,8 @@ __all__ = ["Cancelled", "run_member"]
 
 WAITING = RunOutcome.WAITING
 INTERRUPTED = "error: this call was interrupted before it finished (the worker restarted). Check the current state before retrying."
+INTERRUPTED_APPROVED = ("error: this approved {tool} call was interrupted while it ran (the worker restarted); it may or may not "
+                        "have taken effect, and it was not run again. Check the current state; a new call needs a new approval.")
 OVER_BUDGET = "error: not run: the daily token budget tripped before this call could run."
 CONTINUE = "Your reply was cut off at the output token limit. Continue exactly where it stopped."
 EMPTY_RETRIES = 1
@@ -60,6 +64,8 @@ def run_member(member: Member, ctx: RunContext) -> str:
     last = rows[-1] if rows else None
     unanswered_brief = last is not None and last.role == TurnRole.USER
     resumed_tools = bool(rows) and rows[-1].role == TurnRole.TOOL
+    if resumed_tools and ctx.source != "timer":
+        unread = []  # finish the interrupted chain first, as the run would have; the new mail gets the next run
     if not unread and ctx.source != "timer" and not unanswered_brief and not resumed_tools:
         return RunOutcome.DONE  # a wake with nothing to do exits cleanly, no model call
     if unread or ctx.source == "timer":
@@ -264,8 +270,13 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
             with ctx.fenced():
                 consume()
                 return persist_result(member, tctx, call, f"error: unknown tool {call['name']}")
-        ctx.phase(Phase.EXECUTING, call["name"], step=True)
         args = call["args"] if isinstance(call["args"], dict) else {}
+        if not start_approved(member, ctx, approval, tool):  # it began once and the worker died: not twice
+            with ctx.fenced():
+                consume()
+                events.emit(member.space_id, "approval.interrupted", member=member, approval=approval.pk, tool=call["name"])
+                return persist_result(member, tctx, call, INTERRUPTED_APPROVED.format(tool=call["name"]))
+        ctx.phase(Phase.EXECUTING, call["name"], step=True)
         return run_and_persist(member, ctx, tools, tctx, tool, call, args, consume=consume)
     question = Question.objects.filter(member=member, tool_call_id=call["id"]).first()
     if question is not None:
@@ -275,8 +286,30 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
         with ctx.fenced():
             Question.objects.filter(pk=question.pk).update(consumed=True)
             return persist_result(member, tctx, call, f"The operator answered: {question.answer}")
+    tool = tools.get(call["name"])
+    if tool is not None and rerun_is_safe(tool):  # it never took effect (rolled back) or it only reads
+        return execute(member, ctx, tools, tctx, call)
     with ctx.fenced():
         return persist_result(member, tctx, call, INTERRUPTED)
+
+
+def escapes_the_fence(tool: Tool) -> bool:
+    """Its effects live outside the run's transaction (files, commands, an MCP server): a crash
+    during it cannot roll them back."""
+    return tool.name in LOCAL_TOOLS or isinstance(tool, McpTool)
+
+
+def rerun_is_safe(tool: Tool) -> bool:
+    return not tool.mutates or not escapes_the_fence(tool)
+
+
+def start_approved(member: Member, ctx: RunContext, approval: Approval, tool: Tool) -> bool:
+    """Before an approved call that escapes the fence runs, commit that it began. False when an earlier
+    run already began it (and died before its result): running it again could apply it twice."""
+    if not escapes_the_fence(tool) or not tool.mutates:
+        return True
+    with ctx.fenced():
+        return bool(Approval.objects.filter(pk=approval.pk, started_at__isnull=True).update(started_at=Now()))
 
 
 def _short(args: dict) -> dict:

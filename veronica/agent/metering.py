@@ -1,16 +1,20 @@
 """Every model call is metered (DESIGN §3): replies, failed calls and compaction alike. A reply that
-came without usage is estimated (characters / 4) and counted as an estimate, never as zero."""
+came without usage is estimated (characters / 4) and counted as an estimate, never as zero. A call
+that completed after its run lost its lease is metered too (the vendor billed it), outside the fence."""
 from __future__ import annotations
 
 import json
+import logging
 
+from django.db import transaction
 from django.db.models import F
 
 from veronica.agent.providers.base import Reply, Usage
 from veronica.agent.providers.pricing import usd_for
-from veronica.agent.runctx import RunContext
+from veronica.agent.runctx import LeaseLost, RunContext
 from veronica.engine import budget
 
+log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4
 
 
@@ -32,18 +36,40 @@ def with_usage(reply: Reply, system: str, messages: list[dict], tools: list[dict
 
 def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "") -> bool:
     """Meter one call under the run's lease, then check the breaker. True when it is tripped.
-    The `model.called` event is the end of the call's span on the run trace page (veronica.run_trace)."""
+    The `model.called` event is the end of the call's span on the run trace page (veronica.run_trace).
+
+    A run that lost its lease while the call was in flight still spent the money: the call is
+    metered all the same (record_stale) and LeaseLost goes on, so the run writes nothing else."""
     from veronica import events
     from veronica.models import Run
 
     usage = usage or Usage()
     member = ctx.member
     usd = usd_for(model, usage)
-    with ctx.fenced():
-        budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
+    try:
+        with ctx.fenced():
+            budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
+                         cache_write=usage.cache_write, usd=usd, estimated_calls=int(usage.estimated))
+            Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
+            events.emit(member.space_id, "model.called", member=member, run=ctx.run.pk, model=model, input=usage.input,
+                        output=usage.output, cached=usage.cache_read, usd=str(usd), estimated=usage.estimated,
+                        **({"purpose": purpose} if purpose else {}))
+            return bool(budget.check_breaker(member)) or budget.is_tripped(member)
+    except LeaseLost:  # raised by the fence before it wrote anything: meter once, outside it
+        record_stale(ctx, usage, usd)
+        raise
+
+
+def record_stale(ctx: RunContext, usage: Usage, usd) -> None:
+    """Usage is a ledger of money spent, not state of the run: the member's day counters and the stale
+    run's own cost counters take commutative F() increments that cannot clobber the new run's writes.
+    Nothing else (turns, mail, phase, events, the Run row's outcome) is touched, and the breaker is
+    left to the next fenced call, which counts this one."""
+    from veronica.models import Run
+
+    with transaction.atomic():
+        budget.meter(ctx.member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
                      cache_write=usage.cache_write, usd=usd, estimated_calls=int(usage.estimated))
         Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
-        events.emit(member.space_id, "model.called", member=member, run=ctx.run.pk, model=model, input=usage.input,
-                    output=usage.output, cached=usage.cache_read, usd=str(usd), estimated=usage.estimated,
-                    **({"purpose": purpose} if purpose else {}))
-        return bool(budget.check_breaker(member)) or budget.is_tripped(member)
+    log.warning("run %s of %s lost its lease during a model call; its %d tokens are metered to it all the same",
+                ctx.run.pk, ctx.member.name, usage.total)

@@ -38,8 +38,9 @@ def tokens_today(member: Member) -> int:
 
 
 def space_today(space: Space) -> dict:
-    agg = UsageDay.objects.filter(space=space, day=today()).aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"), usd=Sum("usd"))
-    return {"tokens": (agg["i"] or 0) + (agg["o"] or 0), "usd": agg["usd"] or Decimal(0)}
+    billed = F("input_tokens") + F("output_tokens") + F("cache_read_tokens") + F("cache_write_tokens")  # as UsageDay.total_tokens
+    agg = UsageDay.objects.filter(space=space, day=today()).aggregate(tokens=Sum(billed), usd=Sum("usd"))
+    return {"tokens": agg["tokens"] or 0, "usd": agg["usd"] or Decimal(0)}
 
 
 def is_tripped(member: Member) -> bool:

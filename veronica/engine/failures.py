@@ -15,19 +15,37 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, Value
+from django.db.models import Exists, F, OuterRef, Q, Value
 from django.db.models.functions import Concat, Now
 
 from veronica import bus, events
 from veronica.engine.wakes import enqueue_wake
-from veronica.models import Member, Membership, RunStatus
+from veronica.models import Member, Membership, RunStatus, UsageDay
 
 # The config a member was parked under; a change to either field un-parks it.
 CONFIG = Concat(F("model"), Value("|"), F("permission_mode"))
 PARKED = Q(parked_config=CONFIG)
-IN_BACKOFF = Q(retry_at__gt=Now())
+# Backing off is a failure streak's retry time; a resume owed after a lost lease (owe_resume, no
+# failure) rings on the same clock but lets any wake take the slot: whichever comes first runs.
+IN_BACKOFF = Q(retry_at__gt=Now(), failures__gt=0)
 # The claim's gate for new work: not parked under its current config, not waiting out a backoff.
 RUNNABLE = ~PARKED & ~IN_BACKOFF
+
+
+def ring_again_seconds() -> float:
+    """How long a due retry's doorbell may go unanswered before it is rung again (every tick). Brokers
+    lose wakes (a killed cluster takes the ones its pusher had fetched with it) and a wake fetched by a
+    cluster whose workers are all busy waits behind their runs: a fresh ring goes to whichever cluster
+    has a free worker. A delivered one makes the member busy, which stops the ringing."""
+    return max(2.0, float(settings.ENGINE_TICK_SECONDS))
+
+
+def owe_resume(member_id: int) -> None:
+    """A run cut off by its lease (its worker died) owes the member a resume: a retry due now, rung
+    at once and again every ring_again_seconds() until a run takes the slot (a lost doorbell costs
+    seconds, not the work). The next run's finish settles it like any retry."""
+    Member.objects.filter(pk=member_id).update(retry_at=Now() + timedelta(seconds=ring_again_seconds()))
+    transaction.on_commit(lambda: enqueue_wake(member_id, "resume"))
 
 
 def backoff_seconds(failures: int) -> float:
@@ -73,9 +91,13 @@ def due_retries() -> list[int]:
     """The tick's duty: wake members whose backoff ran out, or whose config changed while parked.
     One select when idle (nobody failing costs nothing per member).
 
-    The retry time moves on by a lease (it is not cleared) when we ring, so a lost wake is rung again
-    and a delivered one is settled by the run's own finish (cleared on success, backed off on failure)."""
+    The retry time moves on by ring_again_seconds() (it is not cleared) when we ring, so a lost wake
+    is rung again and a delivered one is settled by the run's own finish (cleared on success, backed
+    off on failure). A member whose budget tripped is not rung (its wake would refuse to run)."""
+    from veronica.engine.budget import today
+
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
+    idle = idle.exclude(Exists(UsageDay.objects.filter(member=OuterRef("pk"), day=today(), tripped=True)))
     due = idle.filter(Q(retry_at__lte=Now()) | (Q(parked_config__gt="") & ~PARKED))
     woken = []
     for member in due.annotate(config=CONFIG):
@@ -86,7 +108,7 @@ def due_retries() -> list[int]:
                 events.emit(member.space_id, "member.unparked", member=member, actor="config change")
                 transaction.on_commit(lambda pk=member.pk: enqueue_wake(pk, "resume"))
         elif not Member.objects.filter(pk=member.pk, retry_at=member.retry_at).update(
-                retry_at=Now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)):
+                retry_at=Now() + timedelta(seconds=ring_again_seconds())):
             continue
         else:
             enqueue_wake(member.pk, "resume")

@@ -13,7 +13,7 @@ from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Min, Q, 
 from django.db.models.functions import Now
 
 from veronica import events
-from veronica.engine.wakes import enqueue_wake
+from veronica.engine import failures
 from veronica.models import EngineLease, Member, Phase, Run, RunOutcome, RunStatus
 
 
@@ -22,7 +22,8 @@ def db_now_plus(seconds: float):
 
 
 def expire_leases() -> list[int]:
-    """Watchdog: a run lease past its time means the worker died. Release and re-wake; nothing lost.
+    """Watchdog: a run lease past its time means the worker died. Release and re-wake (durably: see
+    failures.owe_resume); nothing lost.
     Idle cost: one indexed-free select that matches no row (no per-member work)."""
     woken = []
     for member in Member.objects.filter(lease_expires_at__lt=Now()).exclude(lease_token=""):
@@ -35,7 +36,7 @@ def expire_leases() -> list[int]:
             Member.objects.filter(pk=member.pk, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE, phase=Phase.READY)
             Run.objects.filter(member=member, lease_token=token, ended_at__isnull=True).update(ended_at=Now(), outcome=RunOutcome.LEASE_EXPIRED)
             events.emit(member.space_id, "run.lease_expired", member=member)
-            transaction.on_commit(lambda pk=member.pk: enqueue_wake(pk, "resume"))
+            failures.owe_resume(member.pk)  # rung now, and again until a run takes the slot
         woken.append(member.pk)
     return woken
 

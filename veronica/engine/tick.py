@@ -10,7 +10,7 @@ import logging
 from datetime import timedelta
 
 from django.db import DatabaseError, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from veronica import bus, events, ledger
@@ -19,7 +19,7 @@ from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.errors import Conflict, NotFound
 from veronica.models import (
-    Member, Membership, Message, Phase, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
+    Approval, ApprovalStatus, Member, Membership, Message, Phase, Question, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
 )
 
 log = logging.getLogger(__name__)
@@ -46,14 +46,18 @@ def fire_cron() -> list[int]:
 
 
 def sweep_unread() -> list[int]:
-    """Re-wake every idle active member whose unread mail no wake has come for. Coalesces harmlessly."""
+    """Re-wake every idle active member whose unread mail, or an operator's decision on its held call,
+    no wake has come for (the decision's own wake may be lost too). Coalesces harmlessly."""
     cutoff = timezone.now() - SWEEP_AFTER
     unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True, created_at__lt=cutoff)
+    decided = Approval.objects.filter(member=OuterRef("pk"), consumed=False, decided_at__lt=cutoff).exclude(status=ApprovalStatus.PENDING)
+    answered = Question.objects.filter(member=OuterRef("pk"), consumed=False, answered_at__lt=cutoff)
     woken_lately = Wake.objects.filter(member=OuterRef("pk"), created_at__gte=cutoff)
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
-    idle = idle.exclude(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # the decision wakes them
     idle = idle.filter(failures.RUNNABLE)  # parked or backing off: the failure model wakes them
-    ids = list(idle.filter(Exists(unread)).exclude(Exists(woken_lately)).values_list("pk", flat=True))
+    waiting = Q(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # mail waits for the decision, which wakes them
+    work = (Exists(unread) & ~waiting) | Exists(decided) | Exists(answered)
+    ids = list(idle.filter(work).exclude(Exists(woken_lately)).values_list("pk", flat=True))
     for member_id in ids:
         enqueue_wake(member_id, "message")
     return ids

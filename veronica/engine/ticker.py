@@ -30,10 +30,12 @@ ROLE = "engine-ticker"
 
 
 def role_ttl(period: float) -> float:
-    """How long a holder keeps the role without renewing: one missed beat plus slack. Short, as a
-    dead holder's member waits on it; a late beat that lets the role move costs nothing (every
-    duty of the tick is a conditional update, safe to run twice)."""
-    return period + 2
+    """How long a holder keeps the role without renewing: one beat plus a second of slack. Short, as
+    a dead holder's members wait on it: with kills every few seconds the holder and then its successor
+    may both die (bench/recovery.py saw kill -> lease expired take 16.9 s with period + 2), and two
+    hand-overs must still fit inside a run lease. A late beat that lets the role move costs nothing
+    (every duty of the tick is a conditional update, safe to run twice)."""
+    return period + 1
 
 
 def holder_id() -> str:

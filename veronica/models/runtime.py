@@ -24,6 +24,9 @@ class Approval(models.Model):
     decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     decided_at = models.DateTimeField(null=True, blank=True)
     consumed = models.BooleanField(default=False, help_text="The run has folded the decision into its transcript.")
+    started_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "An approved call whose effects leave the database (files, commands, MCP) began here; a re-run after a "
+        "crash reports it interrupted instead of running it twice."))
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -151,7 +154,8 @@ class UsageDay(models.Model):
 
     @property
     def total_tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
+        """Every billed token, cache reads and writes included (what a token budget counts)."""
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
 
 
 class Alarm(models.Model):

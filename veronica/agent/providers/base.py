@@ -51,7 +51,9 @@ class Usage:
 
     @property
     def total(self) -> int:
-        return self.input + self.output
+        """Every billed token: a cache read is billed input (at its own rate), so is a cache write.
+        Budgets, Run.tokens and the turn's count use this; the classes stay apart for pricing."""
+        return self.input + self.output + self.cache_read + self.cache_write
 
 
 @dataclass
