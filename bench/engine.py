@@ -52,7 +52,8 @@ def commit_rate(seconds: float = 1.0) -> float:
     from django.db import connection
 
     with connection.cursor() as cur:
-        cur.execute("CREATE TABLE IF NOT EXISTS bench_commit (id INTEGER PRIMARY KEY, v INTEGER)")
+        key = "BIGSERIAL PRIMARY KEY" if connection.vendor == "postgresql" else "INTEGER PRIMARY KEY"
+        cur.execute(f"CREATE TABLE IF NOT EXISTS bench_commit (id {key}, v INTEGER)")
     n, t0 = 0, time.perf_counter()
     with connection.cursor() as cur:
         while time.perf_counter() - t0 < seconds:
