@@ -6,9 +6,10 @@ Per mode, in a child process on a throwaway database (unique PostgreSQL database
 dropped afterwards; SQLite in a temp dir):
 
 * commit_per_s: the raw commit rate of the database (one-row INSERT, autocommit): the limit;
-* cpu_ms_per_step, sql_per_step, commits_per_step, step_ms: one in-process run of 10 tool steps with a
-  zero-latency scripted model (read_file each step), divided by its model calls;
-* step_ms_50_turns / 1000 / 3000: the same run on a transcript that already holds that many turns;
+* cpu_ms_per_step, sql_per_step, commits_per_step, step_ms: what one more step costs in-process with a
+  zero-latency scripted model (read_file each step): a 20-step run minus a 10-step run, per step
+  (sql_per_call_whole_run: a 10-step run's statements over its 11 model calls, start and end included);
+* step_ms_50_turns / 1000 / 3000: the same on a transcript that already holds that many turns;
 * steps_per_s_5 / 20 / 50: a real django-q2 cluster (4 workers) with N busy members in ONE space, the
   offline model at zero latency, each with far more assigned work than the window: model calls per
   second over 2 s windows;
@@ -160,17 +161,27 @@ def seed_transcript(member, turns: int) -> None:
     Turn.objects.bulk_create(rows, batch_size=500)
 
 
+def marginal(space, member) -> dict:
+    """What one more step costs: a 20-step run minus a 10-step run, per step (the run's own start and
+    end, and its one load of the transcript, cancel out)."""
+    short, long = one_run(space, member, STEPS), one_run(space, member, 2 * STEPS)
+    out = {key: (long[key] * (2 * STEPS + 1) - short[key] * (STEPS + 1)) / STEPS for key in ("step_ms", "cpu_ms", "sql", "commits")}
+    out["whole_run_sql_per_call"] = short["sql"]
+    out["statements"] = short["statements"]
+    return out
+
+
 def step_profile(workdir: Path, reps: int) -> dict:
     space, (worker,) = make_space("profile", 1, workdir)
     one_run(space, worker)  # warm-up: connections, imports, the session
-    runs = [one_run(space, worker) for _ in range(reps)]
-    out = {key: statistics.median(r[key] for r in runs) for key in ("step_ms", "cpu_ms", "sql", "commits", "statements")}
+    runs = [marginal(space, worker) for _ in range(reps)]
+    out = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     growth = {}
     for turns in (50, 1000, 3000):
         space, (member,) = make_space(f"growth-{turns}", 1, workdir)
         seed_transcript(member, turns)
         one_run(space, member)
-        growth[turns] = statistics.median(one_run(space, member)["step_ms"] for _ in range(reps))
+        growth[turns] = statistics.median(marginal(space, member)["step_ms"] for _ in range(reps))
     out["growth"] = growth
     return out
 
@@ -270,8 +281,9 @@ def measure_wake(mode: str, workdir: Path) -> dict:
     return theirs(mode)
 
 
-def stream_adapter(mode: str, sockets: int, reps: int) -> dict:
-    """bench.stream_latency has no measure_stream(mode, sockets) yet: its daphne and its measure()."""
+def stream_adapter(mode: str, sockets: list[int], reps: int) -> dict[int, dict]:
+    """bench.stream_latency has no measure_stream(mode, sockets) yet: its daphne and its measure(),
+    one daphne for every socket count."""
     import asyncio
 
     from bench import stream_latency as sl
@@ -279,19 +291,22 @@ def stream_adapter(mode: str, sockets: int, reps: int) -> dict:
     env = dict(os.environ)
     info = json.loads(sl.run_python(sl.SETUP, env).strip().splitlines()[-1])
     web = sl.Daphne(env)
+    out = {}
     try:
-        rows = [asyncio.run(sl.measure(web.url, info["key"], env, info["space_id"], sockets, 30, 25.0)) for _ in range(reps)]
+        for n in sockets:
+            rows = [asyncio.run(sl.measure(web.url, info["key"], env, info["space_id"], n, 25, 25.0)) for _ in range(reps)]
+            out[n] = {"p99_ms": statistics.median(r["p99"] for r in rows), "p50_ms": statistics.median(r["p50"] for r in rows)}
     finally:
         web.stop()
-    return {"p99_ms": statistics.median(r["p99"] for r in rows), "p50_ms": statistics.median(r["p50"] for r in rows)}
+    return out
 
 
-def measure_stream(mode: str, sockets: int, reps: int) -> dict:
+def measure_stream(mode: str, sockets: list[int], reps: int) -> dict[int, dict]:
     try:
         from bench.stream_latency import measure_stream as theirs
     except ImportError:
         return stream_adapter(mode, sockets, reps)
-    return theirs(mode, sockets)
+    return {n: theirs(mode, n) for n in sockets}
 
 
 # --- LangGraph, the fair baseline ---------------------------------------------------------------------
@@ -378,7 +393,7 @@ def child(mode: str, reps: int) -> dict:
     lap("profile")
     out.update(cpu_ms_per_step=round(profile["cpu_ms"], 2), sql_per_step=round(profile["sql"], 1),
                commits_per_step=round(profile["commits"], 2), step_ms=round(profile["step_ms"], 2),
-               sql_per_run=profile["statements"],
+               sql_per_call_whole_run=round(profile["whole_run_sql_per_call"], 1), sql_per_10_step_run=profile["statements"],
                step_ms_50_turns=round(profile["growth"][50], 2), step_ms_1000_turns=round(profile["growth"][1000], 2),
                step_ms_3000_turns=round(profile["growth"][3000], 2))
     with qcluster(workers=4):
@@ -388,8 +403,8 @@ def child(mode: str, reps: int) -> dict:
         wake = measure_wake(mode, workdir)
         lap("wake")
     out.update(wake_p50_ratio=round(wake["p50_ratio"], 2), wake_p99_ms=round(wake["p99_ms"], 1))
-    for sockets in (1, 50):
-        out[f"stream_p99_ms_{sockets}"] = round(measure_stream(mode, sockets, reps)["p99_ms"], 1)
+    for sockets, row in measure_stream(mode, [1, 50], reps).items():
+        out[f"stream_p99_ms_{sockets}"] = round(row["p99_ms"], 1)
     lap("stream")
     lg = langgraph_step(mode, workdir, reps)
     lap("langgraph")

@@ -37,7 +37,12 @@ def record(ctx: RunContext, model: str, usage: Usage | None) -> bool:
     usage = usage or Usage()
     member = ctx.member
     with ctx.fenced():
-        budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
-                     cache_write=usage.cache_write, usd=usd_for(model, usage), estimated_calls=int(usage.estimated))
-        Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
-        return bool(budget.check_breaker(member)) or budget.is_tripped(member)
+        used, tripped = budget.meter_returning(member, input_tokens=usage.input, output_tokens=usage.output,
+                                               cache_read=usage.cache_read, cache_write=usage.cache_write,
+                                               usd=usd_for(model, usage), estimated_calls=int(usage.estimated))
+        count_call = getattr(ctx, "count_call", None)
+        if count_call is not None:  # the run's counters, written with its end (usage above is the meter)
+            count_call(usage.total)
+        else:
+            Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
+        return tripped or bool(budget.check_breaker(member, used))

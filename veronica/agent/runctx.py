@@ -46,3 +46,7 @@ class RunContext(Protocol):
 
     def phase(self, phase: str, tool: str = "") -> None:
         """Report the member's phase (a fenced write and its event)."""
+
+    # Optional (the loop falls back when a context lacks them):
+    # permission_mode: str — the member's permission mode as read by the run's latest fence;
+    # next_phase(phase, tool="") — the phase the next fence writes, in its own statement.
