@@ -161,11 +161,11 @@ def seed_transcript(member, turns: int) -> None:
     Turn.objects.bulk_create(rows, batch_size=500)
 
 
-def marginal(space, member) -> dict:
-    """What one more step costs: a 20-step run minus a 10-step run, per step (the run's own start and
+def marginal(space, member, steps: int = STEPS) -> dict:
+    """What one more step costs: a 2n-step run minus an n-step run, per step (the run's own start and
     end, and its one load of the transcript, cancel out)."""
-    short, long = one_run(space, member, STEPS), one_run(space, member, 2 * STEPS)
-    out = {key: (long[key] * (2 * STEPS + 1) - short[key] * (STEPS + 1)) / STEPS for key in ("step_ms", "cpu_ms", "sql", "commits")}
+    short, long = one_run(space, member, steps), one_run(space, member, 2 * steps)
+    out = {key: (long[key] * (2 * steps + 1) - short[key] * (steps + 1)) / steps for key in ("step_ms", "cpu_ms", "sql", "commits")}
     out["whole_run_sql_per_call"] = short["sql"]
     out["statements"] = short["statements"]
     return out
@@ -180,8 +180,8 @@ def step_profile(workdir: Path, reps: int) -> dict:
     for turns in (50, 1000, 3000):
         space, (member,) = make_space(f"growth-{turns}", 1, workdir)
         seed_transcript(member, turns)
-        one_run(space, member)
-        growth[turns] = statistics.median(marginal(space, member)["step_ms"] for _ in range(reps))
+        one_run(space, member, 2)
+        growth[turns] = statistics.median(marginal(space, member, STEPS // 2)["step_ms"] for _ in range(reps))
     out["growth"] = growth
     return out
 

@@ -13,7 +13,6 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from veronica import bus, events
-from veronica.agent.transcript import Log
 from veronica.engine import runner, slot, supervisor
 from veronica.models import Event, Member, Session, Turn, TurnRole
 
@@ -122,6 +121,8 @@ def test_batched_events_take_consecutive_seqs_at_commit_and_a_rollback_takes_non
 
 
 def test_the_log_appends_in_memory_with_the_next_seq(space):
+    from veronica.agent.transcript import Log
+
     member = w1(space)
     session = Session.objects.create(member=member)
     Turn.objects.create(session=session, seq=7, role=TurnRole.USER, content="hi")
