@@ -39,6 +39,10 @@ MAX_CONTINUATIONS = 2
 # Workspace tools touch files, never the DB, and run_command may take 30 s: they run beside the
 # run's thread while the lease is renewed. Every other tool writes rows and runs inside the fence.
 LOCAL_TOOLS = frozenset(t.name for t in workspace.TOOLS)
+# A bounded read (at most MAX_READ_BYTES of one regular file) runs on the run's own thread: a helper
+# thread costs two thread hand-offs per step, a third of a step on a loaded host. The lease (60 s)
+# outlasts it by far, and the result's fence still checks it.
+INLINE_TOOLS = frozenset({"read_file"})
 
 
 def run_member(member: Member, ctx: RunContext) -> str:
@@ -254,7 +258,10 @@ def run_and_persist(member: Member, ctx: RunContext, tools: dict[str, Tool], tct
                     args: dict, *, consume=None, then: str | None = None) -> str | None:
     """Run one call and persist its result under the lease (with `consume`, the held decision it used)."""
     if tool.name in LOCAL_TOOLS:
-        result = ctx.keep_alive(lambda: run_tool(tool, tctx, args, savepoint=False))
+        if tool.name in INLINE_TOOLS:
+            result = run_tool(tool, tctx, args, savepoint=False)
+        else:
+            result = ctx.keep_alive(lambda: run_tool(tool, tctx, args, savepoint=False))
         if then:
             next_phase(ctx, then)
         with ctx.fenced():
