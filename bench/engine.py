@@ -6,9 +6,9 @@ Per mode, in a child process on a throwaway database (unique PostgreSQL database
 dropped afterwards; SQLite in a temp dir):
 
 * commit_per_s: the raw commit rate of the database (one-row INSERT, autocommit): the limit;
-* cpu_ms_per_step, sql_per_step, commits_per_step, step_ms: what one more step costs in-process with a
-  zero-latency scripted model (read_file each step): a 20-step run minus a 10-step run, per step
-  (sql_per_call_whole_run: a 10-step run's statements over its 11 model calls, start and end included);
+* cpu_ms_per_step, sql_per_step, commits_per_step, step_ms: one step in-process with a zero-latency
+  scripted model (read_file each step), from one model call to the next, median over a 10-step run
+  (sql_per_call_whole_run: the run's statements over its 11 model calls, start and end included);
 * step_ms_50_turns / 1000 / 3000: the same on a transcript that already holds that many turns;
 * steps_per_s_5 / 20 / 50: a real django-q2 cluster (4 workers) with N busy members in ONE space, the
   offline model at zero latency, each with far more assigned work than the window: model calls per
@@ -16,7 +16,7 @@ dropped afterwards; SQLite in a temp dir):
 * wake_p50_ratio, wake_p99_ms: message committed -> run started, vs a bare django-q2 no-op task in the
   same run (bench.wake_latency.measure_wake when it exists, else the adapter below);
 * stream_p99_ms_1 / _50: event committed in a worker -> arrival at 1 / 50 sockets (bench.stream_latency);
-* langgraph_step_ratio: Veronica's step_ms / LangGraph's (also marginal) for the same fake model and
+* langgraph_step_ratio: Veronica's step_ms / LangGraph's (also call to call) for the same fake model and
   tool on the same database and durability (SqliteSaver at synchronous=NORMAL embedded, PostgresSaver
   hosted).
 
@@ -69,6 +69,8 @@ def commit_rate(seconds: float = 1.0) -> float:
 class Counter:
     """Statements (execute_wrapper) and commits (the connection's commit) while active."""
 
+    active: "Counter | None" = None
+
     def __init__(self) -> None:
         self.statements = self.commits = 0
 
@@ -88,22 +90,28 @@ class Counter:
             counter.commits += 1
             return counter._commit()
         connection.commit = commit
+        Counter.active = self
         return self
 
     def __exit__(self, *exc):
         from django.db import connection
 
         connection.commit = self._commit
+        Counter.active = None
         self._cm.__exit__(*exc)
 
 
-def scripted_provider(steps: int):
+def scripted_provider(steps: int, marks: list):
+    """read_file `steps` times, then answer. Each call marks (wall, cpu, statements, commits) so a step
+    is measured from one model call to the next: the run's start, end and transcript load excluded."""
     from veronica.agent.providers.base import Reply, ToolCall, Usage
 
     class Policy:
         n = 0
 
         def complete(self, system, messages, tools, *, should_stop, on_event=None):
+            counter = Counter.active
+            marks.append((time.perf_counter(), time.process_time(), counter.statements, counter.commits))
             self.n += 1
             if self.n > steps:
                 return Reply(text="done", usage=Usage(input=10, output=2))
@@ -113,21 +121,22 @@ def scripted_provider(steps: int):
 
 
 def one_run(space, member, steps: int = STEPS) -> dict:
-    """One wake of `member` with `steps` tool steps, run in this process. Per model call figures."""
+    """One wake of `member` with `steps` tool steps, run in this process. Per step: the median over its
+    steps (call to call); whole-run statements over its model calls as well."""
     import veronica.agent.loop as loop
     from veronica import bus
     from veronica.engine import runner
 
-    policy = scripted_provider(steps)
+    marks: list = []
+    policy = scripted_provider(steps, marks)
     loop.get_provider = lambda spec: policy()
     bus.send(space, "lead", member.name, "go")
-    cpu0, t0 = time.process_time(), time.perf_counter()
     with Counter() as counter:
         runner.wake(member.pk, "message")
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    calls = steps + 1
-    return {"step_ms": wall / calls * 1000, "cpu_ms": cpu / calls * 1000, "sql": counter.statements / calls,
-            "commits": counter.commits / calls, "statements": counter.statements}
+    deltas = [[b[i] - a[i] for i in range(4)] for a, b in zip(marks, marks[1:])]
+    med = [statistics.median(d[i] for d in deltas) for i in range(4)]
+    return {"step_ms": med[0] * 1000, "cpu_ms": med[1] * 1000, "sql": med[2], "commits": med[3],
+            "whole_run_sql_per_call": counter.statements / (steps + 1), "statements": counter.statements}
 
 
 def make_space(slug: str, workers: int, workdir: Path):
@@ -162,27 +171,17 @@ def seed_transcript(member, turns: int) -> None:
     Turn.objects.bulk_create(rows, batch_size=500)
 
 
-def marginal(space, member, steps: int = STEPS) -> dict:
-    """What one more step costs: a 2n-step run minus an n-step run, per step (the run's own start and
-    end, and its one load of the transcript, cancel out)."""
-    short, long = one_run(space, member, steps), one_run(space, member, 2 * steps)
-    out = {key: (long[key] * (2 * steps + 1) - short[key] * (steps + 1)) / steps for key in ("step_ms", "cpu_ms", "sql", "commits")}
-    out["whole_run_sql_per_call"] = short["sql"]
-    out["statements"] = short["statements"]
-    return out
-
-
 def step_profile(workdir: Path, reps: int) -> dict:
     space, (worker,) = make_space("profile", 1, workdir)
     one_run(space, worker)  # warm-up: connections, imports, the session
-    runs = [marginal(space, worker) for _ in range(reps)]
+    runs = [one_run(space, worker) for _ in range(reps)]
     out = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     growth = {}
     for turns in (50, 1000, 3000):
         space, (member,) = make_space(f"growth-{turns}", 1, workdir)
         seed_transcript(member, turns)
         one_run(space, member, 2)
-        growth[turns] = statistics.median(marginal(space, member, STEPS // 2)["step_ms"] for _ in range(reps))
+        growth[turns] = statistics.median(one_run(space, member)["step_ms"] for _ in range(reps))
     out["growth"] = growth
     return out
 
@@ -329,23 +328,25 @@ def langgraph_step(mode: str, workdir: Path, reps: int) -> float:
         model = FakeMessagesListChatModel(responses=[
             AIMessage(content="", tool_calls=[{"name": "read_file", "args": {"path": f"f{i % 5}.txt"}, "id": f"c{i}"}])
             for i in range(1, steps + 1)] + [AIMessage(content="done")])
-        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        def agent(state):
+            marks.append(time.perf_counter())
+            return {"messages": [model.invoke(state["messages"])]}
+        g.add_node("agent", agent)
         g.add_node("tools", ToolNode([read_file]))
         g.add_edge(START, "agent")
         g.add_conditional_edges("agent", tools_condition)
         g.add_edge("tools", "agent")
         return g
 
-    def run(saver, steps: int) -> float:
-        app = graph(steps).compile(checkpointer=saver)
-        t0 = time.perf_counter()
-        app.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": str(time.time_ns())},
-                                                         "recursion_limit": steps * 3})
-        return time.perf_counter() - t0
+    marks: list[float] = []
 
     def timed(saver) -> float:
-        """Marginal, like Veronica's figure: a 2n-step run minus an n-step run, per step."""
-        return (run(saver, 2 * STEPS) - run(saver, STEPS)) / STEPS * 1000
+        """Like Veronica's figure: from one model call to the next, median over the run."""
+        marks.clear()
+        app = graph(STEPS).compile(checkpointer=saver)
+        app.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": str(time.time_ns())},
+                                                         "recursion_limit": STEPS * 3})
+        return statistics.median(b - a for a, b in zip(marks, marks[1:])) * 1000
 
     if mode == "hosted":
         from langgraph.checkpoint.postgres import PostgresSaver
