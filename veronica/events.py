@@ -4,6 +4,13 @@ The seq comes from an F() increment of the space's counter inside the caller's t
 UPDATE takes the space row's write lock until commit, so a later seq can never commit before an
 earlier one (auto-increment ids can, on PostgreSQL), and a rollback takes the increment with it:
 the sequence is gapless and its order is commit order.
+
+A run's step batches its events (`batch()`, used by the run's fence): they are buffered and written
+at the end of the step's transaction in one statement that takes the whole block of seqs
+(`UPDATE ... SET event_seq = event_seq + n RETURNING event_seq`) and one multi-row INSERT, just before
+the commit. The space row is then locked for those two statements and the commit only, not for the
+whole step: the members of one space no longer queue behind each other's steps, and seq stays gapless
+and in commit order. One ring per batch (the socket reads everything after what it has seen).
 """
 from __future__ import annotations
 
@@ -14,7 +21,9 @@ import threading
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import transaction
+from contextlib import contextmanager
+
+from django.db import connection, transaction
 from django.db.models import F
 
 from veronica import doorbell, tracing
@@ -27,10 +36,62 @@ def group_name(space_id: int) -> str:
     return f"space-{space_id}"
 
 
+class _Batch:
+    """The events of one transaction, written together just before it commits."""
+
+    def __init__(self) -> None:
+        self.depth = len(connection.atomic_blocks)  # emits at exactly this depth are buffered
+        self.pending: list[Event] = []
+
+    def covers(self) -> bool:
+        """True when no savepoint was opened since the batch began (it would roll back alone)."""
+        # savepoint_ids[i] belongs to atomic_blocks[i + 1] (the outermost block has no savepoint)
+        return len(connection.atomic_blocks) >= self.depth >= 1 and not any(connection.savepoint_ids[self.depth - 1:])
+
+    def flush(self) -> None:
+        by_space: dict[int, list[Event]] = {}
+        for event in self.pending:
+            by_space.setdefault(event.space_id, []).append(event)
+        self.pending = []
+        for space_id, rows in by_space.items():
+            with connection.cursor() as cur:
+                cur.execute(f"UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
+                            [len(rows), space_id])
+                last = cur.fetchone()[0]
+            for i, event in enumerate(rows):
+                event.seq = last - len(rows) + 1 + i
+            Event.objects.bulk_create(rows)
+            transaction.on_commit(lambda space_id=space_id, last=last: ring(space_id, last))
+
+
+_batch = threading.local()
+
+
+@contextmanager
+def batch():
+    """Inside an atomic block: buffer this block's emits and write them at its end (see above).
+    Emits from a nested savepoint are written at once, so a rolled-back savepoint takes them along."""
+    if getattr(_batch, "current", None) is not None or not connection.in_atomic_block:
+        yield
+        return
+    current = _batch.current = _Batch()
+    try:
+        yield
+        current.flush()
+    finally:
+        _batch.current = None
+
+
 def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: object) -> Event:
     """Persist one event with the space's next seq; signal listeners after the commit."""
     if member is not None:
         payload.setdefault("member_name", member.name)
+    current = getattr(_batch, "current", None)
+    if current is not None and kind != "ops.alert" and current.covers():
+        event = Event(space_id=space_id, kind=kind, member=member, payload=payload)
+        current.pending.append(event)  # its seq is set when the batch is written
+        tracing.on_emit(kind, payload)
+        return event
     # No savepoint: an emit is part of its caller's write and fails with it (saves two queries).
     with transaction.atomic(savepoint=False):
         Space.objects.filter(pk=space_id).update(event_seq=F("event_seq") + 1)

@@ -60,6 +60,40 @@ _MUTATOR_ARG_CHARS = 200
 _ROW = ("tool", "args", "mutates", "out_hash", "est_tokens", "out_refs", "oversized")
 
 
+@dataclass
+class _Pin:
+    synced: bool = False  # the ring was checked against the database once under this pin
+    routes: "list[Route] | None" = None  # the space's enabled routes, read once under this pin
+    none_pending: bool = False  # no replay of the session waits for judgement
+
+
+_pins: dict[tuple[str, str], _Pin] = {}
+
+
+@contextmanager
+def pinned(space_key: str, session_key: str) -> Iterator[None]:
+    """The host owns this session for a while (a member's run holds its slot): nobody else appends to
+    it meanwhile. Then the ring is trusted after its first sync, the routes are read once, and "no
+    replay waiting" is known without a query: a read-only call costs one INSERT instead of about eight
+    statements. Routes promoted meanwhile apply from the next pin (the next run)."""
+    key = (space_key, session_key)
+    _pins[key] = _Pin()
+    try:
+        yield
+    finally:
+        _pins.pop(key, None)
+
+
+def _write_guard():
+    """A savepoint where a failing statement would abort the host's transaction (PostgreSQL); SQLite
+    rolls back only the failing statement, so a savepoint there is two statements for nothing."""
+    if connection.vendor == "sqlite":
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return transaction.atomic()
+
+
 def _call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_tokens: int, out_refs: Any = (),
                    oversized: bool = False) -> Call:
     return Call(tool=tool, args=flatten_args(args if isinstance(args, dict) else {}), mutates=mutates,
@@ -68,14 +102,19 @@ def _call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_token
 
 
 def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
-    """The session's ring, consistent with the database (one indexed query)."""
-    last = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
-            .order_by("-seq").values_list("seq", flat=True).first()) or 0
+    """The session's ring, consistent with the database (one indexed query; none when pinned and synced)."""
     key = (space_key, session_key)
+    pin = _pins.get(key)
     with _rings_lock:
         ring = _rings.get(key)
         if ring is not None:
             _rings.move_to_end(key)
+    if pin is not None and pin.synced and ring is not None and ring.capacity == cfg.ring_capacity:
+        return ring
+    last = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
+            .order_by("-seq").values_list("seq", flat=True).first()) or 0
+    if pin is not None:
+        pin.synced = True
     if ring is None or ring.last_seq != last or ring.capacity != cfg.ring_capacity:
         ring = Recorder(cfg.ring_capacity)
         rows = list(ForageCall.objects.filter(space_key=space_key, session_key=session_key)
@@ -159,7 +198,7 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
         _check_key("session_key", session_key)
         call = Call.make(tool, _as_args(args), mutates=mutates,
                          output=output if isinstance(output, str) else str(output or ""))
-        with transaction.atomic():  # a savepoint when the host is inside a transaction
+        with _write_guard():  # a savepoint when the host is inside a transaction (PostgreSQL)
             seq = _record(space_key, session_key, member_key, call, cfg)
         if cfg.mining and seq % cfg.mine_period == 0:
             if cfg.sweep_async:  # off the member's turn: a django-q2 worker mines after the commit
@@ -352,6 +391,9 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
         cfg = (config or default_config()).normalized()
         _check_key("space_key", space_key)
         _check_key("session_key", session_key)
+        pin = _pins.get((space_key, session_key))
+        if pin is not None and pin.routes == []:
+            return None  # nothing to replay in this space: no savepoint, no query
         with _contained():
             return _follow(space_key, session_key, exec, cfg)
     except Exception:  # noqa: BLE001 - best effort by contract
@@ -360,7 +402,13 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
 
 
 def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
-    routes = _routes_for(space_key)
+    pin = _pins.get((space_key, session_key))
+    if pin is None:
+        routes = _routes_for(space_key)
+    else:
+        if pin.routes is None:
+            pin.routes = _routes_for(space_key)
+        routes = pin.routes
     if not routes:
         return None
     ring = _ring(space_key, session_key, cfg)
@@ -377,6 +425,8 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
                                              tail=[[tool, dict(args)] for tool, args in plan.tail])
     except IntegrityError:
         return None  # this plan already fired in this session (maybe in another process)
+    if pin is not None:
+        pin.none_pending = False
     outcome = run_steps(plan.route.name, plan.tail, exec)
     if not outcome.ok:
         _ledger(plan.route, space_key, session_key, plan.steps, 0, True, detail=outcome.error)
@@ -429,7 +479,13 @@ def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str:
 
 
 def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
-    return list(FiredPlan.objects.filter(space_key=space_key, session_key=session_key, settled=False).order_by("id"))
+    pin = _pins.get((space_key, session_key))
+    if pin is not None and pin.none_pending:
+        return []
+    rows = list(FiredPlan.objects.filter(space_key=space_key, session_key=session_key, settled=False).order_by("id"))
+    if pin is not None and not rows:
+        pin.none_pending = True
+    return rows
 
 
 def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] | None, *,
@@ -532,6 +588,8 @@ def _demote_if_missing(scope: str, store_key: str, name: str, cfg: WaggleConfig)
         disabled=True, touched=timezone.now())
     if changed:
         log.info("waggle: demoted %s (%d of %d replayed steps used)", name, used, steps)
+        for pin in list(_pins.values()):  # a demoted route stops replaying in this process at once
+            pin.routes = None
     return bool(changed)
 
 

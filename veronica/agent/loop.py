@@ -43,6 +43,10 @@ MAX_CONTINUATIONS = 2
 # Workspace tools touch files, never the DB, and run_command may take 30 s: they run beside the
 # run's thread while the lease is renewed. Every other tool writes rows and runs inside the fence.
 LOCAL_TOOLS = frozenset(t.name for t in workspace.TOOLS)
+# A bounded read (at most MAX_READ_BYTES of one regular file) runs on the run's own thread: a helper
+# thread costs two thread hand-offs per step, a third of a step on a loaded host. The lease (60 s)
+# outlasts it by far, and the result's fence still checks it.
+INLINE_TOOLS = frozenset({"read_file"})
 
 
 def run_member(member: Member, ctx: RunContext) -> str:
@@ -51,14 +55,19 @@ def run_member(member: Member, ctx: RunContext) -> str:
             Member.objects.filter(pk=member.pk).update(reload_pending=False)
         session = transcript.open_session(member)
     tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
-    tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run)
-    rows = transcript.turns(session)
+    log_ = transcript.Log(session)  # the transcript, in memory for the whole run
+    tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_)
+    with waggle_bridge.pinned(member, tctx):  # the run holds the slot: waggle may trust its view of the session
+        return run_steps(member, ctx, tools, tctx)
 
-    for call in transcript.dangling_calls(rows):
+
+def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext) -> str:
+    log_, session = tctx.log, tctx.session
+    for call in transcript.dangling_calls(log_.rows):
         result = resolve_held(member, ctx, tools, tctx, call)
         if result is WAITING:
             return WAITING
-    rows = transcript.turns(session)
+    rows = log_.rows
 
     unread = list(bus.unread_for(member))
     last = rows[-1] if rows else None
@@ -77,21 +86,27 @@ def run_member(member: Member, ctx: RunContext) -> str:
                 last.mail_ids = sorted(set(last.mail_ids) | set(ids))
                 last.save(update_fields=["content", "mail_ids"])
             else:
-                transcript.append(session, TurnRole.USER, brief, mail_ids=ids)
+                log_.append(TurnRole.USER, brief, mail_ids=ids)
             events.emit(member.space_id, "member.briefed", member=member, source=ctx.source, unread=len(unread))
+        if unanswered_brief:
+            log_ = tctx.log = transcript.Log(session, rows)
 
     provider = get_provider(member.model)
     system = system_prompt(member)
     specs = [t.spec() for t in tools.values()]
+    fixed_chars = len(system) + len(json.dumps(specs))  # what estimate_tokens adds to the messages
+    limit = compaction.threshold(member.model)
     empties = cuts = 0
     for _ in range(member.max_iterations):
         ctx.check()
-        ctx.phase(Phase.THINKING, step=True)
-        session, rows = compaction.maybe_compact(member, ctx, session, transcript.turns(session), system, specs, provider)
-        tctx.session = session
-        reply, tripped = call_model(ctx, provider, system, transcript.to_messages(rows), specs)
+        ctx.phase(Phase.THINKING)  # usually written already, by the previous step's last fence
+        if (fixed_chars + log_.chars) // metering.CHARS_PER_TOKEN >= limit:
+            session, rows = compaction.maybe_compact(member, ctx, log_.session, log_.rows, system, specs, provider)
+            log_ = tctx.log = transcript.Log(session, list(rows))
+            tctx.session = session
+        reply = call_model(ctx, provider, system, list(log_.messages), specs)
         if reply.empty:
-            if tripped:  # nothing to keep: the brief stays unanswered for the next day's run
+            if metering.record(ctx, member.model, reply.usage):  # nothing to keep: the brief stays unanswered
                 return stop_for_budget(member, ctx, tctx, reply)
             empties += 1
             if empties > EMPTY_RETRIES:
@@ -108,10 +123,18 @@ def run_member(member: Member, ctx: RunContext) -> str:
             reply = Reply(text=reply.text, usage=reply.usage, finish_reason=reply.finish_reason)  # cut calls are not run
         else:
             cuts = 0
-        with ctx.fenced():  # one commit: the model's turn and the mail it answered
-            answer_turn(member, session, rows, reply)
+        first = reply.tool_calls[0] if reply.tool_calls else None
+        if first is not None and announceable(ctx, tools, first.name):
+            next_phase(ctx, Phase.EXECUTING, first.name)
+        elif not reply.tool_calls and not reply.truncated:
+            next_phase(ctx, Phase.READY)
+        # One commit: the call's usage, the model's turn, the mail it answered, the first call's start.
+        with metering.billed(ctx, member.model, reply.usage):
+            tripped = metering.record(ctx, member.model, reply.usage)
+            answer_turn(member, log_, reply)
             if reply.truncated:  # not a final answer: the next call (or the next run) continues it
-                transcript.append(session, TurnRole.USER, CONTINUE)
+                log_.append(TurnRole.USER, CONTINUE)
+            announced = first is not None and not tripped and announce(member, ctx, tools, first)
         waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # settles replays: used or missed
         if tripped:
             return stop_for_budget(member, ctx, tctx, reply)
@@ -120,9 +143,11 @@ def run_member(member: Member, ctx: RunContext) -> str:
         if not reply.tool_calls:
             ctx.phase(Phase.READY)
             return RunOutcome.DONE
-        for call in reply.tool_calls:
+        for i, call in enumerate(reply.tool_calls):
             ctx.check()
-            if execute(member, ctx, tools, tctx, {"id": call.id, "name": call.name, "args": call.args}) is WAITING:
+            last_call = i == len(reply.tool_calls) - 1
+            if execute(member, ctx, tools, tctx, {"id": call.id, "name": call.name, "args": call.args},
+                       announced=announced and i == 0, then=Phase.THINKING if last_call else None) is WAITING:
                 return WAITING
     with ctx.fenced():
         ctx.phase(Phase.PAUSED)
@@ -130,8 +155,40 @@ def run_member(member: Member, ctx: RunContext) -> str:
     return RunOutcome.PAUSED
 
 
-def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[dict], specs: list[dict]) -> tuple[Reply, bool]:
-    """One metered model call. Failed calls are metered too; the breaker is checked after every one."""
+def next_phase(ctx: RunContext, phase: str, tool: str = "") -> None:
+    """The phase the run's next fence writes (a context without next_phase writes it when asked)."""
+    later = getattr(ctx, "next_phase", None)
+    if later is not None:
+        later(phase, tool)
+
+
+def permission_mode(ctx: RunContext, member: Member) -> str:
+    """As read by the run's latest fence (every step has one); a context without it reads the row."""
+    mode = getattr(ctx, "permission_mode", None)
+    if mode is None:
+        mode = Member.objects.filter(pk=member.pk).values_list("permission_mode", flat=True).first()
+    return mode
+
+
+def announceable(ctx: RunContext, tools: dict[str, Tool], name: str) -> bool:
+    tool = tools.get(name)
+    return tool is not None and not (tool.needs_approval and permission_mode(ctx, ctx.member) == PermissionMode.DEFAULT)
+
+
+def announce(member: Member, ctx: RunContext, tools: dict[str, Tool], call) -> bool:
+    """Inside the model turn's fence: the first call starts (phase + tool.called) unless the gate holds it,
+    judged on the permission mode this very fence has read."""
+    if not announceable(ctx, tools, call.name):
+        return False
+    args = call.args if isinstance(call.args, dict) else {}
+    ctx.phase(Phase.EXECUTING, call.name)  # a no-op when the fence wrote it
+    events.emit(member.space_id, "tool.called", member=member, tool=call.name, args=_short(args))
+    return True
+
+
+def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[dict], specs: list[dict]) -> Reply:
+    """One model call. A failed call is metered here; a reply is metered by the caller, in the fence
+    that persists it (the breaker is checked after every call either way)."""
     member = ctx.member
     try:
         reply = tracing.complete(provider, member.model, system, messages, specs, should_stop=ctx.should_stop,  # a chat span
@@ -141,8 +198,7 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     except ProviderError as exc:
         metering.record(ctx, member.model, exc.usage)
         raise
-    reply = metering.with_usage(reply, system, messages, specs)
-    return reply, metering.record(ctx, member.model, reply.usage)
+    return metering.with_usage(reply, system, messages, specs)
 
 
 def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: Reply) -> str:
@@ -154,14 +210,15 @@ def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: R
     return RunOutcome.BUDGET
 
 
-def answer_turn(member: Member, session, rows, reply: Reply) -> None:
-    """Persist the model's turn; the mail its brief carried is read from this moment on."""
+def answer_turn(member: Member, log_: transcript.Log, reply: Reply) -> None:
+    """Persist the model's turn; the mail its brief carried is read from this moment on (marked once a run)."""
+    brief = next((t for t in reversed(log_.rows) if t.role == TurnRole.USER), None)
     calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
-    transcript.append(session, TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total,
-                      input_tokens=reply.usage.input)  # the last turn's input, shown in the member view
-    brief = next((t for t in reversed(rows) if t.role == TurnRole.USER), None)
-    if brief is not None and brief.mail_ids:
+    log_.append(TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total,
+                input_tokens=reply.usage.input)  # the last turn's input, shown in the member view
+    if brief is not None and brief.mail_ids and brief.pk not in log_.marked:
         bus.mark_read(member, brief.mail_ids)
+        log_.marked.add(brief.pk)
     if reply.text:
         events.emit(member.space_id, "agent.text", member=member, text=reply.text[:2000], truncated=reply.truncated)
 
@@ -186,26 +243,34 @@ def run_tool(tool: Tool, tctx: ToolContext, args: dict, *, savepoint: bool = Tru
         return f"error: {tool.name} failed unexpectedly ({type(exc).__name__}: {exc})"
 
 
-def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, call: dict) -> str | None:
+def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, call: dict, *,
+            announced: bool = False, then: str | None = None) -> str | None:
+    """One tool call. announced: its start (phase, tool.called) was written with the model's turn.
+    then: the phase the result's fence writes (the next model call's), so it costs no commit of its own."""
     tool = tools.get(call["name"])
     args = call["args"] if isinstance(call["args"], dict) else {}
     if tool is None:
         with ctx.fenced():
             return persist_result(member, tctx, call, f"error: unknown tool '{call['name']}'; available: {', '.join(sorted(tools))}")
-    mode = Member.objects.filter(pk=member.pk).values_list("permission_mode", flat=True).first()  # read per call
-    if tool.needs_approval and mode == PermissionMode.DEFAULT:
-        return hold_for_approval(member, ctx, call)
-    with ctx.fenced():
-        ctx.phase(Phase.EXECUTING, tool.name, step=True)
-        events.emit(member.space_id, "tool.called", member=member, tool=tool.name, args=_short(args))
-    return run_and_persist(member, ctx, tools, tctx, tool, call, args)
+    if not announced:
+        if tool.needs_approval and permission_mode(ctx, member) == PermissionMode.DEFAULT:  # read per call
+            return hold_for_approval(member, ctx, call)
+        with ctx.fenced():
+            ctx.phase(Phase.EXECUTING, tool.name)
+            events.emit(member.space_id, "tool.called", member=member, tool=tool.name, args=_short(args))
+    return run_and_persist(member, ctx, tools, tctx, tool, call, args, then=then)
 
 
 def run_and_persist(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, tool: Tool, call: dict,
-                    args: dict, *, consume=None) -> str | None:
+                    args: dict, *, consume=None, then: str | None = None) -> str | None:
     """Run one call and persist its result under the lease (with `consume`, the held decision it used)."""
     if tool.name in LOCAL_TOOLS:
-        result = ctx.keep_alive(lambda: run_tool(tool, tctx, args, savepoint=False))
+        if tool.name in INLINE_TOOLS:
+            result = run_tool(tool, tctx, args, savepoint=False)
+        else:
+            result = ctx.keep_alive(lambda: run_tool(tool, tctx, args, savepoint=False))
+        if then:
+            next_phase(ctx, then)
         with ctx.fenced():
             if consume:
                 consume()
@@ -217,7 +282,10 @@ def run_and_persist(member: Member, ctx: RunContext, tools: dict[str, Tool], tct
         if isinstance(result, WaitForOperator):
             ctx.phase(Phase.WAITING_INPUT)
             return WAITING
-        return persist_result(member, tctx, call, observe(member, tctx, tools, tool, args, result))
+        persist_result(member, tctx, call, observe(member, tctx, tools, tool, args, result))
+        if then:
+            ctx.phase(then)  # in this commit: the next model call's phase
+        return None
 
 
 def observe(member: Member, tctx: ToolContext, tools: dict[str, Tool], tool: Tool, args: dict, result: str) -> str:
@@ -230,7 +298,11 @@ def observe(member: Member, tctx: ToolContext, tools: dict[str, Tool], tool: Too
 
 def persist_result(member: Member, tctx: ToolContext, call: dict, result: str) -> None:
     """Callers hold the run's fence."""
-    transcript.append(tctx.session, TurnRole.TOOL, result, tool_call_id=call["id"], tool_name=call["name"])
+    fields = dict(tool_call_id=call["id"], tool_name=call["name"])
+    if tctx.log is not None:
+        tctx.log.append(TurnRole.TOOL, result, **fields)
+    else:
+        transcript.append(tctx.session, TurnRole.TOOL, result, **fields)
     events.emit(member.space_id, "tool.result", member=member, tool=call["name"], ok=not result.startswith("error:"),
                 chars=len(result), preview=result[:200])
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
 
 from django.db import transaction
 from django.db.models import F
@@ -48,15 +49,38 @@ def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "
     usd = usd_for(model, usage)
     try:
         with ctx.fenced():
-            budget.meter(member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
-                         cache_write=usage.cache_write, usd=usd, estimated_calls=int(usage.estimated))
-            Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
+            used, tripped = budget.meter_returning(member, input_tokens=usage.input, output_tokens=usage.output,
+                                                   cache_read=usage.cache_read, cache_write=usage.cache_write,
+                                                   usd=usd, estimated_calls=int(usage.estimated))
+            count_call = getattr(ctx, "count_call", None)
+            if count_call is not None:  # the run's counters, written with its end (usage above is the meter)
+                count_call(usage.total)
+            else:
+                Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
             events.emit(member.space_id, "model.called", member=member, run=ctx.run.pk, model=model, input=usage.input,
                         output=usage.output, cached=usage.cache_read, usd=str(usd), estimated=usage.estimated,
                         **({"purpose": purpose} if purpose else {}))
-            return bool(budget.check_breaker(member)) or budget.is_tripped(member)
-    except LeaseLost:  # raised by the fence before it wrote anything: meter once, outside it
-        record_stale(ctx, usage, usd)
+            return tripped or bool(budget.check_breaker(member, used))
+    except LeaseLost as lost:  # raised by the fence before it wrote anything: meter once, outside it
+        if not getattr(lost, "metered", False):
+            record_stale(ctx, usage, usd)
+            lost.metered = True
+        raise
+
+
+@contextmanager
+def billed(ctx: RunContext, model: str, usage: Usage | None):
+    """A fence whose transaction meters a completed call (record inside it) with the turn it persists.
+    If the fence refuses or rolls back because the lease is gone, the call was billed all the same:
+    it is metered outside the fence (record_stale), once, and LeaseLost goes on."""
+    try:
+        with ctx.fenced():
+            yield
+    except LeaseLost as lost:
+        if not getattr(lost, "metered", False):
+            usage = usage or Usage()
+            record_stale(ctx, usage, usd_for(model, usage))
+            lost.metered = True
         raise
 
 
@@ -64,12 +88,16 @@ def record_stale(ctx: RunContext, usage: Usage, usd) -> None:
     """Usage is a ledger of money spent, not state of the run: the member's day counters and the stale
     run's own cost counters take commutative F() increments that cannot clobber the new run's writes.
     Nothing else (turns, mail, phase, events, the Run row's outcome) is touched, and the breaker is
-    left to the next fenced call, which counts this one."""
+    left to the next fenced call, which counts this one. The run's counters kept in memory for its
+    finish (which will not come) go to its Run row with this call."""
     from veronica.models import Run
 
+    calls, tokens = 1 + getattr(ctx, "model_calls", 0), usage.total + getattr(ctx, "tokens", 0)
+    if hasattr(ctx, "model_calls"):
+        ctx.model_calls = ctx.tokens = 0
     with transaction.atomic():
         budget.meter(ctx.member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
                      cache_write=usage.cache_write, usd=usd, estimated_calls=int(usage.estimated))
-        Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
+        Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + calls, tokens=F("tokens") + tokens)
     log.warning("run %s of %s lost its lease during a model call; its %d tokens are metered to it all the same",
                 ctx.run.pk, ctx.member.name, usage.total)

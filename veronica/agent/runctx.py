@@ -47,3 +47,7 @@ class RunContext(Protocol):
     def phase(self, phase: str, tool: str = "", *, step: bool = False) -> None:
         """Report the member's phase (a fenced write and its event). step: a new model or tool call
         begins; in an unchanged phase it still counts as progress (re-stamps phase_since, no event)."""
+
+    # Optional (the loop falls back when a context lacks them):
+    # permission_mode: str — the member's permission mode as read by the run's latest fence;
+    # next_phase(phase, tool="") — the phase the next fence writes, in its own statement.

@@ -1,6 +1,8 @@
 """The member's conversation as rows: one Turn per message, written as it happens."""
 from __future__ import annotations
 
+import json
+
 from django.db.models import Max
 
 from veronica.models import Member, Session, Turn, TurnRole
@@ -22,17 +24,43 @@ def append(session: Session, role: str, content: str = "", **fields) -> Turn:
     return Turn.objects.create(session=session, seq=seq, role=role, content=content, **fields)
 
 
+def message(t: Turn) -> dict:
+    if t.role == TurnRole.USER:
+        return {"role": "user", "content": t.content}
+    if t.role == TurnRole.ASSISTANT:
+        return {"role": "assistant", "content": t.content, "tool_calls": t.tool_calls or []}
+    return {"role": "tool", "tool_call_id": t.tool_call_id, "name": t.tool_name, "content": ELIDED if t.elided else t.content}
+
+
 def to_messages(rows: list[Turn]) -> list[dict]:
-    out = []
-    for t in rows:
-        if t.role == TurnRole.USER:
-            out.append({"role": "user", "content": t.content})
-        elif t.role == TurnRole.ASSISTANT:
-            out.append({"role": "assistant", "content": t.content, "tool_calls": t.tool_calls or []})
-        else:
-            out.append({"role": "tool", "tool_call_id": t.tool_call_id, "name": t.tool_name,
-                        "content": ELIDED if t.elided else t.content})
-    return out
+    return [message(t) for t in rows]
+
+
+def message_chars(m: dict) -> int:
+    """What metering.estimate_tokens counts for one message."""
+    return len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or []))
+
+
+class Log:
+    """A run's transcript in memory: loaded once, appended as the run writes its turns (the run holds
+    the member's slot, so nobody else writes this session meanwhile). Every model call then costs
+    O(1) in the transcript's length: no reload, no re-conversion, no MAX(seq) per append."""
+
+    def __init__(self, session: Session, rows: list[Turn] | None = None) -> None:
+        self.session = session
+        self.rows = turns(session) if rows is None else rows
+        self.messages = to_messages(self.rows)
+        self.chars = sum(message_chars(m) for m in self.messages)
+        self.next_seq = (self.rows[-1].seq if self.rows else 0) + 1
+        self.marked: set[int] = set()  # brief turns whose mail this run has marked read
+
+    def append(self, role: str, content: str = "", **fields) -> Turn:
+        turn = Turn.objects.create(session=self.session, seq=self.next_seq, role=role, content=content, **fields)
+        self.next_seq += 1
+        self.rows.append(turn)
+        self.messages.append(message(turn))
+        self.chars += message_chars(self.messages[-1])
+        return turn
 
 
 def dangling_calls(rows: list[Turn]) -> list[dict]:

@@ -24,6 +24,20 @@ def _flat(args: dict) -> dict:
     return {str(k): v for k, v in args.items() if not str(k).startswith("_")}
 
 
+def pinned(member: "Member", tctx: ToolContext):
+    """For the length of a run, which holds the member's slot: waggle may trust its view of the session."""
+    from contextlib import nullcontext
+
+    try:
+        from waggle import service
+
+        space_key, session_key, _ = _keys(member, tctx)
+        return service.pinned(space_key, session_key)
+    except Exception:  # best effort
+        log.warning("waggle pin failed", exc_info=True)
+        return nullcontext()
+
+
 def make_exec(tctx: ToolContext, tools: dict[str, Tool]):
     def exec_step(name: str, args: dict) -> str:
         tool = tools.get(name)

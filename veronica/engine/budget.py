@@ -65,13 +65,38 @@ def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: 
             UsageDay.objects.filter(member=member, day=today()).update(**increments)
 
 
-def check_breaker(member: Member) -> str | None:
-    """Trip the member's breaker when its day or its space's day is over budget. Returns why, once."""
-    day = usage_today(member)
+def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
+                    usd: Decimal = Decimal(0), estimated_calls: int = 0) -> tuple[int, bool]:
+    """meter() in one statement on the hot path: the increments, and today's tokens (cache reads and
+    writes included) and tripped flag read back (UPDATE ... RETURNING). The day's first call creates the row first."""
+    from veronica.returning import update_returning
+
+    def build(slot):
+        qs = UsageDay.objects.filter(member_id=slot.int("member"), day=slot.date("day"))
+        return qs, dict(input_tokens=F("input_tokens") + slot.int("i"), output_tokens=F("output_tokens") + slot.int("o"),
+                        cache_read_tokens=F("cache_read_tokens") + slot.int("cr"),
+                        cache_write_tokens=F("cache_write_tokens") + slot.int("cw"), usd=F("usd") + slot.decimal("usd"),
+                        model_calls=F("model_calls") + 1, estimated_calls=F("estimated_calls") + slot.int("est"))
+    values = {"member": member.pk, "day": today().isoformat(), "i": input_tokens, "o": output_tokens, "cr": cache_read,
+              "cw": cache_write, "usd": usd, "est": estimated_calls}
+    for _ in range(2):
+        row = update_returning(("meter",), build, ["input_tokens", "output_tokens", "cache_read_tokens",
+                                                   "cache_write_tokens", "tripped"], values)
+        if row is not None:
+            return sum(row[:4]), bool(row[4])  # every billed token, as UsageDay.total_tokens counts them
+        usage_today(member)
+    raise RuntimeError(f"no usage row for {member.name} today")
+
+
+def check_breaker(member: Member, used: int | None = None) -> str | None:
+    """Trip the member's breaker when its day or its space's day is over budget. Returns why, once.
+    `used`: today's tokens when the caller has just read them back (no read of its own then)."""
+    day = usage_today(member) if used is None else None
+    used = day.total_tokens if day is not None else used
     cap = effective_budget(member)
     reason = None
-    if cap and day.total_tokens >= cap:
-        reason = f"{member.name} used {day.total_tokens} tokens today; its daily budget is {cap}"
+    if cap and used >= cap:
+        reason = f"{member.name} used {used} tokens today; its daily budget is {cap}"
     space = member.space
     if reason is None and (space.daily_token_ceiling or space.daily_usd_ceiling):
         totals = space_today(space)
@@ -82,7 +107,7 @@ def check_breaker(member: Member) -> str | None:
     if reason is None:
         return None
     with transaction.atomic():
-        if UsageDay.objects.filter(pk=day.pk, tripped=False).update(tripped=True):
+        if UsageDay.objects.filter(member=member, day=today(), tripped=False).update(tripped=True):
             events.emit(member.space_id, "ops.alert", member=member, subject="budget tripped", body=reason)
             # the seed's notifyOps: the leader re-plans around the tripped member, the operator may raise the cap
             notice, subject = reason + ". No more runs today.", f"Budget tripped: {member.name}"

@@ -10,6 +10,11 @@ transaction that first renews the lease with
 and rolls back when that matches no row. A holder paused past its lease (SIGSTOP, a swap storm)
 therefore writes nothing when it wakes up: the watchdog has ended its Run row and a new run may
 own the slot. Expiry is only ever compared on the database's clock, never a host's.
+
+That fence statement is the step's only read of the member row: it also writes the phase the run
+asked for (`next_phase`) and reads back the cancel flag and the permission mode, so a step pays one
+statement for its lease, its phase, its suspend check and its permission gate. The fence's events are
+batched (veronica.events.batch) and written just before its commit.
 """
 from __future__ import annotations
 
@@ -24,11 +29,12 @@ from typing import Callable, TypeVar
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
 from veronica import events
+from veronica.returning import update_returning
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures
 from veronica.engine.wakes import enqueue_wake
@@ -68,6 +74,30 @@ def write_phase(member: Member, phase: str, tool: str = "") -> None:
     member.phase, member.phase_tool = phase, tool
 
 
+# A cancel flag read by a fence this recently answers check() without a statement of its own.
+FRESH_CHECK_SECONDS = 0.25
+
+
+def _fence_statement(member_id: int, token: str, phase: tuple[str, str] | None) -> tuple[bool, str] | None:
+    """Renew-and-check (and the phase, when given) in one UPDATE; (cancel_requested, permission_mode)
+    or None when the lease is gone. Every fence is a step's write (a model turn, a tool's start or
+    result, a phase), so it also re-stamps phase_since: the stall watchdog's clock of progress,
+    which heartbeats alone (renew) never move."""
+    seconds = settings.RUN_LEASE_SECONDS
+
+    def build(slot):
+        qs = Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token"), lease_expires_at__gt=Now())
+        values = {"lease_expires_at": Now() + timedelta(seconds=seconds), "phase_since": Now()}
+        if phase is not None:
+            values.update(phase=slot.str("phase"), phase_tool=slot.str("tool"))
+        return qs, values
+    values = {"id": member_id, "token": token}
+    if phase is not None:
+        values.update(phase=phase[0], tool=phase[1])
+    row = update_returning(("fence", seconds, phase is not None), build, ["cancel_requested", "permission_mode"], values)
+    return None if row is None else (bool(row[0]), row[1])
+
+
 class RunLease:
     """The engine's side of veronica.agent.runctx.RunContext, for one claimed slot."""
 
@@ -76,6 +106,37 @@ class RunLease:
         self._last_check = time.monotonic()  # the last renewal that also read the cancel flag
         self._stop: Cancelled | None = None
         self._depth = 0
+        self._next_phase: tuple[str, str] | None = None
+        self.permission_mode = member.permission_mode  # as of the latest fence
+        self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
+
+    def count_call(self, tokens: int) -> None:
+        self.model_calls += 1
+        self.tokens += tokens
+
+    def _fence(self) -> None:
+        """The first statement of every fenced transaction (see the module's docstring)."""
+        if isinstance(self._stop, LeaseLost):
+            raise self._stop
+        want, self._next_phase = self._next_phase, None
+        member = self.member
+        if want is not None and (member.phase, member.phase_tool) == want:
+            want = None
+        row = _fence_statement(member.pk, self.token, want)
+        if row is None:
+            self._stop = LeaseLost(f"the lease {self.token[:8]} of member {member.pk} is gone")
+            raise self._stop
+        cancel, self.permission_mode = row
+        self._last_check = time.monotonic()
+        if cancel and self._stop is None:
+            self._stop = Cancelled("the run was asked to stop")
+        if want is not None:
+            member.phase, member.phase_tool = want
+            events.emit(member.space_id, "member.phase", member=member, phase=want[0], tool=want[1])
+
+    def next_phase(self, phase: str, tool: str = "") -> None:
+        """The phase the next fence writes (in its own statement, at no cost of its own)."""
+        self._next_phase = (phase, tool)
 
     def _renew(self, *, honour_cancel: bool) -> None:
         if isinstance(self._stop, LeaseLost):
@@ -89,6 +150,10 @@ class RunLease:
             self._last_check = time.monotonic()
 
     def check(self) -> None:
+        if self._stop is not None:
+            raise self._stop
+        if time.monotonic() - self._last_check < FRESH_CHECK_SECONDS:
+            return  # the step's fence has just read the cancel flag
         self._renew(honour_cancel=True)
 
     def should_stop(self) -> bool:
@@ -111,8 +176,8 @@ class RunLease:
         if self._depth:  # already inside this run's fence: one renew per transaction is enough
             yield
             return
-        with transaction.atomic():
-            self._renew(honour_cancel=False)
+        with transaction.atomic(), events.batch():
+            self._fence()
             self._depth += 1
             try:
                 yield
@@ -143,14 +208,21 @@ class RunLease:
         return box["value"]
 
     def phase(self, phase: str, tool: str = "", *, step: bool = False) -> None:
-        same = self.member.phase == phase and self.member.phase_tool == tool
-        if same and not step:
+        """step: a new model or tool call begins. Every fence statement re-stamps phase_since (the
+        stall clock the watchdog reads), so a call in an unchanged phase is progress at the cost of
+        one fence when no fence is open; a plain report in an unchanged phase writes nothing."""
+        if self.member.phase == phase and self.member.phase_tool == tool:
+            self._next_phase = None
+            if step and not self._depth:
+                with self.fenced():
+                    pass
             return
-        with self.fenced():
-            if same:  # a new model or tool call in the same phase is progress: the stall watchdog reads phase_since
-                Member.objects.filter(pk=self.member.pk).update(phase_since=Now())
-            else:
-                write_phase(self.member, phase, tool)
+        if self._depth:
+            write_phase(self.member, phase, tool)
+            return
+        self._next_phase = (phase, tool)
+        with self.fenced():  # the fence statement writes it
+            pass
 
 
 def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tuple[str, ...] = ()) -> RunLease | None:
@@ -165,7 +237,7 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
     by_id = isinstance(member, int)
     member_id = member if by_id else member.pk
     token = uuid.uuid4().hex
-    with transaction.atomic():
+    with transaction.atomic(), events.batch():
         if not _claim_update(member_id, token, source, held_ok, gates):
             return None
         if by_id:
@@ -245,7 +317,8 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
     member = lease.member
     with lease.fenced():
         Run.objects.filter(pk=lease.run.pk, lease_token=lease.token, ended_at__isnull=True).update(
-            ended_at=Now(), outcome=outcome, error=error[:2000])
+            ended_at=Now(), outcome=outcome, error=error[:2000], model_calls=F("model_calls") + lease.model_calls,
+            tokens=F("tokens") + lease.tokens)
         if outcome == RunOutcome.ERROR:
             write_phase(member, Phase.ERROR)
             failures.record(member, error, permanent=permanent)

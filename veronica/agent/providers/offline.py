@@ -41,20 +41,52 @@ def _key(name: str, args: dict) -> str:
     return name + json.dumps({k: str(v) for k, v in sorted(args.items())}, sort_keys=True)
 
 
+def _size(m: dict) -> int:
+    return len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or []))
+
+
 class OfflineProvider:
+    """One instance serves one run, whose messages only ever grow: what it read of them (the trace
+    since the brief, the request size) is kept and extended, so a call costs O(1) in the transcript."""
+
     label = "offline (deterministic local policy)"
+
+    def __init__(self) -> None:
+        self._trace: tuple | None = None  # (brief message, messages fed, last fed message, Trace)
+        self._sized: tuple = (0, 0, None)  # (messages sized, their size, the last of them)
+
+    def _done(self, messages: list[dict], brief_at: int) -> "Trace":
+        brief = messages[brief_at] if brief_at >= 0 else None
+        start = brief_at + 1
+        memo = self._trace
+        if memo is not None and memo[0] is brief and len(messages) >= start + memo[1] and \
+                (memo[1] == 0 or messages[start + memo[1] - 1] is memo[2]):
+            trace = memo[3]
+            trace.feed(messages[start + memo[1]:])
+        else:
+            trace = Trace(messages[start:])
+        self._trace = (brief, len(messages) - start, messages[-1] if len(messages) > start else None, trace)
+        return trace
+
+    def _size_in(self, system: str, messages: list[dict]) -> int:
+        count, size, last = self._sized
+        if not (count and len(messages) >= count and messages[count - 1] is last):
+            count, size = 0, 0
+        size += sum(_size(m) for m in messages[count:])
+        self._sized = (len(messages), size, messages[-1] if messages else None)
+        return len(system) + size
 
     def complete(self, system: str, messages: list[dict], tools: list[dict], *, should_stop, on_event=None) -> Reply:
         simulate_latency(should_stop)
         names = {t["name"] for t in tools}
-        brief_at = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+        brief_at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user"), -1)
         brief = messages[brief_at]["content"] if brief_at >= 0 else ""
-        done = Trace(messages[brief_at + 1:])
+        done = self._done(messages, brief_at)
         policy = lead if "member_spawn" in names else work
         step = policy(brief, done, names)
         reply = Reply(text=step, tool_calls=[]) if isinstance(step, str) else \
             Reply(text="", tool_calls=[ToolCall(id=f"off_{uuid.uuid4().hex[:12]}", name=step[0], args=step[1])])
-        size_in = len(system) + sum(len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or [])) for m in messages)
+        size_in = self._size_in(system, messages)
         size_out = len(reply.text) + len(json.dumps([c.args for c in reply.tool_calls]))
         reply.usage = Usage(input=size_in // 4, output=max(size_out // 4, 1), estimated=True)
         return reply
@@ -66,13 +98,16 @@ class Trace:
     def __init__(self, messages: list[dict]) -> None:
         self.results: dict[str, str] = {}
         self.calls: list[tuple[str, dict, str]] = []
-        pending: dict[str, tuple[str, dict]] = {}
+        self.pending: dict[str, tuple[str, dict]] = {}
+        self.feed(messages)
+
+    def feed(self, messages: list[dict]) -> None:
         for m in messages:
             if m["role"] == "assistant":
                 for c in m.get("tool_calls") or []:
-                    pending[c["id"]] = (c["name"], c["args"])
-            elif m["role"] == "tool" and m.get("tool_call_id") in pending:
-                name, args = pending[m["tool_call_id"]]
+                    self.pending[c["id"]] = (c["name"], c["args"])
+            elif m["role"] == "tool" and m.get("tool_call_id") in self.pending:
+                name, args = self.pending[m["tool_call_id"]]
                 self.calls.append((name, args, m["content"]))
                 self.results[_key(name, args)] = m["content"]
                 self._replayed(m["content"])

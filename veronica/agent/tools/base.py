@@ -21,6 +21,7 @@ class ToolContext:
     space: "Space"
     session: "Session | None" = None
     run: "Run | None" = None
+    log: object = None  # the run's in-memory transcript (veronica.agent.transcript.Log), when a run owns it
 
 
 @dataclass

@@ -1,0 +1,445 @@
+"""The engine's step cost, both modes, against the limits measured in the same run.
+
+    .venv/bin/python bench/engine.py [--modes embedded,hosted] [--reps 3]
+
+Per mode, in a child process on a throwaway database (unique PostgreSQL database and Redis prefix,
+dropped afterwards; SQLite in a temp dir):
+
+* commit_per_s: the raw commit rate of the database (one-row INSERT, autocommit): the limit;
+* cpu_ms_per_step, sql_per_step, commits_per_step, step_ms: one step in-process with a zero-latency
+  scripted model (read_file each step), from one model call to the next, median over a 10-step run
+  (sql_per_call_whole_run: the run's statements over its 11 model calls, start and end included);
+* step_ms_50_turns / 1000 / 3000: the same on a transcript that already holds that many turns;
+* steps_per_s_5 / 20 / 50: a real django-q2 cluster (4 workers) with N busy members in ONE space, the
+  offline model at zero latency, each with far more assigned work than the window: model calls per
+  second over 2 s windows;
+* wake_p50_ratio, wake_p99_ms: message committed -> run started, vs a bare django-q2 no-op task in the
+  same run (bench.wake_latency.measure_wake when it exists, else the adapter below);
+* stream_p99_ms_1 / _50: event committed in a worker -> arrival at 1 / 50 sockets (bench.stream_latency);
+* langgraph_step_ratio: Veronica's step_ms / LangGraph's (also call to call) for the same fake model and
+  tool on the same database and durability (SqliteSaver at synchronous=NORMAL embedded, PostgresSaver
+  hosted).
+
+Every figure is the median of `--reps` repetitions. The last line is one JSON object
+{"embedded": {...}, "hosted": {...}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._setup import REPO, django_setup, isolated_env, pct  # noqa: E402
+
+STEPS = 10  # tool steps per in-process run
+ASSIGNMENTS = 100  # per busy member, six files each (a file read once is not read again): ~700 model calls
+FILES = 6 * ASSIGNMENTS
+
+
+def median_of(reps: int, fn) -> float:
+    return statistics.median(fn() for _ in range(reps))
+
+
+# --- the limit: raw commits -------------------------------------------------------------------
+
+def commit_rate(seconds: float = 1.0) -> float:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        key = "BIGSERIAL PRIMARY KEY" if connection.vendor == "postgresql" else "INTEGER PRIMARY KEY"
+        cur.execute(f"CREATE TABLE IF NOT EXISTS bench_commit (id {key}, v INTEGER)")
+    n, t0 = 0, time.perf_counter()
+    with connection.cursor() as cur:
+        while time.perf_counter() - t0 < seconds:
+            cur.execute("INSERT INTO bench_commit (v) VALUES (%s)", [n])  # autocommit: one commit each
+            n += 1
+    return n / (time.perf_counter() - t0)
+
+
+# --- in-process runs with a scripted zero-latency model ------------------------------------------
+
+class Counter:
+    """Statements (execute_wrapper) and commits (the connection's commit) while active."""
+
+    active: "Counter | None" = None
+
+    def __init__(self) -> None:
+        self.statements = self.commits = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        self.statements += 1
+        return execute(sql, params, many, context)
+
+    def __enter__(self):
+        from django.db import connection
+
+        self._cm = connection.execute_wrapper(self)
+        self._cm.__enter__()
+        self._commit = connection.commit
+        counter = self
+
+        def commit():
+            counter.commits += 1
+            return counter._commit()
+        connection.commit = commit
+        Counter.active = self
+        return self
+
+    def __exit__(self, *exc):
+        from django.db import connection
+
+        connection.commit = self._commit
+        Counter.active = None
+        self._cm.__exit__(*exc)
+
+
+def scripted_provider(steps: int, marks: list):
+    """read_file `steps` times, then answer. Each call marks (wall, cpu, statements, commits) so a step
+    is measured from one model call to the next: the run's start, end and transcript load excluded."""
+    from veronica.agent.providers.base import Reply, ToolCall, Usage
+
+    class Policy:
+        n = 0
+
+        def complete(self, system, messages, tools, *, should_stop, on_event=None):
+            counter = Counter.active
+            marks.append((time.perf_counter(), time.process_time(), counter.statements, counter.commits))
+            self.n += 1
+            if self.n > steps:
+                return Reply(text="done", usage=Usage(input=10, output=2))
+            return Reply(tool_calls=[ToolCall(id=f"c{time.time_ns()}", name="read_file", args={"path": f"f{self.n % 5}.txt"})],
+                         usage=Usage(input=10, output=2))
+    return Policy
+
+
+def one_run(space, member, steps: int = STEPS) -> dict:
+    """One wake of `member` with `steps` tool steps, run in this process. Per step: the median over its
+    steps (call to call); whole-run statements over its model calls as well."""
+    import veronica.agent.loop as loop
+    from veronica import bus
+    from veronica.engine import runner
+
+    marks: list = []
+    policy = scripted_provider(steps, marks)
+    loop.get_provider = lambda spec: policy()
+    bus.send(space, "lead", member.name, "go")
+    with Counter() as counter:
+        runner.wake(member.pk, "message")
+    deltas = [[b[i] - a[i] for i in range(4)] for a, b in zip(marks, marks[1:])]
+    med = [statistics.median(d[i] for d in deltas) for i in range(4)]
+    return {"step_ms": med[0] * 1000, "cpu_ms": med[1] * 1000, "sql": med[2], "commits": med[3],
+            "whole_run_sql_per_call": counter.statements / (steps + 1), "statements": counter.statements}
+
+
+def make_space(slug: str, workers: int, workdir: Path):
+    from veronica.engine import supervisor
+    from veronica.models import Member, Role, Space
+
+    space = Space.objects.create(name=slug, slug=slug, workdir=str(workdir))
+    supervisor.add_member(space, "lead", role=Role.LEADER, actor="bench")
+    members = [supervisor.add_member(space, f"w{i}", actor="bench") for i in range(workers)]
+    Member.objects.filter(space=space).update(max_iterations=1000)
+    return space, [Member.objects.get(pk=m.pk) for m in members]
+
+
+def seed_transcript(member, turns: int) -> None:
+    from veronica.agent import transcript
+    from veronica.models import Turn, TurnRole
+
+    session = transcript.open_session(member)
+    rows = []
+    for i in range(turns):
+        k, seq = i % 3, i + 1
+        if k == 0:
+            rows.append(Turn(session=session, seq=seq, role=TurnRole.USER, content=f"earlier brief {i}: carry on"))
+        elif k == 1:
+            rows.append(Turn(session=session, seq=seq, role=TurnRole.ASSISTANT, content="",
+                             tool_calls=[{"id": f"old{i}", "name": "read_file", "args": {"path": "f1.txt"}}]))
+        else:
+            rows.append(Turn(session=session, seq=seq, role=TurnRole.TOOL, content="1  some earlier file line of text",
+                             tool_call_id=f"old{i - 1}", tool_name="read_file"))
+    if rows and rows[-1].role == TurnRole.ASSISTANT:
+        rows.pop()
+    Turn.objects.bulk_create(rows, batch_size=500)
+
+
+def step_profile(workdir: Path, reps: int) -> dict:
+    space, (worker,) = make_space("profile", 1, workdir)
+    one_run(space, worker)  # warm-up: connections, imports, the session
+    runs = [one_run(space, worker) for _ in range(reps)]
+    out = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    growth = {}
+    for turns in (50, 1000, 3000):
+        space, (member,) = make_space(f"growth-{turns}", 1, workdir)
+        seed_transcript(member, turns)
+        one_run(space, member, 2)
+        growth[turns] = statistics.median(one_run(space, member)["step_ms"] for _ in range(reps))
+    out["growth"] = growth
+    return out
+
+
+# --- the real cluster: N busy members in one space --------------------------------------------------
+
+def assign(space, members) -> None:
+    from veronica.models import Message
+
+    rows = []
+    for m in members:
+        for k in range(ASSIGNMENTS):
+            files = " ".join(f"f{k * 6 + j}.txt" for j in range(6))
+            rows.append(Message(space=space, sender_name="lead", recipient=m, recipient_name=m.name, subject=f"task {k}",
+                                body=f"You are assigned task #{900000 + k}: read {files}"))
+    Message.objects.bulk_create(rows, batch_size=500)
+
+
+def assistant_turns(space) -> int:
+    from veronica.models import Turn, TurnRole
+
+    return Turn.objects.filter(session__member__space=space, role=TurnRole.ASSISTANT).count()
+
+
+def wait_idle(space, timeout: float = 60) -> None:
+    from veronica.models import Member
+
+    deadline = time.monotonic() + timeout
+    while Member.objects.filter(space=space).exclude(lease_token="").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def throughput(n: int, workdir: Path, reps: int, window: float = 2.0) -> float:
+    from veronica.engine import supervisor
+    from veronica.engine.wakes import enqueue_wake
+
+    space, members = make_space(f"busy-{n}", n, workdir)
+    assign(space, members)
+    for m in members:
+        enqueue_wake(m.pk, "message")
+    deadline = time.monotonic() + 30
+    while assistant_turns(space) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # every worker busy
+    rates = []
+    for _ in range(reps):
+        c0, t0 = assistant_turns(space), time.perf_counter()
+        time.sleep(window)
+        c1, t1 = assistant_turns(space), time.perf_counter()
+        rates.append((c1 - c0) / (t1 - t0))
+    supervisor.halt_all(space, actor="bench")
+    wait_idle(space)
+    return statistics.median(rates)
+
+
+# --- wake and stream: iss13b's measuring functions, or adapters on the existing code -----------------
+
+def wake_adapter(mode: str, workdir: Path, samples: int = 25) -> dict:
+    """bench.wake_latency has no measure_wake(mode) yet: the same measurement on the running cluster,
+    with random gaps so neither loop aligns with a broker's poll."""
+    from django_q.tasks import async_task, result
+
+    from veronica import bus
+    from veronica.models import Member, Run
+
+    space, (worker,) = make_space("wake", 1, workdir)
+    rng = random.Random(13)
+    bare, wake = [], []
+    for i in range(samples):
+        time.sleep(rng.uniform(0.0, 0.12))
+        t0 = time.time()
+        task_id = async_task("bench.probe.now")
+        started = None
+        while started is None:
+            started = result(task_id, wait=20)
+        bare.append(started - t0)
+        time.sleep(rng.uniform(0.0, 0.12))
+        before = Run.objects.filter(member=worker).count()
+        t0 = time.time()
+        bus.send(space, "lead", worker.name, f"ping {i}")
+        deadline = time.monotonic() + 20
+        while Run.objects.filter(member=worker).count() <= before and time.monotonic() < deadline:
+            time.sleep(0.002)
+        run = Run.objects.filter(member=worker).order_by("-id").first()
+        wake.append(run.started_at.timestamp() - t0)
+        while Member.objects.filter(pk=worker.pk).exclude(lease_token="").exists():
+            time.sleep(0.005)
+    return {"p50_ratio": pct(wake, 50) / pct(bare, 50), "p99_ms": pct(wake, 99) * 1000,
+            "p50_ms": pct(wake, 50) * 1000, "bare_p50_ms": pct(bare, 50) * 1000}
+
+
+def measure_wake(mode: str, workdir: Path) -> dict:
+    try:
+        from bench.wake_latency import measure_wake as theirs
+    except ImportError:
+        return wake_adapter(mode, workdir)
+    return theirs(mode)
+
+
+def stream_adapter(mode: str, sockets: list[int], reps: int) -> dict[int, dict]:
+    """bench.stream_latency has no measure_stream(mode, sockets) yet: its daphne and its measure(),
+    one daphne for every socket count."""
+    import asyncio
+
+    from bench import stream_latency as sl
+
+    env = dict(os.environ)
+    info = json.loads(sl.run_python(sl.SETUP, env).strip().splitlines()[-1])
+    web = sl.Daphne(env)
+    out = {}
+    try:
+        for n in sockets:
+            rows = [asyncio.run(sl.measure(web.url, info["key"], env, info["space_id"], n, 25, 25.0)) for _ in range(reps)]
+            out[n] = {"p99_ms": statistics.median(r["p99"] for r in rows), "p50_ms": statistics.median(r["p50"] for r in rows)}
+    finally:
+        web.stop()
+    return out
+
+
+def measure_stream(mode: str, sockets: list[int], reps: int) -> dict[int, dict]:
+    try:
+        from bench.stream_latency import measure_stream as theirs
+    except ImportError:
+        return stream_adapter(mode, sockets, reps)
+    return {n: theirs(mode, n) for n in sockets}
+
+
+# --- LangGraph, the fair baseline ---------------------------------------------------------------------
+
+def langgraph_step(mode: str, workdir: Path, reps: int) -> float:
+    from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file of the workspace."""
+        return (workdir / path).read_text()
+
+    def graph(steps: int):
+        g = StateGraph(MessagesState)
+        model = FakeMessagesListChatModel(responses=[
+            AIMessage(content="", tool_calls=[{"name": "read_file", "args": {"path": f"f{i % 5}.txt"}, "id": f"c{i}"}])
+            for i in range(1, steps + 1)] + [AIMessage(content="done")])
+        def agent(state):
+            marks.append(time.perf_counter())
+            return {"messages": [model.invoke(state["messages"])]}
+        g.add_node("agent", agent)
+        g.add_node("tools", ToolNode([read_file]))
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        return g
+
+    marks: list[float] = []
+
+    def timed(saver) -> float:
+        """Like Veronica's figure: from one model call to the next, median over the run."""
+        marks.clear()
+        app = graph(STEPS).compile(checkpointer=saver)
+        app.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": str(time.time_ns())},
+                                                         "recursion_limit": STEPS * 3})
+        return statistics.median(b - a for a, b in zip(marks, marks[1:])) * 1000
+
+    if mode == "hosted":
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        with PostgresSaver.from_conn_string(os.environ["DATABASE_URL"]) as saver:
+            saver.setup()
+            timed(saver)
+            return median_of(reps, lambda: timed(saver))
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(str(workdir / "langgraph.sqlite3"), check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")  # Veronica's durability, not FULL
+    saver = SqliteSaver(conn)
+    timed(saver)
+    return median_of(reps, lambda: timed(saver))
+
+
+# --- one mode, in its own process ----------------------------------------------------------------------
+
+def child(mode: str, reps: int) -> dict:
+    import logging
+
+    django_setup()
+    logging.disable(logging.CRITICAL)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from tests.harness import qcluster
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-engine-work-"))
+    for i in range(FILES):
+        (workdir / f"f{i}.txt").write_text("".join(f"line {j} of file {i}\n" for j in range(20)))
+    (workdir / "README.md").write_text("# bench\n")
+    (workdir / "docs").mkdir()
+    (workdir / "docs" / "design.md").write_text("# design\n")
+    clock = time.monotonic()
+    timings = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        timings[name] = round(time.monotonic() - clock, 1)
+        clock = time.monotonic()
+
+    out: dict = {"commit_per_s": round(median_of(reps, commit_rate))}
+    lap("commit")
+    profile = step_profile(workdir, reps)
+    lap("profile")
+    out.update(cpu_ms_per_step=round(profile["cpu_ms"], 2), sql_per_step=round(profile["sql"], 1),
+               commits_per_step=round(profile["commits"], 2), step_ms=round(profile["step_ms"], 2),
+               sql_per_call_whole_run=round(profile["whole_run_sql_per_call"], 1), sql_per_10_step_run=profile["statements"],
+               step_ms_50_turns=round(profile["growth"][50], 2), step_ms_1000_turns=round(profile["growth"][1000], 2),
+               step_ms_3000_turns=round(profile["growth"][3000], 2))
+    with qcluster(workers=4):
+        for n in (5, 20, 50):
+            out[f"steps_per_s_{n}"] = round(throughput(n, workdir, reps), 1)
+        lap("cluster")
+        wake = measure_wake(mode, workdir)
+        lap("wake")
+    out.update(wake_p50_ratio=round(wake["p50_ratio"], 2), wake_p99_ms=round(wake["p99_ms"], 1))
+    for sockets, row in measure_stream(mode, [1, 50], reps).items():
+        out[f"stream_p99_ms_{sockets}"] = round(row["p99_ms"], 1)
+    lap("stream")
+    lg = langgraph_step(mode, workdir, reps)
+    lap("langgraph")
+    out.update(langgraph_step_ms=round(lg, 2), langgraph_step_ratio=round(profile["step_ms"] / lg, 2), seconds=timings)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="embedded,hosted")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.reps)))
+        return
+    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}", flush=True)
+    result = {}
+    for mode in args.modes.split(","):
+        with isolated_env(mode, "bench_engine") as env:
+            proc = subprocess.run([sys.executable, __file__, "--child", mode, "--reps", str(args.reps)], cwd=REPO, env=env,
+                                  capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{mode} run failed:\n{proc.stderr[-4000:]}")
+        result[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"[{mode}] {json.dumps(result[mode])}", flush=True)
+    print(f"load after: {os.getloadavg()[0]:.2f}", flush=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
