@@ -39,3 +39,13 @@ def scripted(monkeypatch):
         monkeypatch.setattr("veronica.agent.loop.get_provider", lambda spec: provider)
         return provider
     return install
+
+
+@pytest.fixture
+def rung(monkeypatch):
+    """Wakes the tick and the verbs would enqueue, recorded instead of sent."""
+    woken = []
+    for target in ("veronica.engine.failures.enqueue_wake", "veronica.engine.tick.enqueue_wake",
+                   "veronica.engine.slot.enqueue_wake", "veronica.engine.wakes.enqueue_wake"):
+        monkeypatch.setattr(target, lambda pk, source: woken.append((pk, source)))
+    return woken

@@ -18,15 +18,6 @@ def w1_of(space):
     return supervisor.get_member(space, "w1")
 
 
-@pytest.fixture
-def rung(monkeypatch):
-    """Wakes the tick and the verbs would enqueue, recorded instead of sent."""
-    woken = []
-    for target in ("veronica.engine.failures.enqueue_wake", "veronica.engine.tick.enqueue_wake",
-                   "veronica.engine.slot.enqueue_wake", "veronica.engine.wakes.enqueue_wake"):
-        monkeypatch.setattr(target, lambda pk, source: woken.append((pk, source)))
-    return woken
-
 
 def backoff_over(member):
     Member.objects.filter(pk=member.pk).update(retry_at=Now() - timedelta(seconds=1))

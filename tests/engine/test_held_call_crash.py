@@ -15,14 +15,6 @@ from veronica.engine import approvals, leases, runner, supervisor, tick
 from veronica.models import Approval, Event, Member, Task, Turn, Wake
 
 
-@pytest.fixture
-def rung(monkeypatch):
-    woken = []
-    for target in ("veronica.engine.failures.enqueue_wake", "veronica.engine.tick.enqueue_wake",
-                   "veronica.engine.slot.enqueue_wake", "veronica.engine.wakes.enqueue_wake"):
-        monkeypatch.setattr(target, lambda pk, source: woken.append((pk, source)))
-    return woken
-
 
 @pytest.fixture
 def operator(django_user_model):

@@ -14,14 +14,6 @@ from veronica.engine import failures, leases, runner, supervisor
 from veronica.models import Member, Message, Run, RunOutcome, Task, UsageDay
 
 
-@pytest.fixture
-def rung(monkeypatch):
-    woken = []
-    for target in ("veronica.engine.failures.enqueue_wake", "veronica.engine.tick.enqueue_wake",
-                   "veronica.engine.slot.enqueue_wake", "veronica.engine.wakes.enqueue_wake"):
-        monkeypatch.setattr(target, lambda pk, source: woken.append((pk, source)))
-    return woken
-
 
 def w1_of(space):
     return supervisor.get_member(space, "w1")
