@@ -26,9 +26,14 @@ SPACE_PANELS = ("roster", "tasks", "approvals", "blackboard", "messages", "usage
 MEMBER_PANELS = ("header", "transcript", "skills", "memory", "schedule")
 
 
-def read_targets(slug: str) -> list[tuple[str, str]]:
+def read_targets(slug: str, *, task_id: int | None = None, run_id: int | None = None) -> list[tuple[str, str]]:
+    """Every read; with a task and a run, their pages too (the task page, its API, the run trace)."""
     api = f"/api/spaces/{slug}"
-    pages = [f"/spaces/{slug}/", f"/spaces/{slug}/members/boss/"]
+    pages = [f"/spaces/{slug}/", f"/spaces/{slug}/members/boss/", f"/spaces/{slug}/usage/"]
+    if task_id is not None:
+        pages += [f"/spaces/{slug}/tasks/{task_id}/", f"{api}/tasks/{task_id}/"]
+    if run_id is not None:
+        pages.append(f"/spaces/{slug}/runs/{run_id}/")
     pages += [f"/spaces/{slug}/panels/{p}/" for p in SPACE_PANELS]
     pages += [f"/spaces/{slug}/members/boss/panels/{p}/" for p in MEMBER_PANELS]
     apis = [f"{api}/", f"{api}/usage/", f"{api}/members/", f"{api}/members/boss/", f"{api}/members/boss/transcript/",
@@ -64,5 +69,6 @@ def owner_targets(slug: str) -> list[tuple[str, str, dict]]:
         ("POST", f"{api}/members/", {"name": "w9"}),
         ("DELETE", f"{api}/members/w2/", {}),
         ("GET", f"/spaces/{slug}/manage/", None),
+        ("GET", f"/spaces/{slug}/export/", None),
         ("POST", f"/spaces/{slug}/manage/", {"action": "grant", "username": "stranger", "role": "viewer"}),
     ]

@@ -1,16 +1,22 @@
 """Every page, API call and panel: 404 without access, 403 for a role too low, 401/login when anonymous."""
 import pytest
+from django.utils import timezone
 
 from tests.console.helpers import call, open_question, owner_targets, pending_approval, read_targets, steer_targets
-from veronica.models import Approval, Space
+from veronica import ledger
+from veronica.engine import supervisor
+from veronica.models import Approval, Run, Space
 
 
 @pytest.fixture
 def targets(world):
     approval, question = pending_approval(world.space), open_question(world.space)
     slug = world.space.slug
+    task = ledger.create_task(world.space, "boss", "a job")
+    run = Run.objects.create(member=supervisor.get_member(world.space, "w1"), source="message", lease_token="t",
+                             started_at=timezone.now(), ended_at=timezone.now(), outcome="done")
     return {
-        "read": read_targets(slug),
+        "read": read_targets(slug, task_id=task.pk, run_id=run.pk),
         "steer": steer_targets(slug, approval.pk, question.pk),
         "own": owner_targets(slug),
     }
