@@ -321,3 +321,15 @@ def test_a_member_waiting_for_approval_is_not_rewoken_by_its_own_mail(space, scr
     assert runner.wake(w1.pk, "message") == "waiting"
     tick.sweep_unread()
     assert enqueued == [], "a waiting member must not spin on wakes"
+
+
+def test_the_turns_input_is_the_whole_prompt_cached_tokens_included(space, scripted):
+    """The member view's context pressure reads Turn.input_tokens: a prompt mostly served from the
+    vendor's cache is still that long (Anthropic and OpenAI report cached tokens apart)."""
+    from veronica.agent.providers.base import Reply, Usage
+
+    scripted(Reply(text="ok", usage=Usage(input=40, output=5, cache_read=900, cache_write=60)))
+    bus.send(space, "boss", "w1", "hi")
+    assert runner.wake(w1_of(space).pk, "message") == "done"
+    turn = Turn.objects.get(role="assistant")
+    assert turn.input_tokens == 1000 and turn.tokens == 1005

@@ -214,8 +214,8 @@ def answer_turn(member: Member, log_: transcript.Log, reply: Reply) -> None:
     """Persist the model's turn; the mail its brief carried is read from this moment on (marked once a run)."""
     brief = next((t for t in reversed(log_.rows) if t.role == TurnRole.USER), None)
     calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
-    log_.append(TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total,
-                input_tokens=reply.usage.input)  # the last turn's input, shown in the member view
+    prompt = reply.usage.input + reply.usage.cache_read + reply.usage.cache_write  # cached or not: the context pressure
+    log_.append(TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total, input_tokens=prompt)
     if brief is not None and brief.mail_ids and brief.pk not in log_.marked:
         bus.mark_read(member, brief.mail_ids)
         log_.marked.add(brief.pk)
