@@ -16,6 +16,7 @@ one started in its place; then the stream drains. Printed per mode:
 
 Usage: .venv/bin/python bench/recovery.py [--modes embedded,hosted] [--groups 3] [--members 8]
        [--messages 120] [--kill-every 4] [--lease 10]
+The last line is one JSON object with those figures per mode.
 Each mode uses its own data folder, PostgreSQL database and queue name, and drops them afterwards.
 """
 from __future__ import annotations
@@ -285,8 +286,11 @@ def main() -> None:
     print(f"recovery under SIGKILL: {args.groups} qcluster groups x {args.workers} workers, {args.members} members, "
           f"{args.messages} messages over {args.stream_seconds:.0f}s, one group killed every {args.kill_every:.0f}s, "
           f"lease {args.lease}s, tick {args.tick}s\n")
+    summary = {}
     for mode in args.modes.split(","):
         r = spawn(mode, args)
+        summary[mode] = {key: r[key] for key in ("sent", "read", "lost", "unfinished", "duplicates", "overlaps", "stuck",
+                                                 "killed_runs", "p50", "p99", "max", "lease", "load")}
         fmt = lambda v: "-" if v is None else f"{v:5.1f}s"  # noqa: E731
         print(f"[{mode}]  drained after {r['drained_after']:.0f}s, {r['runs']} runs, {r['kills']} kills")
         print(f"  messages sent {r['sent']}  read {r['read']}  lost {r['lost']}   tasks read but never finished {r['unfinished']}"
@@ -299,6 +303,7 @@ def main() -> None:
         for total, detect, pickup, wakes, refused in r["slowest"]:
             print(f"    slow: {total:5.1f}s = expiry {detect:5.1f}s + pickup {pickup:5.1f}s ({wakes} wakes received meanwhile, {refused} unclaimed)")
         print(f"    (1-minute load average at the end {r['load']:.1f} on {os.cpu_count()} CPUs)\n")
+    print(json.dumps(summary, default=str))  # the last line: the figures above, per mode
 
 
 if __name__ == "__main__":
