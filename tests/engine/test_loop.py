@@ -204,10 +204,15 @@ def test_expired_lease_is_released_and_rewoken(space, django_capture_on_commit_c
     monkeypatch.setattr(failures, "enqueue_wake", lambda pk, source: woken.append((pk, source)))
     w1 = w1_of(space)
     Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="dead", lease_expires_at=timezone.now() - timedelta(seconds=1))
+    cut = Run.objects.create(member=w1, lease_token="dead", source="message", started_at=timezone.now())
     with django_capture_on_commit_callbacks(execute=True):
         assert leases.expire_leases() == [w1.pk]
     w1.refresh_from_db()
     assert w1.run_status == "idle" and not w1.lease_token and woken == [(w1.pk, "resume")]
+    cut.refresh_from_db()
+    assert cut.outcome == "lease_expired" and cut.ended_at is not None
+    # the timeline links the expiry to the run it cut off
+    assert space.events.get(kind="run.lease_expired").payload["run"] == cut.pk
 
 
 def test_phases_follow_the_members_events(space, scripted):

@@ -34,8 +34,10 @@ def expire_leases() -> list[int]:
                     lease_token="", lease_expires_at=None, cancel_requested=False):
                 continue
             Member.objects.filter(pk=member.pk, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE, phase=Phase.READY)
-            Run.objects.filter(member=member, lease_token=token, ended_at__isnull=True).update(ended_at=Now(), outcome=RunOutcome.LEASE_EXPIRED)
-            events.emit(member.space_id, "run.lease_expired", member=member)
+            cut = list(Run.objects.filter(member=member, lease_token=token, ended_at__isnull=True).values_list("pk", flat=True))
+            Run.objects.filter(pk__in=cut).update(ended_at=Now(), outcome=RunOutcome.LEASE_EXPIRED)
+            # The run id lets the timeline link the expiry to the run it cut off (one run per member).
+            events.emit(member.space_id, "run.lease_expired", member=member, **({"run": cut[0]} if cut else {}))
             failures.owe_resume(member.pk)  # rung now, and again until a run takes the slot
         woken.append(member.pk)
     return woken
