@@ -21,6 +21,11 @@ url = "http://127.0.0.1:8123/mcp"
 """
 
 
+@pytest.fixture(autouse=True)
+def loopback_allowed(settings):
+    settings.MCP_ALLOW_HOSTS = ["127.0.0.1"]  # "web" is declared on loopback, refused by the hosted default
+
+
 @pytest.fixture
 def manifest(tmp_path, demo_manifest):
     dest = tmp_path / "team"
@@ -56,6 +61,7 @@ def test_a_fresh_register_replaces_manifest_servers_and_keeps_console_ones(db, m
     ("space.toml", '\n[[mcp_servers]]\nname = "calc"\nurl = "http://h/mcp"\n', "mcp_servers.calc"),  # declared twice
     ("members/scout/member.toml", '\n[[mcp_servers]]\nname = "y"\nurl = "http://h/mcp"\ntimeout = 9999\n', "mcp_servers.y.timeout"),
     ("members/scout/member.toml", '\n[[mcp_servers]]\nname = "z"\ncommand = ["x"]\nenv = { "bad key" = "v" }\n', "mcp_servers.z.env.bad key"),
+    ("space.toml", '\n[[mcp_servers]]\nname = "meta"\nurl = "http://169.254.169.254/latest"\n', "mcp_servers.meta.url"),  # SSRF
 ])
 def test_a_bad_declaration_names_the_file_and_the_field_and_writes_nothing(db, manifest, where, text, field):
     with open(manifest / where, "a") as f:

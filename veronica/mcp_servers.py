@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from django.db import transaction
 
-from veronica import events
+from veronica import events, outbound
 from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, text_problem
 from veronica.models import McpServer, McpTransport, Member, Space
 
@@ -55,6 +55,7 @@ def check(cfg: dict) -> ServerConfig:
         parts = urlsplit(url) if isinstance(url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or len(url) > ulimit or text_problem(url):
             _fail(f"mcp_servers.{name}.url", f"must be an http:// or https:// URL of at most {ulimit} characters")
+        outbound.check_url(url, f"mcp_servers.{name}.url", outbound.MCP)  # no internal addresses (SSRF)
     env = cfg.get("env", {})
     if not isinstance(env, dict) or len(env) > MAX_ENV:
         _fail(f"mcp_servers.{name}.env", f"must be a table of at most {MAX_ENV} NAME = \"value\" strings")

@@ -1,7 +1,7 @@
-"""Outbound HTTP to addresses people type in (the notifier's webhook and Slack URLs) must not reach
-the host's own network: loopback, private, link-local (the cloud metadata service at
-169.254.169.254), shared, reserved or multicast addresses are refused unless the host is on the
-VERONICA_NOTIFY_ALLOW_HOSTS allow-list.
+"""Outbound HTTP to addresses people type in (the notifier's webhook and Slack URLs, MCP servers
+attached by URL) must not reach the host's own network: loopback, private, link-local (the cloud
+metadata service at 169.254.169.254), shared, reserved or multicast addresses are refused unless
+the host is on that purpose's allow-list (VERONICA_NOTIFY_ALLOW_HOSTS, VERONICA_MCP_ALLOW_HOSTS).
 
 Checked twice: when the URL is saved (literal addresses, localhost names, and what the name
 resolves to now) and when a request is sent. At send time the check sits in the connection itself:
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httpcore
@@ -29,10 +30,23 @@ class Refused(VeronicaError):
     """An outbound target on the host's own network."""
 
 
-def _allow_list() -> tuple[frozenset[str], tuple]:
+@dataclass(frozen=True)
+class Purpose:
+    """Who is connecting: names the allow-list setting and the words of the refusal."""
+
+    setting: str  # the settings attribute holding the allow-list
+    env: str  # its environment variable, named in the error
+    what: str  # "outbound notifications", "MCP servers"
+
+
+NOTIFY = Purpose("NOTIFY_ALLOW_HOSTS", "VERONICA_NOTIFY_ALLOW_HOSTS", "outbound notifications")
+MCP = Purpose("MCP_ALLOW_HOSTS", "VERONICA_MCP_ALLOW_HOSTS", "MCP servers")
+
+
+def _allow_list(purpose: Purpose) -> tuple[frozenset[str], tuple]:
     """Host names (exact, case-insensitive) and IP networks; settings has validated each item."""
     names, networks = set(), []
-    for item in settings.NOTIFY_ALLOW_HOSTS:
+    for item in getattr(settings, purpose.setting):
         try:
             networks.append(ipaddress.ip_network(item, strict=False))
         except ValueError:
@@ -48,7 +62,8 @@ def internal(ip: Address) -> bool:
 
 
 def _allowed_ip(ip: Address, networks: tuple) -> bool:
-    return any(ip.version == net.version and ip in net for net in networks)
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is allowed by 127.0.0.1, as internal() judges it
+    return any(ip.version == net.version and ip in net or mapped is not None and mapped in net for net in networks)
 
 
 def _literal(host: str) -> Address | None:
@@ -63,16 +78,16 @@ def resolve(host: str, port: int) -> list[Address]:
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
 
 
-def checked_addresses(host: str, port: int, field: str, *, must_resolve: bool) -> list[Address]:
+def checked_addresses(host: str, port: int, field: str, *, must_resolve: bool, purpose: Purpose = NOTIFY) -> list[Address]:
     """The addresses a connection to host may use; Refused if any is internal and not allowed."""
-    names, networks = _allow_list()
+    names, networks = _allow_list(purpose)
     host = host.lower().rstrip(".")
     if host in names:
         return resolve(host, port) if must_resolve else []
     literal = _literal(host)
     if literal is None and (host in _LOCAL_NAMES or host.endswith(".localhost")):
-        raise Refused(f"{field} points at {host}, this host's own network; outbound notifications may not "
-                      f"(allow it with VERONICA_NOTIFY_ALLOW_HOSTS)", field=field)
+        raise Refused(f"{field} points at {host}, this host's own network; {purpose.what} may not "
+                      f"(allow it with {purpose.env})", field=field)
     try:
         addresses = [literal] if literal is not None else resolve(host, port)
     except OSError as exc:
@@ -82,15 +97,16 @@ def checked_addresses(host: str, port: int, field: str, *, must_resolve: bool) -
     for ip in addresses:
         if internal(ip) and not _allowed_ip(ip, networks):
             raise Refused(f"{field} points at {ip} ({host}), an internal address (loopback, private, link-local or "
-                          f"reserved); outbound notifications may not go there (allow it with VERONICA_NOTIFY_ALLOW_HOSTS)",
+                          f"reserved); {purpose.what} may not go there (allow it with {purpose.env})",
                           field=field)
     return addresses
 
 
-def check_url(url: str, field: str) -> None:
+def check_url(url: str, field: str, purpose: Purpose = NOTIFY) -> None:
     """Save-time check of a URL that has already passed the http(s) validator."""
     parts = urlsplit(url)
-    checked_addresses(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80), field, must_resolve=False)
+    checked_addresses(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80), field,
+                      must_resolve=False, purpose=purpose)
 
 
 class _GuardedBackend(httpcore.SyncBackend):
@@ -113,3 +129,31 @@ def client(timeout: float) -> httpx.Client:
     transport = httpx.HTTPTransport()
     transport._pool._network_backend = _GuardedBackend()  # httpcore's documented backend hook, set on httpx's pool
     return httpx.Client(transport=transport, timeout=timeout, follow_redirects=False, trust_env=False)
+
+
+def async_client_factory(purpose: Purpose = MCP):
+    """For the MCP SDK, whose HTTP transport is httpx2 (async): an AsyncClient whose connections go
+    through the same check, resolving in a worker thread so the event loop never blocks on DNS."""
+    import anyio
+    import httpcore2
+    import httpx2
+    from httpcore2._backends.auto import AutoBackend
+
+    class _GuardedAsyncBackend(AutoBackend):
+        async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+            addresses = await anyio.to_thread.run_sync(
+                lambda: checked_addresses(host, port, "url", must_resolve=True, purpose=purpose))
+            last: Exception | None = None
+            for ip in addresses:
+                try:
+                    return await super().connect_tcp(str(ip), port, timeout, local_address, socket_options)
+                except httpcore2.ConnectError as exc:
+                    last = exc
+            raise last or httpcore2.ConnectError(f"{host} has no address")
+
+    def make(timeout) -> "httpx2.AsyncClient":
+        transport = httpx2.AsyncHTTPTransport(trust_env=False)
+        transport._pool._network_backend = _GuardedAsyncBackend()  # the same documented hook as above
+        return httpx2.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False, trust_env=False)
+
+    return make

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -292,6 +293,12 @@ WEBHOOK_TOLERANCE_SECONDS = env_int("VERONICA_WEBHOOK_TOLERANCE_SECONDS", 300, m
 # outbound notifier (veronica.outbound): host names, IP addresses or CIDR networks the webhook and
 # Slack URLs may reach although they are internal (loopback, private, link-local); empty = none.
 NOTIFY_ALLOW_HOSTS = env_hosts("VERONICA_NOTIFY_ALLOW_HOSTS")
+# MCP servers attached by URL (veronica.outbound): the same rule. On the embedded default (one
+# laptop, one operator) a local MCP server is the usual case, so loopback is allowed unless the
+# variable says otherwise; hosted, where space owners are tenants, nothing internal by default.
+# Set (even empty: nothing) it replaces that default.
+MCP_ALLOW_HOSTS = (env_hosts("VERONICA_MCP_ALLOW_HOSTS") if "VERONICA_MCP_ALLOW_HOSTS" in os.environ
+                   else [] if HOSTED else ["localhost", "127.0.0.0/8", "::1"])
 # retention (veronica.engine.retention): the newest N events of a space are never purged (stream
 # replay), and each kind is deleted in batches of this size (the tick does a few batches a call).
 RETENTION_KEEP_EVENTS = env_int("VERONICA_RETENTION_KEEP_EVENTS", 1000, minimum=0)

@@ -31,6 +31,7 @@ SERVER = str(Path(__file__).resolve().parent.parent / "mcp_server.py")
 @pytest.fixture(autouse=True)
 def unsandboxed(settings):
     settings.COMMAND_SANDBOX = "none"
+    settings.MCP_ALLOW_HOSTS = ["127.0.0.1"]  # the SDK test server listens on loopback
     yield
     manager().close_all()  # stop this test's server processes
 
@@ -186,6 +187,45 @@ def test_an_unreachable_http_server_is_recorded(space):
     declare(space, "gone", url="http://127.0.0.1:9/mcp", timeout=5)
     assert "read_file" in tools_for(w1_of(space))
     assert "MCP server 'gone'" in McpServer.objects.get().last_error
+
+
+@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data", "http://10.1.2.3:8080/mcp", "http://localhost:8000/mcp",
+                                 "http://[::1]/mcp", "http://[::ffff:127.0.0.1]/mcp", "https://0.0.0.0/mcp", "http://app.localhost/mcp"])
+def test_a_url_on_the_hosts_own_network_is_refused_when_declared(settings, url):
+    from veronica.errors import VeronicaError
+
+    settings.MCP_ALLOW_HOSTS = []  # the hosted default
+    with pytest.raises(VeronicaError) as caught:
+        mcp_servers.check({"name": "inside", "url": url})
+    assert caught.value.field == "mcp_servers.inside.url" and "VERONICA_MCP_ALLOW_HOSTS" in str(caught.value)
+    settings.MCP_ALLOW_HOSTS = ["169.254.0.0/16", "10.0.0.0/8", "localhost", "::1", "127.0.0.1", "0.0.0.0", "app.localhost"]
+    assert mcp_servers.check({"name": "inside", "url": url}).url == url  # the operator's allow-list lets it through
+
+
+def test_the_default_allows_loopback_on_a_laptop_and_nothing_internal_when_hosted():
+    from veronica import settings as defaults  # the module, not the fixture's override
+
+    if defaults.HOSTED:
+        assert defaults.MCP_ALLOW_HOSTS == []
+    else:
+        assert defaults.MCP_ALLOW_HOSTS == ["localhost", "127.0.0.0/8", "::1"]
+
+
+def test_a_name_that_resolves_inside_at_connect_time_is_refused_there(space, http_server, settings, monkeypatch):
+    """DNS rebinding: the name did not resolve (or resolved outside) when declared, and points at
+    loopback when the worker connects. The guard resolves once, checks, and never connects."""
+    from veronica import outbound
+
+    settings.MCP_ALLOW_HOSTS = []
+    port = int(http_server.rsplit(":", 1)[1].split("/")[0])
+    declare(space, "rebound", url=f"http://rebind.invalid:{port}/mcp", timeout=5)  # unresolvable now: saved
+    real = outbound.resolve
+    monkeypatch.setattr(outbound, "resolve", lambda host, p: [outbound.ipaddress.ip_address("127.0.0.1")]
+                        if host == "rebind.invalid" else real(host, p))
+    tools = tools_for(w1_of(space))
+    assert not any(name.startswith("mcp__rebound__") for name in tools) and "read_file" in tools
+    error = McpServer.objects.get(name="rebound").last_error
+    assert "internal address" in error and "VERONICA_MCP_ALLOW_HOSTS" in error
 
 
 @pytest.mark.parametrize("cfg, field", [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CONNECTION_CLOSED, CallToolResult
 from mcp.types import Tool as McpToolInfo
 
@@ -47,6 +49,19 @@ class ServerSpec:
     timeout: int = 30
 
 
+@contextlib.asynccontextmanager
+async def _guarded_http(url: str):
+    """The SDK's streamable-HTTP transport on a client that refuses internal addresses at connect
+    time (veronica.outbound, VERONICA_MCP_ALLOW_HOSTS); we own the client, so we close it."""
+    import httpx2
+
+    from veronica import outbound
+
+    async with outbound.async_client_factory(outbound.MCP)(httpx2.Timeout(30, read=300)) as http:
+        async with streamable_http_client(url, http_client=http) as streams:
+            yield streams
+
+
 def connection_lost(exc: BaseException) -> bool:
     return not isinstance(exc, MCPError) or exc.error.code == CONNECTION_CLOSED
 
@@ -62,7 +77,7 @@ class _Connection:
 
     def _server(self):
         if self.spec.transport == "http":
-            return self.spec.url
+            return _guarded_http(self.spec.url)
         params = StdioServerParameters(command=self.spec.argv[0], args=list(self.spec.argv[1:]), env=dict(self.spec.env),
                                        cwd=self.spec.cwd or None)
         return stdio_client(params, errlog=self.errlog)
