@@ -341,6 +341,10 @@ AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contri
 AXES_FAILURE_LIMIT = env_int("VERONICA_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = env_int("VERONICA_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# Behind N reverse proxies the client's address is N entries from the right of X-Forwarded-For
+# (veronica.web_headers.client_ip); 0 = not behind a proxy, the header is ignored.
+TRUSTED_PROXY_COUNT = env_int("VERONICA_TRUSTED_PROXY_COUNT", 0, minimum=0, maximum=5)
+AXES_CLIENT_IP_CALLABLE = "veronica.web_headers.client_ip"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 # django-csp: scripts and styles only from our own files (no inline script, handler or style

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import ipaddress
+
 from django.conf import settings
 from django.utils.cache import patch_cache_control
 from django.utils.deprecation import MiddlewareMixin
@@ -18,6 +20,27 @@ PERMISSIONS_POLICY = ", ".join(f"{feature}=()" for feature in (
     "magnetometer", "microphone", "midi", "payment", "publickey-credentials-get", "screen-wake-lock",
     "serial", "usb", "xr-spatial-tracking",
 ))
+
+
+def client_ip(request) -> str | None:
+    """The address login throttling (django-axes) counts failures against.
+
+    Behind VERONICA_TRUSTED_PROXY_COUNT reverse proxies every request arrives from the proxy, so
+    REMOTE_ADDR alone would make every client one address. Each trusted proxy appends the address
+    it saw to X-Forwarded-For, so the client is that many entries from the right; anything further
+    left was written by the client and is not believed. With no trusted proxy the header is
+    ignored altogether (a client could otherwise pick a fresh address per guess)."""
+    remote = request.META.get("REMOTE_ADDR")
+    count = settings.TRUSTED_PROXY_COUNT
+    if not count:
+        return remote
+    hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if hop.strip()]
+    if len(hops) < count:
+        return remote  # fewer hops than proxies: not from behind them
+    try:
+        return str(ipaddress.ip_address(hops[-count].split("%")[0]))
+    except ValueError:
+        return remote
 
 
 class PrivateResponseHeaders(MiddlewareMixin):

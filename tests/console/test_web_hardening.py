@@ -156,3 +156,32 @@ def test_a_good_login_clears_earlier_failures(world):
     assert client.post("/login/", login_form("/login/", "viewer", PASSWORD)).status_code == 302
     client.post("/logout/")
     assert client.post("/login/", login_form("/login/", "viewer", "wrong again")).status_code == 200  # counting from zero
+
+
+def test_behind_a_trusted_proxy_lockouts_follow_the_client_not_the_proxy(world, settings):
+    """All requests come from the proxy's address; the client is the proxy's X-Forwarded-For entry."""
+    settings.TRUSTED_PROXY_COUNT = 1
+    world.staff.set_password(PASSWORD)
+    world.staff.save()
+    proxy = {"REMOTE_ADDR": "10.0.0.2"}
+    attacker = world.client(None)
+    for attempt in range(settings.AXES_FAILURE_LIMIT):
+        # the attacker forges the left part of the header; the proxy appends what it saw
+        attacker.post("/login/", login_form("/login/", "staff", f"guess {attempt}"),
+                      HTTP_X_FORWARDED_FOR=f"198.51.100.{attempt}, 203.0.113.9", **proxy)
+    assert attacker.post("/login/", login_form("/login/", "staff", PASSWORD), HTTP_X_FORWARDED_FOR="203.0.113.9",
+                         **proxy).status_code == 429  # forged entries did not spread the guesses over addresses
+    # the real user, behind the same proxy, is not locked out by the attacker's guesses
+    user = world.client(None)
+    assert user.post("/login/", login_form("/login/", "staff", PASSWORD), HTTP_X_FORWARDED_FOR="192.0.2.44",
+                     **proxy).status_code == 302
+
+
+def test_without_a_trusted_proxy_the_forwarded_header_is_ignored(world, settings):
+    settings.TRUSTED_PROXY_COUNT = 0
+    world.staff.set_password(PASSWORD)
+    world.staff.save()
+    client = world.client(None)
+    for attempt in range(settings.AXES_FAILURE_LIMIT):  # a fresh forged address per guess does not help
+        client.post("/login/", login_form("/login/", "staff", f"guess {attempt}"), HTTP_X_FORWARDED_FOR=f"198.51.100.{attempt}")
+    assert client.post("/login/", login_form("/login/", "staff", PASSWORD), HTTP_X_FORWARDED_FOR="192.0.2.1").status_code == 429
