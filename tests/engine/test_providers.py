@@ -313,3 +313,21 @@ def test_missing_key_is_a_clear_permanent_preflight_error(monkeypatch):
     with pytest.raises(ProviderError, match="ANTHROPIC_API_KEY is not set") as caught:
         AnthropicProvider.from_env("claude-x")
     assert caught.value.permanent
+
+
+def test_the_offline_worker_does_not_count_a_refused_task_done_as_reported():
+    """A task_done the ledger refused (the task was cancelled meanwhile) is neither retried nor
+    reported as done: the worker's last word names it."""
+    from veronica.agent.providers.offline import Trace, work
+
+    brief = "### From leader — Task [task #7]\nYou are assigned task #7: Find TODO notes\n"
+    trace = Trace([
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "task_done", "args": {"task_id": 7, "result": "x"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "error: task #7 is cancelled; it cannot be reported"},
+    ])
+    assert work(brief, trace, set()) == "Reported 0 task(s). Could not report task 7: task #7 is cancelled; it cannot be reported"
+    trace.feed([
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c2", "name": "task_done", "args": {"task_id": 7, "result": "y"}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "task #7 done"},
+    ])
+    assert work(brief, trace, set()) == "Reported 1 task(s)."

@@ -247,9 +247,10 @@ def findings(steps: list[tuple[str, dict]], done: Trace) -> str:
 def work(brief: str, done: Trace, names: set[str]):
     assignments = [(int(m.group("id")), m.group("title"), mail["body"]) for mail in mails(brief)
                    for m in [ASSIGN_RE.search(mail["body"])] if m]
-    reported = {int(a.get("task_id", 0)) for name, a, _ in done.calls if name == "task_done"}
+    outcomes = {int(a.get("task_id", 0)): out for name, a, out in done.calls if name == "task_done"}
+    refused = {tid: out for tid, out in outcomes.items() if out.startswith("error:")}  # tried once; not again
     for task_id, title, spec in assignments:
-        if task_id in reported:
+        if task_id in outcomes:
             continue
         steps = exploration(title, spec)
         for name, args in steps:
@@ -261,5 +262,7 @@ def work(brief: str, done: Trace, names: set[str]):
                                   "result": "\n".join(failed + [findings(steps, done)])})
         return ("task_done", {"task_id": task_id, "result": findings(steps, done)})
     if assignments:
-        return f"Reported {len(assignments)} task(s)."
+        ok = len({tid for tid, _, _ in assignments} - set(refused))
+        return f"Reported {ok} task(s)." + "".join(f" Could not report task {tid}: {out.removeprefix('error:').strip()}"
+                                                    for tid, out in sorted(refused.items()))
     return "No task for me in this mail; nothing to do."
