@@ -9,12 +9,17 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from django.conf import settings  # noqa: E402
+
+from veronica.body_limit import BodyLimit, limit_daphne  # noqa: E402
 from veronica.routing import websocket_urlpatterns  # noqa: E402
 from veronica.stream_auth import OriginCheckedUnlessBearer  # noqa: E402
 
+limit_daphne(settings.MAX_REQUEST_BYTES)  # daphne spools a body before it calls us: refuse it there
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": BodyLimit(django_asgi_app, settings.MAX_REQUEST_BYTES),  # 413 before the body is spooled
         # cookie sockets need an allowed Origin (their CSRF check); bearer-token sockets do not
         "websocket": OriginCheckedUnlessBearer(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }

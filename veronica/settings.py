@@ -290,6 +290,11 @@ MODEL_PRICES = env_prices("VERONICA_MODEL_PRICES")
 # may be from the server's clock (also how long its signature is remembered against replays).
 WEBHOOK_MAX_BYTES = env_int("VERONICA_WEBHOOK_MAX_BYTES", 65536, minimum=1024, maximum=10 * 1024 * 1024)
 WEBHOOK_TOLERANCE_SECONDS = env_int("VERONICA_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=10, maximum=3600)
+# every request body (veronica.body_limit, in front of Django): over this, 413 before anything is
+# spooled to disk. At least the archive upload (5 MB) and the webhook limit; views keep their own.
+MAX_REQUEST_BYTES = env_int("VERONICA_MAX_REQUEST_BYTES", 8 * 1024 * 1024, minimum=6 * 1024 * 1024, maximum=1024 ** 3)
+if MAX_REQUEST_BYTES < WEBHOOK_MAX_BYTES:
+    raise ImproperlyConfigured("VERONICA_MAX_REQUEST_BYTES must be at least VERONICA_WEBHOOK_MAX_BYTES")
 # outbound notifier (veronica.outbound): host names, IP addresses or CIDR networks the webhook and
 # Slack URLs may reach although they are internal (loopback, private, link-local); empty = none.
 NOTIFY_ALLOW_HOSTS = env_hosts("VERONICA_NOTIFY_ALLOW_HOSTS")

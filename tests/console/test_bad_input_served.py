@@ -39,3 +39,40 @@ def test_the_served_app_refuses_bad_input_with_a_4xx(live_world, live_web, metho
     assert json.loads(raw)["field"] == field, raw[:300]
     assert not Message.objects.exists() and not Member.objects.filter(name__in=["w9", "operator"]).exists()
     assert Member.objects.get(space=live_world.space, name="w1").schedule == ""
+
+
+def test_the_served_app_refuses_a_huge_body_before_reading_it(live_world, live_web, settings):
+    """Content-Length over VERONICA_MAX_REQUEST_BYTES: 413 at once, though not one body byte was
+    sent (so nothing was spooled to disk), and the import page is never reached."""
+    url = urlsplit(live_web.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    conn.putrequest("POST", "/spaces/new/")
+    conn.putheader("Content-Type", "multipart/form-data; boundary=x")
+    conn.putheader("Content-Length", str(settings.MAX_REQUEST_BYTES * 100))
+    conn.endheaders()  # and no body at all
+    response = conn.getresponse()
+    raw = response.read()
+    conn.close()
+    assert response.status == 413 and json.loads(raw)["field"] == "body"
+
+
+def test_the_served_app_cuts_a_chunked_body_that_passes_the_limit(live_world, live_web, settings):
+    """No Content-Length: daphne stops storing and answers 413 once the bytes pass the limit."""
+    url = urlsplit(live_web.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    chunk = b"x" * (1024 * 1024)
+    conn.putrequest("POST", "/spaces/new/")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    sent = 0
+    try:
+        while sent <= settings.MAX_REQUEST_BYTES * 3:  # far more than the limit, if the server let us
+            conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sent += len(chunk)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server closed: what we want
+    response = conn.getresponse()
+    raw = response.read()
+    conn.close()
+    assert response.status == 413 and json.loads(raw)["field"] == "body"
+    assert sent <= settings.MAX_REQUEST_BYTES + 8 * len(chunk)  # cut near the limit, not after the whole body
