@@ -292,7 +292,8 @@ WEBHOOK_MAX_BYTES = env_int("VERONICA_WEBHOOK_MAX_BYTES", 65536, minimum=1024, m
 WEBHOOK_TOLERANCE_SECONDS = env_int("VERONICA_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=10, maximum=3600)
 # every request body (veronica.body_limit, in front of Django): over this, 413 before anything is
 # spooled to disk. At least the archive upload (5 MB) and the webhook limit; views keep their own.
-MAX_REQUEST_BYTES = env_int("VERONICA_MAX_REQUEST_BYTES", 8 * 1024 * 1024, minimum=6 * 1024 * 1024, maximum=1024 ** 3)
+MAX_REQUEST_BYTES = env_int("VERONICA_MAX_REQUEST_BYTES", max(8 * 1024 * 1024, WEBHOOK_MAX_BYTES),
+                            minimum=6 * 1024 * 1024, maximum=1024 ** 3)
 if MAX_REQUEST_BYTES < WEBHOOK_MAX_BYTES:
     raise ImproperlyConfigured("VERONICA_MAX_REQUEST_BYTES must be at least VERONICA_WEBHOOK_MAX_BYTES")
 # outbound notifier (veronica.outbound): host names, IP addresses or CIDR networks the webhook and
