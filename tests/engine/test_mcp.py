@@ -95,6 +95,31 @@ def test_the_loop_calls_a_read_only_mcp_tool_and_gates_a_mutating_one(space, scr
     assert Turn.objects.filter(role="tool", tool_name="mcp__calc__note").get().content == "noted: remember"
 
 
+def test_the_loop_calls_mcp_servers_outside_the_runs_transaction(space, scripted, monkeypatch):
+    """An MCP call is network I/O that may take its whole timeout: it must not hold the run's
+    transaction (and the member and space row locks its fence took) while it waits."""
+    from django.db import connections
+
+    from veronica.agent.mcp_client import Manager
+
+    declare(space)
+    run_connection = connections["default"]  # the run's (this thread's) connection
+    baseline = len(run_connection.atomic_blocks)  # the test's own transaction(s)
+    depth = []
+    real = Manager.call
+
+    def watched(self, *args, **kwargs):
+        depth.append(len(run_connection.atomic_blocks))  # the run's transaction depth while the call waits
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Manager, "call", watched)
+    scripted(("mcp__calc__add", {"a": 1, "b": 2}), "done")
+    bus.send(space, "boss", "w1", "add")
+    assert runner.wake(w1_of(space).pk, "message") == "done"
+    assert depth == [baseline]
+    assert Turn.objects.filter(role="tool", tool_name="mcp__calc__add").get().content == "3"
+
+
 def test_waggle_may_replay_read_only_mcp_tools_only(space):
     declare(space)
     member = w1_of(space)

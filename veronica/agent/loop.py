@@ -263,8 +263,10 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
 
 def run_and_persist(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, tool: Tool, call: dict,
                     args: dict, *, consume=None, then: str | None = None) -> str | None:
-    """Run one call and persist its result under the lease (with `consume`, the held decision it used)."""
-    if tool.name in LOCAL_TOOLS:
+    """Run one call and persist its result under the lease (with `consume`, the held decision it used).
+    A call whose effects live outside the database (files, commands, MCP servers) runs outside the
+    run's transaction, so its I/O never holds the fence's row locks; its result is fenced after."""
+    if escapes_the_fence(tool):
         if tool.name in INLINE_TOOLS:
             result = run_tool(tool, tctx, args, savepoint=False)
         else:
