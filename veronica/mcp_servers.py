@@ -100,6 +100,38 @@ def remove(space: Space, name: str, *, member: Member | None = None, actor: str)
         events.emit(space.pk, "mcp.removed", member=member, actor=actor, server=name)
 
 
+def env_from_lines(text: str) -> dict[str, str]:
+    """KEY=VALUE per line (blank lines skipped); the field is named on a line without '='."""
+    env = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise VeronicaError(f"line {number} is not KEY=VALUE", field="env")
+        env[key.strip()] = value
+    return env
+
+
+def set_env(space: Space, name: str, lines: str, *, member: Member | None = None, actor: str) -> McpServer:
+    """Replace a server's environment from KEY=VALUE lines without ever showing the old values:
+    `KEY=` with nothing after it keeps KEY's current value (how an owner edits one secret, or fills
+    in those an export scrubbed); a key left out is removed. Checked like a declaration; the next
+    call starts the server again with it (the connection depends on its env)."""
+    with transaction.atomic():
+        server = McpServer.objects.select_for_update().filter(space=space, member=member, name=name).first()
+        if server is None:
+            raise NotFound(f"no MCP server named '{name}'" + (f" for {member.name}" if member else " for the space"), field="name")
+        given = env_from_lines(lines)
+        env = {key: value if value != "" else server.env.get(key, "") for key, value in given.items()}
+        declared = {"name": server.name, "env": env, "timeout": server.timeout,
+                    **({"url": server.url} if server.transport == McpTransport.HTTP else {"command": server.command})}
+        server.env = check(declared).env
+        server.save(update_fields=["env"])
+        events.emit(space.pk, "mcp.updated", member=member, actor=actor, server=name, env=sorted(server.env))
+    return server
+
+
 def replace_from_manifest(space: Space, member: Member | None, configs: list[ServerConfig], *, actor: str) -> None:
     """A register: the manifest's servers replace the earlier manifest's; console-added ones stay
     unless the manifest now declares the same name (the manifest wins)."""
@@ -123,15 +155,7 @@ def from_form(data) -> ServerConfig:
             raise VeronicaError(f"is not a valid command line ({exc})", field="command") from None
     if url:
         cfg["url"] = url
-    env = {}
-    for number, line in enumerate(data.get("env", "").splitlines(), 1):
-        if not line.strip():
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise VeronicaError(f"line {number} is not KEY=VALUE", field="env")
-        env[key.strip()] = value
-    cfg["env"] = env
+    cfg["env"] = env_from_lines(data.get("env", ""))
     timeout = data.get("timeout", "").strip() or "30"
     try:
         cfg["timeout"] = int(timeout)

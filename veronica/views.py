@@ -200,10 +200,11 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
         return f"test notification queued (alert #{event.seq}); see the delivery log below"
     if action in ("add_check", "edit_check", "remove_check"):
         return _check_action(space, action, data, actor)
-    if action in ("add_mcp", "remove_mcp", "check_mcp"):
+    if action in ("add_mcp", "remove_mcp", "check_mcp", "env_mcp"):
         return _mcp_action(space, action, data, actor)
     raise VeronicaError("action must be grant, revoke, add_member, remove_member, rotate_webhook, clear_webhook, retention, "
-                        "notify, notify_test, watchdogs, add_check, edit_check, remove_check, add_mcp, remove_mcp or check_mcp",
+                        "notify, notify_test, watchdogs, add_check, edit_check, remove_check, add_mcp, remove_mcp, env_mcp "
+                        "or check_mcp",
                         field="action")
 
 
@@ -239,6 +240,9 @@ def _mcp_action(space: Space, action: str, data, actor: str) -> str:
     if action == "remove_mcp":
         mcp_servers.remove(space, data.get("name", ""), member=member, actor=actor)
         return f"removed MCP server {data.get('name')}"
+    if action == "env_mcp":
+        server = mcp_servers.set_env(space, data.get("name", ""), data.get("env", ""), member=member, actor=actor)
+        return f"saved the environment of MCP server {server.name} ({len(server.env)} variables)"
     from veronica.agent.tools import mcp
 
     server = space.mcp_servers.filter(member=member, name=data.get("name", "")).first()

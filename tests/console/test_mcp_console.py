@@ -56,3 +56,42 @@ def test_bad_forms_name_the_field_and_write_nothing(world, form, field):
 def test_an_operator_cannot_attach_servers(world):
     response = world.client(world.operator).post("/spaces/alpha/manage/", {"action": "add_mcp", "name": "x", "url": "http://h/mcp"})
     assert response.status_code in (403, 404) and not McpServer.objects.exists()
+
+
+def test_an_owner_fills_in_and_edits_env_values_without_seeing_them(world):
+    """After an import the values are scrubbed (names kept): the owner fills them in on the page.
+    `KEY=` keeps a value, a missing key is removed, and no value ever reaches the page."""
+    from veronica import mcp_servers
+
+    mcp_servers.add(world.space, mcp_servers.check({"name": "calc", "command": [sys.executable, SERVER],
+                                                    "env": {"API_KEY": "", "GREETING": "hi", "OLD": "x"}}), actor="import")
+    owner = world.client(world.owner)
+    page = owner.get("/spaces/alpha/manage/").content.decode()
+    assert 'name="action" value="env_mcp"' in page and "API_KEY=\nGREETING=\nOLD=\n" in page and ">hi<" not in page
+    response = owner.post("/spaces/alpha/manage/", {"action": "env_mcp", "name": "calc", "env": "API_KEY=s3cret\nGREETING=\n"},
+                          follow=True)
+    assert b"saved the environment of MCP server calc (2 variables)" in response.content
+    assert McpServer.objects.get().env == {"API_KEY": "s3cret", "GREETING": "hi"}  # filled, kept, removed
+    assert b"s3cret" not in response.content
+    assert world.space.events.filter(kind="mcp.updated").get().payload["env"] == ["API_KEY", "GREETING"]
+
+
+@pytest.mark.parametrize("env, field", [("NOEQUALS", b"env: line 1"), ("bad key=v", b"mcp_servers.calc.env.bad key"),
+                                        ("K=" + "v" * 5000, b"mcp_servers.calc.env.K")])
+def test_a_bad_env_edit_names_the_field_and_changes_nothing(world, env, field):
+    from veronica import mcp_servers
+
+    mcp_servers.add(world.space, mcp_servers.check({"name": "calc", "url": "http://h/mcp", "env": {"A": "1"}}), actor="op")
+    response = world.client(world.owner).post("/spaces/alpha/manage/", {"action": "env_mcp", "name": "calc", "env": env})
+    assert response.status_code == 400 and field in response.content
+    assert McpServer.objects.get().env == {"A": "1"} and not world.space.events.filter(kind="mcp.updated").exists()
+
+
+def test_only_owners_edit_an_env_and_an_unknown_server_is_404(world):
+    from veronica import mcp_servers
+
+    mcp_servers.add(world.space, mcp_servers.check({"name": "calc", "url": "http://h/mcp", "env": {"A": "1"}}), actor="op")
+    response = world.client(world.operator).post("/spaces/alpha/manage/", {"action": "env_mcp", "name": "calc", "env": "A=2"})
+    assert response.status_code in (403, 404) and McpServer.objects.get().env == {"A": "1"}
+    response = world.client(world.owner).post("/spaces/alpha/manage/", {"action": "env_mcp", "name": "nope", "env": "A=2"})
+    assert response.status_code == 404
