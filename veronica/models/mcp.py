@@ -41,3 +41,8 @@ class McpServer(models.Model):
     def target(self) -> str:
         """What the console shows: the command line or the URL (env values never)."""
         return " ".join(self.command) if self.transport == McpTransport.STDIO else self.url
+
+    @property
+    def env_names(self) -> list[str]:
+        """The variables' names, sorted (jsonb keeps its own key order); their values are never shown."""
+        return sorted(self.env or {})
