@@ -78,3 +78,5 @@ def test_suspend_in_the_cluster_closes_the_vendor_connection(tmp_path):
             wait_for(lambda: Run.objects.filter(member=w1, ended_at__isnull=False).exists(), 15, message="run ended")
     assert closed_after < 3.0  # heartbeat poll (1 s) + abort, not the 120 s read timeout
     assert sent < 600 and Run.objects.get(member=w1).outcome == "aborted"
+    usage = UsageDay.objects.get(member=w1)  # the tokens streamed before the hang-up were billed: metered, as an estimate
+    assert usage.model_calls == 1 and usage.estimated_calls == 1 and usage.output_tokens > 0

@@ -193,7 +193,9 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     try:
         reply = tracing.complete(provider, member.model, system, messages, specs, should_stop=ctx.should_stop,  # a chat span
                                   on_event=LiveSink(member, ctx))
-    except ProviderCancelled:
+    except ProviderCancelled as exc:
+        if getattr(exc, "usage", None) is not None:  # cut off mid-stream: what the vendor generated before the hang-up is billed
+            metering.record(ctx, member.model, exc.usage)  # outside the fence when the lease is what was lost
         raise ctx.stop_reason() from None
     except ProviderError as exc:
         metering.record(ctx, member.model, exc.usage)
