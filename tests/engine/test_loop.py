@@ -215,6 +215,27 @@ def test_expired_lease_is_released_and_rewoken(space, django_capture_on_commit_c
     assert space.events.get(kind="run.lease_expired").payload["run"] == cut.pk
 
 
+def test_a_killed_runs_counters_are_recounted_from_its_metered_calls(space, scripted, monkeypatch):
+    """SIGKILL mid-run: the counters the run kept in memory for its finish are gone; the watchdog
+    recounts them from the model.called events its metering wrote (UsageDay was exact all along)."""
+    from veronica.engine import failures, leases, slot
+
+    monkeypatch.setattr(failures, "enqueue_wake", lambda pk, source: None)
+    scripted(("list_dir", {}), ("list_dir", {"path": "."}), "done")
+    monkeypatch.setattr(slot, "finish", lambda *a, **k: (_ for _ in ()).throw(SystemExit("killed")))  # dies before its finish
+    bus.send(space, "boss", "w1", "go")
+    with pytest.raises(SystemExit):
+        runner.wake(w1_of(space).pk, "message")
+    run = Run.objects.get(member=w1_of(space))
+    assert run.model_calls == 0 and run.ended_at is None  # what a kill leaves
+    Member.objects.filter(pk=run.member_id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    leases.expire_leases()
+    run.refresh_from_db()
+    day = UsageDay.objects.get(member=run.member)
+    assert run.outcome == "lease_expired" and run.model_calls == 3 == day.model_calls
+    assert run.tokens == day.input_tokens + day.output_tokens + day.cache_read_tokens + day.cache_write_tokens > 0
+
+
 def test_phases_follow_the_members_events(space, scripted):
     scripted(("list_dir", {}), "done")
     bus.send(space, "boss", "w1", "go")

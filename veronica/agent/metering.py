@@ -58,7 +58,8 @@ def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "
             else:
                 Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + 1, tokens=F("tokens") + usage.total)
             events.emit(member.space_id, "model.called", member=member, run=ctx.run.pk, model=model, input=usage.input,
-                        output=usage.output, cached=usage.cache_read, usd=str(usd), estimated=usage.estimated,
+                        output=usage.output, cached=usage.cache_read, cache_write=usage.cache_write, usd=str(usd),
+                        estimated=usage.estimated,
                         **({"purpose": purpose} if purpose else {}))
             return tripped or bool(budget.check_breaker(member, used))
     except LeaseLost as lost:  # raised by the fence before it wrote anything: meter once, outside it

@@ -34,13 +34,31 @@ def expire_leases() -> list[int]:
                     lease_token="", lease_expires_at=None, cancel_requested=False):
                 continue
             Member.objects.filter(pk=member.pk, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE, phase=Phase.READY)
-            cut = list(Run.objects.filter(member=member, lease_token=token, ended_at__isnull=True).values_list("pk", flat=True))
-            Run.objects.filter(pk__in=cut).update(ended_at=Now(), outcome=RunOutcome.LEASE_EXPIRED)
+            cut = list(Run.objects.filter(member=member, lease_token=token, ended_at__isnull=True).values_list("pk", "model_calls"))
+            Run.objects.filter(pk__in=[pk for pk, _ in cut]).update(ended_at=Now(), outcome=RunOutcome.LEASE_EXPIRED)
+            for pk, counted in cut:
+                if not counted:  # killed: the counters it kept in memory for its finish died with it
+                    _recount(member, pk)
+            cut = [pk for pk, _ in cut]
             # The run id lets the timeline link the expiry to the run it cut off (one run per member).
             events.emit(member.space_id, "run.lease_expired", member=member, **({"run": cut[0]} if cut else {}))
             failures.owe_resume(member.pk)  # rung now, and again until a run takes the slot
         woken.append(member.pk)
     return woken
+
+
+def _recount(member: Member, run_pk: int) -> None:
+    """A killed run's model calls and tokens, from its `model.called` events (every metered call
+    emits one, in the metering transaction, so they are exactly the calls that were metered)."""
+    from veronica.models import Event
+
+    calls = tokens = 0
+    for payload in Event.objects.filter(space_id=member.space_id, member=member, kind="model.called",
+                                        payload__run=run_pk).values_list("payload", flat=True):
+        calls += 1
+        tokens += sum(int(payload.get(key) or 0) for key in ("input", "output", "cached", "cache_write"))
+    if calls:
+        Run.objects.filter(pk=run_pk).update(model_calls=calls, tokens=tokens)
 
 
 def next_expiry():
