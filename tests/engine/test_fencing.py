@@ -213,3 +213,25 @@ def test_a_failing_row_writing_tool_leaves_nothing_half_written(space, scripted)
         tool.fn = real
     assert not Message.objects.filter(recipient__name="w2").exists()
     assert "boom after a write" in Turn.objects.get(role="tool").content
+
+
+def test_a_run_recounted_by_the_watchdog_then_billed_stale_is_counted_once(space, scripted, monkeypatch):
+    """Paused past its lease after two metered calls: the watchdog ends the run and recounts its
+    counters from its events (2); the third call then completes, stale, and adds itself alone."""
+    from veronica.engine import failures, leases
+
+    monkeypatch.setattr(failures, "enqueue_wake", lambda pk, source: None)
+    w1 = w1_of(space)
+    provider = scripted(("list_dir", {}), ("list_dir", {"path": "."}), "the stale answer")
+    bus.send(space, "boss", "w1", "the goal")
+
+    def expire_during_the_third_call(call_no):
+        if call_no == 3:
+            Member.objects.filter(pk=w1.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+            assert leases.expire_leases() == [w1.pk]
+            assert Run.objects.get(member=w1).model_calls == 2  # recounted from its model.called events
+    provider.on_call = expire_during_the_third_call
+    assert runner.wake(w1.pk, "message") == "lease-lost"
+    run, day = Run.objects.get(member=w1), UsageDay.objects.get(member=w1)
+    assert run.outcome == RunOutcome.LEASE_EXPIRED and run.model_calls == 3 == day.model_calls
+    assert run.tokens == day.input_tokens + day.output_tokens + day.cache_read_tokens + day.cache_write_tokens

@@ -8,7 +8,7 @@ import logging
 from contextlib import contextmanager
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Case, F, Q, When
 
 from veronica.agent.providers.base import Reply, Usage
 from veronica.agent.providers.pricing import usd_for
@@ -99,6 +99,11 @@ def record_stale(ctx: RunContext, usage: Usage, usd) -> None:
     with transaction.atomic():
         budget.meter(ctx.member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
                      cache_write=usage.cache_write, usd=usd, estimated_calls=int(usage.estimated))
-        Run.objects.filter(pk=ctx.run.pk).update(model_calls=F("model_calls") + calls, tokens=F("tokens") + tokens)
+        # If the watchdog already recounted the run from its events (leases._recount), the kept
+        # counters are in the row: add this call alone, or they would count twice.
+        recounted = Q(model_calls__gt=0)
+        Run.objects.filter(pk=ctx.run.pk).update(
+            model_calls=Case(When(recounted, then=F("model_calls") + 1), default=F("model_calls") + calls),
+            tokens=Case(When(recounted, then=F("tokens") + usage.total), default=F("tokens") + tokens))
     log.warning("run %s of %s lost its lease during a model call; its %d tokens are metered to it all the same",
                 ctx.run.pk, ctx.member.name, usage.total)
