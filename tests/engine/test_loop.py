@@ -211,11 +211,23 @@ def test_expired_lease_is_released_and_rewoken(space, django_capture_on_commit_c
 
 
 def test_phases_follow_the_members_events(space, scripted):
+    scripted(("glob", {"pattern": "*.md"}), "done")
+    bus.send(space, "boss", "w1", "go")
+    runner.wake(w1_of(space).pk, "message")
+    phases = [(e.payload["phase"], e.payload["tool"]) for e in space.events.filter(kind="member.phase").order_by("seq")]
+    assert phases == [("thinking", ""), ("executing", "glob"), ("thinking", ""), ("ready", "")]
+
+
+def test_a_fused_step_never_leaves_thinking_and_still_reports_its_call(space, scripted):
+    """list_dir runs inside the model turn's transaction: nothing commits while it runs, so it has no
+    phase of its own; its tool.called and tool.result commit with the turn."""
     scripted(("list_dir", {}), "done")
     bus.send(space, "boss", "w1", "go")
     runner.wake(w1_of(space).pk, "message")
     phases = [(e.payload["phase"], e.payload["tool"]) for e in space.events.filter(kind="member.phase").order_by("seq")]
-    assert phases == [("thinking", ""), ("executing", "list_dir"), ("thinking", ""), ("ready", "")]
+    assert phases == [("thinking", ""), ("ready", "")]
+    kinds = list(space.events.filter(kind__in=["model.called", "tool.called", "tool.result"]).order_by("seq").values_list("kind", flat=True))
+    assert kinds == ["model.called", "tool.called", "tool.result", "model.called"]
 
 
 def test_the_offline_team_finishes_the_demo_goal(db, demo_manifest):
