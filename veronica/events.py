@@ -28,6 +28,7 @@ from django.db.models import F
 
 from veronica import doorbell, tracing
 from veronica.models import Event, Member, Space
+from veronica.returning import insert_rows
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class _Batch:
                     last = cur.fetchone()[0]
                 for i, event in enumerate(rows):
                     event.seq = last - len(rows) + 1 + i
-                Event.objects.bulk_create(rows)
+                insert_rows(Event, rows)
             transaction.on_commit(lambda space_id=space_id, last=last: ring(space_id, last))
 
 

@@ -84,3 +84,53 @@ def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, di
     with connection.cursor() as cur:
         cur.execute(sql, bound)
         return cur.fetchone()
+
+
+# --- INSERT ... VALUES (...), (...) RETURNING id, written once per model and row count ---------------------
+
+_PLAIN = ("AutoField", "BigAutoField", "CharField", "TextField", "IntegerField", "BigIntegerField",
+          "PositiveIntegerField", "SmallIntegerField", "BooleanField")
+_insert_cache: dict[tuple, str] = {}
+_columns_of: dict = {}
+
+
+def _columns(model) -> list:
+    """(field, plain) for every concrete non-pk column; plain: a str, int or bool (or the id of one)
+    goes to the driver as it is, so the ORM's per-value preparation is skipped for it."""
+    cols = _columns_of.get(model)
+    if cols is None:
+        cols = _columns_of[model] = [
+            (f, (f.target_field if f.is_relation else f).get_internal_type() in _PLAIN)
+            for f in model._meta.concrete_fields if not f.primary_key]
+    return cols
+
+
+def insert_rows(model, rows: list) -> None:
+    """One multi-row INSERT of new model instances, their ids set from RETURNING: what bulk_create does,
+    without compiling the statement on every call (and, on PostgreSQL, without sending every column
+    as an array through UNNEST). Defaults and auto_now_add are the fields' own (pre_save)."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    cols = _columns(model)
+    key = (connection.vendor, model, len(rows))
+    sql = _insert_cache.get(key)
+    if sql is None:
+        qn = connection.ops.quote_name
+        row = "(" + ", ".join(["%s"] * len(cols)) + ")"
+        sql = (f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(f.column) for f, _ in cols)}) "
+               f"VALUES {', '.join([row] * len(rows))} RETURNING {qn(model._meta.pk.column)}")
+        if len(_insert_cache) > 256:
+            _insert_cache.clear()
+        _insert_cache[key] = sql
+    params = []
+    for obj in rows:
+        for f, plain in cols:
+            value = f.pre_save(obj, True)
+            params.append(value if plain and value is not None else f.get_db_prep_save(value, connection))
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        ids = [r[0] for r in cur.fetchall()]
+    if len(ids) != len(rows):
+        raise RuntimeError(f"{model.__name__}: {len(ids)} of {len(rows)} rows written")
+    for obj, pk in zip(rows, ids):  # a plain INSERT's RETURNING keeps the VALUES order (bulk_create relies on it too)
+        obj.pk = pk
+        obj._state.adding, obj._state.db = False, connection.alias

@@ -92,7 +92,14 @@ class Log:
         """Write the batched turns now (one INSERT; their ids are set)."""
         if self._pending:
             pending, self._pending[:] = list(self._pending), []
-            Turn.objects.bulk_create(pending)
+            insert_turns(pending)
+
+
+def insert_turns(rows: list[Turn]) -> None:
+    """One multi-row INSERT, its SQL written once (veronica.returning.insert_rows)."""
+    from veronica.returning import insert_rows
+
+    insert_rows(Turn, rows)
 
 
 def dangling_calls(rows: list[Turn]) -> list[dict]:
