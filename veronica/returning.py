@@ -58,10 +58,8 @@ def _hashable(value) -> bool:
     return True
 
 
-def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, dict]], columns: list[str],
-                     values: dict[str, Any]):
-    """Run the UPDATE that build(sentinels) describes (a queryset and its update values) with `values`
-    in place of the sentinels; the first row of `columns`, or None when no row matched."""
+def compiled(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, dict]], columns: list[str]):
+    """The UPDATE ... RETURNING that build(sentinels) describes: (sql, params, bind), compiled once per key."""
     connection = connections[DEFAULT_DB_ALIAS]
     cache_key = (connection.vendor, *key)
     cached = _cache.get(cache_key)
@@ -77,13 +75,45 @@ def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, di
         if len(set(bind.values())) != len(set(slots.names.values())):
             raise RuntimeError(f"update_returning {key}: a sentinel did not survive compilation")
         cached = _cache[cache_key] = (sql, params, bind)
+    return cached
+
+
+def bound(cached, values: dict[str, Any]) -> list:
     sql, params, bind = cached
-    bound = list(params)
+    out = list(params)
     for i, name in bind.items():
-        bound[i] = values[name]
-    with connection.cursor() as cur:
-        cur.execute(sql, bound)
+        out[i] = values[name]
+    return out
+
+
+def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, dict]], columns: list[str],
+                     values: dict[str, Any]):
+    """Run the UPDATE that build(sentinels) describes (a queryset and its update values) with `values`
+    in place of the sentinels; the first row of `columns`, or None when no row matched."""
+    cached = compiled(key, build, columns)
+    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
+        cur.execute(cached[0], bound(cached, values))
         return cur.fetchone()
+
+
+def update_then(first, first_values: dict[str, Any], second, second_values: dict[str, Any]):
+    """PostgreSQL: two compiled UPDATE ... RETURNING in ONE statement, the second applied only when the
+    first matched its row (data-modifying CTEs). Returns (first's row, second's row or None), or None
+    when the first matched nothing (then neither wrote)."""
+    (sql1, _, _), (sql2, _, _) = first, second
+    head, sep, returning = sql2.rpartition(" RETURNING ")
+    if not sep or " WHERE " not in head:
+        raise RuntimeError("update_then: the second UPDATE has no WHERE ... RETURNING")
+    sql = (f"WITH a AS ({sql1}), b AS ({head} AND EXISTS (SELECT 1 FROM a) RETURNING {returning}) "
+           f"SELECT a.*, b.* FROM a LEFT JOIN b ON TRUE")
+    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
+        cur.execute(sql, bound(first, first_values) + bound(second, second_values))
+        row = cur.fetchone()
+    if row is None:
+        return None
+    n1 = len(row) - len(returning.split(", "))
+    tail = row[n1:]
+    return row[:n1], (None if all(v is None for v in tail) else tail)  # the second's columns are NOT NULL
 
 
 # --- INSERT ... VALUES (...), (...) RETURNING id, written once per model and row count ---------------------

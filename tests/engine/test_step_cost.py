@@ -23,7 +23,8 @@ from veronica.models import Event, Member, Session, Turn, TurnRole
 # SAVEPOINT/RELEASE (2 a step), and waggle mines inline here (in production a worker does: about 1.5
 # statements a step on average). A read_file step's own statements: its fence, its usage, its turns
 # (one INSERT), its waggle observation, its seq block and its event INSERT = 6 (SQLite); on PostgreSQL
-# the seq block is part of the event INSERT and waggle's savepoint adds two = 7.
+# the seq block is part of the event INSERT, the usage part of the fence, and waggle's savepoint adds
+# two = 6.
 THREE_CALL_RUN = 82 if connection.vendor == "postgresql" else 85  # measured 80 / 83; 103 / 99 with 2 commits a step, 187 before issue 13
 PER_STEP = 11 if connection.vendor == "postgresql" else 10  # measured 10.5 / 9.5; 16 / 14 with 2 commits a step, ~45 before
 FENCES_PER_STEP = 1  # commits per step (2 before the fused step, 5-6 before issue 13)
@@ -50,7 +51,8 @@ def run(space, scripted, steps: int):
 
 
 def fences(sqls):
-    return sum(1 for s in sqls if s.startswith('UPDATE "veronica_member" SET "lease_expires_at"'))
+    return sum(1 for s in sqls if s.startswith(('UPDATE "veronica_member" SET "lease_expires_at"',
+                                                'WITH a AS (UPDATE "veronica_member" SET "lease_expires_at"')))
 
 
 def test_a_three_call_run_costs_a_pinned_number_of_statements(space, scripted, django_assert_max_num_queries):
@@ -103,6 +105,31 @@ def test_a_read_step_is_one_commit_with_its_turns_in_one_insert(space, scripted)
     assert len(turn_inserts) == 1 + 3 + 1, "the brief, one per step (the model's turn and the result together), the answer"
     if connection.vendor == "postgresql":
         assert not [s for s in sqls if s.startswith("UPDATE veronica_space SET event_seq")], "the seq block rides the INSERT"
+        assert not [s for s in sqls if s.startswith('UPDATE "veronica_usageday"')], "the usage rides the fence"
+        assert sum(1 for s in sqls if s.startswith("WITH a AS (UPDATE \"veronica_member\"") and "veronica_usageday" in s) == 4
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the fence carries the meter on PostgreSQL only")
+def test_a_refused_fence_meters_its_call_once_outside_it(space, scripted):
+    """The meter rides the fence statement only if the lease holds; a refused fence wrote nothing, so the
+    call is metered outside it (record_stale), once."""
+    from veronica.agent import metering
+    from veronica.agent.providers.base import Usage
+    from veronica.agent.runctx import LeaseLost
+    from veronica.models import UsageDay
+
+    member = w1(space)
+    lease = slot.claim(member, "message")
+    with metering.billed(lease, member.model, Usage(input=7, output=3)):
+        assert not metering.record(lease, member.model, Usage(input=7, output=3))
+    day = UsageDay.objects.get(member=member)
+    assert (day.input_tokens, day.output_tokens, day.model_calls) == (7, 3, 1)
+    Member.objects.filter(pk=member.pk).update(lease_token="someone-else")
+    with pytest.raises(LeaseLost):
+        with metering.billed(lease, member.model, Usage(input=5, output=1)):
+            metering.record(lease, member.model, Usage(input=5, output=1))
+    day.refresh_from_db()
+    assert (day.input_tokens, day.output_tokens, day.model_calls) == (12, 4, 2)
 
 
 def test_the_step_cost_does_not_grow_with_the_transcript(space, scripted):
