@@ -174,6 +174,32 @@ def test_the_log_appends_in_memory_with_the_next_seq(space):
     session = Session.objects.create(member=member)
     Turn.objects.create(session=session, seq=7, role=TurnRole.USER, content="hi")
     log = Log(session)
+    brief = log.last_user
     turn = log.append(TurnRole.ASSISTANT, "hello")
     assert turn.seq == 8 and log.messages[-1] == {"role": "assistant", "content": "hello", "tool_calls": []}
     assert log.chars == len("hi") + 2 + len("hello") + 2
+    assert log.last_user is brief and brief.content == "hi", "the brief a reply answers is known, not searched for"
+    assert log.append(TurnRole.USER, "more") is log.last_user
+
+
+def test_an_unreported_usage_is_estimated_without_a_pass_over_the_transcript(space, scripted, monkeypatch):
+    """O(1) in the transcript's length: a reply without usage is estimated from the size the run's Log
+    keeps, not by re-encoding every message of the request."""
+    from pathlib import Path
+
+    from veronica.agent import metering
+    from veronica.agent.providers.base import Reply, ToolCall, Usage
+    from veronica.models import UsageDay
+
+    member = w1(space)
+    session = Session.objects.create(member=member)
+    Turn.objects.bulk_create([Turn(session=session, seq=i + 1, role=TurnRole.USER if i % 2 == 0 else TurnRole.ASSISTANT,
+                                   content=f"old {i}") for i in range(300)])
+    Path(space.workdir, "f0.txt").write_text("x\n")
+    monkeypatch.setattr(metering, "estimate_tokens", lambda *a: pytest.fail("a pass over the whole request"))
+    scripted(Reply(tool_calls=[ToolCall(id="c1", name="read_file", args={"path": "f0.txt"})], usage=Usage()),
+             Reply(text="done", usage=Usage()))
+    bus.send(space, "boss", "w1", "go")
+    assert runner.wake(member.pk, "message") == "done"
+    day = UsageDay.objects.get(member=member)
+    assert day.estimated_calls == 2 and day.input_tokens > 2 * 300 * 5 // metering.CHARS_PER_TOKEN

@@ -109,7 +109,7 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             session, rows = compaction.maybe_compact(member, ctx, log_.session, log_.rows, system, specs, provider)
             log_ = tctx.log = transcript.Log(session, list(rows))
             tctx.session = session
-        reply = call_model(ctx, provider, system, list(log_.messages), specs)
+        reply = call_model(ctx, provider, system, list(log_.messages), specs, chars=fixed_chars + log_.chars)
         if reply.empty:
             if metering.record(ctx, member.model, reply.usage):  # nothing to keep: the brief stays unanswered
                 return stop_for_budget(member, ctx, tctx, reply)
@@ -259,7 +259,8 @@ def announce(member: Member, ctx: RunContext, tools: dict[str, Tool], call) -> b
     return True
 
 
-def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[dict], specs: list[dict]) -> Reply:
+def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[dict], specs: list[dict], *,
+               chars: int | None = None) -> Reply:
     """One model call. A failed call is metered here; a reply is metered by the caller, in the fence
     that persists it (the breaker is checked after every call either way)."""
     member = ctx.member
@@ -271,7 +272,7 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     except ProviderError as exc:
         metering.record(ctx, member.model, exc.usage)
         raise
-    return metering.with_usage(reply, system, messages, specs)
+    return metering.with_usage(reply, system, messages, specs, chars=chars)
 
 
 def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: Reply) -> str:
@@ -285,7 +286,7 @@ def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: R
 
 def answer_turn(member: Member, log_: transcript.Log, reply: Reply) -> None:
     """Persist the model's turn; the mail its brief carried is read from this moment on (marked once a run)."""
-    brief = next((t for t in reversed(log_.rows) if t.role == TurnRole.USER), None)
+    brief = log_.last_user
     calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
     prompt = reply.usage.input + reply.usage.cache_read + reply.usage.cache_write  # cached or not: the context pressure
     log_.append(TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total, input_tokens=prompt)

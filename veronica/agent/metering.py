@@ -26,12 +26,14 @@ def estimate_tokens(system: str, messages: list[dict], tools: list[dict]) -> int
     return chars // CHARS_PER_TOKEN
 
 
-def with_usage(reply: Reply, system: str, messages: list[dict], tools: list[dict]) -> Reply:
+def with_usage(reply: Reply, system: str, messages: list[dict], tools: list[dict], *, chars: int | None = None) -> Reply:
+    """chars: the request's size as estimate_tokens counts it, when the caller keeps it (the run's Log
+    does, so an unreported usage costs O(1) in the transcript's length, not a pass over it)."""
     if reply.usage.total or reply.usage.estimated:
         return reply
     out = len(reply.text) + len(json.dumps([c.args for c in reply.tool_calls]))
-    reply.usage = Usage(input=max(estimate_tokens(system, messages, tools), 1), output=max(out // CHARS_PER_TOKEN, 1),
-                        estimated=True)
+    estimate = chars // CHARS_PER_TOKEN if chars is not None else estimate_tokens(system, messages, tools)
+    reply.usage = Usage(input=max(estimate, 1), output=max(out // CHARS_PER_TOKEN, 1), estimated=True)
     return reply
 
 

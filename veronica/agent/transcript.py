@@ -54,6 +54,8 @@ class Log:
         self.chars = sum(message_chars(m) for m in self.messages)
         self.next_seq = (self.rows[-1].seq if self.rows else 0) + 1
         self.marked: set[int] = set()  # brief turns whose mail this run has marked read
+        # the latest user turn (the brief a reply answers), kept so a step need not search back for it
+        self.last_user = next((t for t in reversed(self.rows) if t.role == TurnRole.USER), None)
         self._pending: list[Turn] | None = None  # inside batched(): turns not yet written
 
     def append(self, role: str, content: str = "", **fields) -> Turn:
@@ -63,6 +65,8 @@ class Log:
         else:
             turn = Turn.objects.create(session=self.session, seq=self.next_seq, role=role, content=content, **fields)
         self.next_seq += 1
+        if role == TurnRole.USER:
+            self.last_user = turn
         self.rows.append(turn)
         self.messages.append(message(turn))
         self.chars += message_chars(self.messages[-1])
@@ -84,6 +88,7 @@ class Log:
             self.chars -= sum(message_chars(m) for m in self.messages[start:])
             del self.rows[start:], self.messages[start:]
             self.next_seq = (self.rows[-1].seq if self.rows else 0) + 1
+            self.last_user = next((t for t in reversed(self.rows) if t.role == TurnRole.USER), None)
             raise
         finally:
             self._pending = None
