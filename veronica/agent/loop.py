@@ -2,7 +2,10 @@
 final answer, a wait (approval / question), the iteration limit (paused) or the budget breaker.
 
 Every write goes through `ctx.fenced()` (veronica.agent.runctx): a run that lost its lease writes
-nothing more and stops. Replies that are not answers are not taken for one: an empty reply is asked
+nothing more and stops. A step whose calls all run inside the run's transaction anyway (row-writing
+verbs) or are bounded local reads (read_file, list_dir) is one commit: the call's usage, the model's
+turn, the results and the next phase (see fusable()); other calls keep the two-commit step (the
+turn with the first call's start, then each result). Replies that are not answers are not taken for one: an empty reply is asked
 again once and is then an error; a reply cut off at the token limit is kept as a partial answer and
 the model is asked to continue (twice at most, then the run fails: the limit is too low for the work).
 """

@@ -13,8 +13,10 @@ own the slot. Expiry is only ever compared on the database's clock, never a host
 
 That fence statement is the step's only read of the member row: it also writes the phase the run
 asked for (`next_phase`) and reads back the cancel flag and the permission mode, so a step pays one
-statement for its lease, its phase, its suspend check and its permission gate. The fence's events are
-batched (veronica.events.batch) and written just before its commit.
+statement for its lease, its phase, its suspend check and its permission gate. On PostgreSQL the model
+turn's fence also carries the call's usage meter (a second UPDATE in the same statement, applied only
+if the lease holds). The fence's events are batched (veronica.events.batch) and written just before
+its commit.
 """
 from __future__ import annotations
 
