@@ -345,3 +345,26 @@ def test_the_turns_input_is_the_whole_prompt_cached_tokens_included(space, scrip
     assert runner.wake(w1_of(space).pk, "message") == "done"
     turn = Turn.objects.get(role="assistant")
     assert turn.input_tokens == 1000 and turn.tokens == 1005
+
+
+def test_a_stop_read_by_a_fused_steps_fence_runs_no_call_but_keeps_the_turn(space, scripted, monkeypatch):
+    """The fence of a fused step reads the cancel flag first: the model's turn and its usage commit,
+    the call does not run (the next run finds it dangling and re-runs it: it only reads)."""
+    from pathlib import Path
+
+    from veronica.agent.tools import workspace
+    from veronica.models import Member, Turn, UsageDay
+
+    Path(space.workdir, "a.txt").write_text("a\n")
+    ran = []
+    tool = next(t for t in workspace.TOOLS if t.name == "read_file")
+    real = tool.fn
+    monkeypatch.setattr(tool, "fn", lambda ctx, args: (ran.append(args), real(ctx, args))[1])
+    provider = scripted(("read_file", {"path": "a.txt"}), "done")
+    w1 = w1_of(space)
+    provider.on_call = lambda n: n == 1 and Member.objects.filter(pk=w1.pk).update(cancel_requested=True)
+    bus.send(space, "boss", "w1", "go")
+    assert runner.wake(w1.pk, "message") == "aborted"
+    assert ran == [] and list(Turn.objects.filter(role="assistant").values_list("tool_calls", flat=True))[0][0]["name"] == "read_file"
+    assert not Turn.objects.filter(role="tool").exists() and UsageDay.objects.get(member=w1).model_calls == 1
+    assert runner.wake(w1.pk, "resume") == "done" and len(ran) == 1

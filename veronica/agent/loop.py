@@ -5,9 +5,10 @@ Every write goes through `ctx.fenced()` (veronica.agent.runctx): a run that lost
 nothing more and stops. A step whose calls all run inside the run's transaction anyway (row-writing
 verbs) or are bounded local reads (read_file, list_dir) is one commit: the call's usage, the model's
 turn, the results and the next phase (see fusable()); other calls keep the two-commit step (the
-turn with the first call's start, then each result). Replies that are not answers are not taken for one: an empty reply is asked
-again once and is then an error; a reply cut off at the token limit is kept as a partial answer and
-the model is asked to continue (twice at most, then the run fails: the limit is too low for the work).
+turn with the first call's start, then each result). Replies that are not answers are not taken
+for one: an empty reply is asked again once and is then an error; a reply cut off at the token
+limit is kept as a partial answer and the model is asked to continue (twice at most, then the run
+fails: the limit is too low for the work).
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         # One commit: the call's usage, the model's turn, the mail it answered; then either the calls
         # that run inside this transaction (a fused step: their results and the next phase too, so a
         # step is one commit) or the first call's start.
-        done, waiting = 0, False
+        done, waiting, judged = 0, False, False
         with metering.billed(ctx, member.model, reply.usage), log_.batched():
             tripped = metering.record(ctx, member.model, reply.usage)
             answer_turn(member, log_, reply)
@@ -151,10 +152,10 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
                 log_.append(TurnRole.USER, CONTINUE)
             if fuse and not tripped and not stopping(ctx):
                 waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # before the results: it settles replays
-                done, waiting = run_fused(member, ctx, tools, tctx, calls)
+                done, waiting, judged = *run_fused(member, ctx, tools, tctx, calls), True
             nxt = calls[done] if done < len(calls) and not waiting else None
             announced = nxt is not None and not tripped and announce(member, ctx, tools, nxt)
-        if not (fuse and done):
+        if not judged:
             waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # settles replays: used or missed
         if tripped:
             return stop_for_budget(member, ctx, tctx, reply)
@@ -188,7 +189,9 @@ def fusable(ctx: RunContext, tools: dict[str, Tool], name: str) -> bool:
     tool = tools.get(name)
     if tool is None:
         return True  # an unknown tool's error result
-    if isinstance(tool, McpTool) or tool.name in UNFUSED_VERBS or (tool.name in LOCAL_TOOLS and tool.name not in FUSED_LOCAL_TOOLS):
+    if isinstance(tool, McpTool) or tool.name in UNFUSED_VERBS:
+        return False
+    if tool.name in LOCAL_TOOLS and tool.name not in FUSED_LOCAL_TOOLS:
         return False
     return not (tool.needs_approval and permission_mode(ctx, ctx.member) == PermissionMode.DEFAULT)
 
