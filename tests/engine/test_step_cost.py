@@ -100,6 +100,9 @@ def test_a_step_holds_the_space_seq_lock_only_for_its_last_two_statements(space,
 
 
 def test_a_read_step_is_one_commit_with_its_turns_in_one_insert(space, scripted):
+    from veronica.engine import budget
+
+    budget.usage_today(w1(space))  # the day's first call finds no usage row in the fence: it makes it (once a day)
     sqls = run(space, scripted, 3)
     turn_inserts = [s for s in sqls if s.startswith('INSERT INTO "veronica_turn"')]
     assert len(turn_inserts) == 1 + 3 + 1, "the brief, one per step (the model's turn and the result together), the answer"
