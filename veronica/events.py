@@ -8,7 +8,7 @@ the sequence is gapless and its order is commit order.
 A run's step batches its events (`batch()`, used by the run's fence): they are buffered and written
 at the end of the step's transaction in one statement that takes the whole block of seqs
 (`UPDATE ... SET event_seq = event_seq + n RETURNING event_seq`) and one multi-row INSERT, just before
-the commit. The space row is then locked for those two statements and the commit only, not for the
+the commit; on PostgreSQL both are one statement (the UPDATE in a data-modifying CTE of the INSERT). The space row is then locked for those two statements and the commit only, not for the
 whole step: the members of one space no longer queue behind each other's steps, and seq stays gapless
 and in commit order. One ring per batch (the socket reads everything after what it has seen).
 """
@@ -28,6 +28,7 @@ from django.db.models import F
 
 from veronica import doorbell, tracing
 from veronica.models import Event, Member, Space
+from veronica.returning import insert_rows
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +55,50 @@ class _Batch:
             by_space.setdefault(event.space_id, []).append(event)
         self.pending = []
         for space_id, rows in by_space.items():
-            with connection.cursor() as cur:
-                cur.execute(f"UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
-                            [len(rows), space_id])
-                last = cur.fetchone()[0]
-            for i, event in enumerate(rows):
-                event.seq = last - len(rows) + 1 + i
-            Event.objects.bulk_create(rows)
+            if connection.vendor == "postgresql":
+                last = _write_block_pg(space_id, rows)
+            else:
+                with connection.cursor() as cur:
+                    cur.execute(f"UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
+                                [len(rows), space_id])
+                    last = cur.fetchone()[0]
+                for i, event in enumerate(rows):
+                    event.seq = last - len(rows) + 1 + i
+                insert_rows(Event, rows)
             transaction.on_commit(lambda space_id=space_id, last=last: ring(space_id, last))
+
+
+_EVENT_COLUMNS = ("space_id", "kind", "member_id", "payload", "created_at")
+_PG_TYPES = {"space_id": "bigint", "kind": "text", "member_id": "bigint", "payload": "jsonb", "created_at": "timestamptz"}
+
+
+def _write_block_pg(space_id: int, rows: list[Event]) -> int:
+    """PostgreSQL: the seq block and the rows in ONE statement (a data-modifying CTE): the space row is
+    locked by its UPDATE inside the statement, so the lock is held for this statement and the commit."""
+    fields = {f.attname: f for f in Event._meta.concrete_fields}
+    params: list = [len(rows), space_id, len(rows)]
+    values = []
+    for i, event in enumerate(rows):
+        params.append(i + 1)
+        for name in _EVENT_COLUMNS:
+            field = fields[name]
+            value = field.pre_save(event, add=True) if name == "created_at" else getattr(event, name)
+            params.append(field.get_db_prep_save(value, connection))
+        values.append("(%s::int, " + ", ".join(f"%s::{_PG_TYPES[c]}" for c in _EVENT_COLUMNS) + ")")
+    cols = ", ".join(_EVENT_COLUMNS)
+    sql = (f"WITH block AS (UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq) "
+           f"INSERT INTO {Event._meta.db_table} (seq, {cols}) "
+           f"SELECT block.event_seq - %s + v.ord, {', '.join('v.' + c for c in _EVENT_COLUMNS)} "
+           f"FROM block, (VALUES {', '.join(values)}) AS v(ord, {cols}) ORDER BY v.ord RETURNING id, seq")
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        written = sorted(cur.fetchall(), key=lambda r: r[1])
+    if len(written) != len(rows):
+        raise RuntimeError(f"space {space_id}: {len(written)} of {len(rows)} events written")
+    for event, (pk, seq) in zip(rows, written):
+        event.pk, event.seq = pk, seq
+        event._state.adding, event._state.db = False, connection.alias
+    return written[-1][1]
 
 
 _batch = threading.local()

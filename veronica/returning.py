@@ -58,10 +58,8 @@ def _hashable(value) -> bool:
     return True
 
 
-def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, dict]], columns: list[str],
-                     values: dict[str, Any]):
-    """Run the UPDATE that build(sentinels) describes (a queryset and its update values) with `values`
-    in place of the sentinels; the first row of `columns`, or None when no row matched."""
+def compiled(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, dict]], columns: list[str]):
+    """The UPDATE ... RETURNING that build(sentinels) describes: (sql, params, bind), compiled once per key."""
     connection = connections[DEFAULT_DB_ALIAS]
     cache_key = (connection.vendor, *key)
     cached = _cache.get(cache_key)
@@ -77,10 +75,92 @@ def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, di
         if len(set(bind.values())) != len(set(slots.names.values())):
             raise RuntimeError(f"update_returning {key}: a sentinel did not survive compilation")
         cached = _cache[cache_key] = (sql, params, bind)
+    return cached
+
+
+def bound(cached, values: dict[str, Any]) -> list:
     sql, params, bind = cached
-    bound = list(params)
+    out = list(params)
     for i, name in bind.items():
-        bound[i] = values[name]
-    with connection.cursor() as cur:
-        cur.execute(sql, bound)
+        out[i] = values[name]
+    return out
+
+
+def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, dict]], columns: list[str],
+                     values: dict[str, Any]):
+    """Run the UPDATE that build(sentinels) describes (a queryset and its update values) with `values`
+    in place of the sentinels; the first row of `columns`, or None when no row matched."""
+    cached = compiled(key, build, columns)
+    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
+        cur.execute(cached[0], bound(cached, values))
         return cur.fetchone()
+
+
+def update_then(first, first_values: dict[str, Any], second, second_values: dict[str, Any]):
+    """PostgreSQL: two compiled UPDATE ... RETURNING in ONE statement, the second applied only when the
+    first matched its row (data-modifying CTEs). Returns (first's row, second's row or None), or None
+    when the first matched nothing (then neither wrote)."""
+    (sql1, _, _), (sql2, _, _) = first, second
+    head, sep, returning = sql2.rpartition(" RETURNING ")
+    if not sep or " WHERE " not in head:
+        raise RuntimeError("update_then: the second UPDATE has no WHERE ... RETURNING")
+    sql = (f"WITH a AS ({sql1}), b AS ({head} AND EXISTS (SELECT 1 FROM a) RETURNING {returning}) "
+           f"SELECT a.*, b.* FROM a LEFT JOIN b ON TRUE")
+    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
+        cur.execute(sql, bound(first, first_values) + bound(second, second_values))
+        row = cur.fetchone()
+    if row is None:
+        return None
+    n1 = len(row) - len(returning.split(", "))
+    tail = row[n1:]
+    return row[:n1], (None if all(v is None for v in tail) else tail)  # the second's columns are NOT NULL
+
+
+# --- INSERT ... VALUES (...), (...) RETURNING id, written once per model and row count ---------------------
+
+_PLAIN = ("AutoField", "BigAutoField", "CharField", "TextField", "IntegerField", "BigIntegerField",
+          "PositiveIntegerField", "SmallIntegerField", "BooleanField")
+_insert_cache: dict[tuple, str] = {}
+_columns_of: dict = {}
+
+
+def _columns(model) -> list:
+    """(field, plain) for every concrete non-pk column; plain: a str, int or bool (or the id of one)
+    goes to the driver as it is, so the ORM's per-value preparation is skipped for it."""
+    cols = _columns_of.get(model)
+    if cols is None:
+        cols = _columns_of[model] = [
+            (f, (f.target_field if f.is_relation else f).get_internal_type() in _PLAIN)
+            for f in model._meta.concrete_fields if not f.primary_key]
+    return cols
+
+
+def insert_rows(model, rows: list) -> None:
+    """One multi-row INSERT of new model instances, their ids set from RETURNING: what bulk_create does,
+    without compiling the statement on every call (and, on PostgreSQL, without sending every column
+    as an array through UNNEST). Defaults and auto_now_add are the fields' own (pre_save)."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    cols = _columns(model)
+    key = (connection.vendor, model, len(rows))
+    sql = _insert_cache.get(key)
+    if sql is None:
+        qn = connection.ops.quote_name
+        row = "(" + ", ".join(["%s"] * len(cols)) + ")"
+        sql = (f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(f.column) for f, _ in cols)}) "
+               f"VALUES {', '.join([row] * len(rows))} RETURNING {qn(model._meta.pk.column)}")
+        if len(_insert_cache) > 256:
+            _insert_cache.clear()
+        _insert_cache[key] = sql
+    params = []
+    for obj in rows:
+        for f, plain in cols:
+            value = f.pre_save(obj, True)
+            params.append(value if plain and value is not None else f.get_db_prep_save(value, connection))
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        ids = [r[0] for r in cur.fetchall()]
+    if len(ids) != len(rows):
+        raise RuntimeError(f"{model.__name__}: {len(ids)} of {len(rows)} rows written")
+    for obj, pk in zip(rows, ids):  # a plain INSERT's RETURNING keeps the VALUES order (bulk_create relies on it too)
+        obj.pk = pk
+        obj._state.adding, obj._state.db = False, connection.alias

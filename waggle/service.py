@@ -140,12 +140,31 @@ def _record(space_key: str, session_key: str, member_key: str, call: Call, cfg: 
                       for k, v in call.args}
     else:
         args = args_json(call.args)
-    ForageCall.objects.create(space_key=space_key, session_key=session_key, member_key=clean_text(member_key or "")[:64],
+    _insert_forage(ForageCall(space_key=space_key, session_key=session_key, member_key=clean_text(member_key or "")[:64],
                               seq=seq, tool=call.tool[:200], args=args, mutates=call.mutates, oversized=call.oversized,
                               replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens,
-                              out_refs=[[list(path), value] for path, value in call.refs])
+                              out_refs=[[list(path), value] for path, value in call.refs]))
     ring.record(call, seq=seq)
     return seq
+
+
+_forage_sql: dict[str, tuple[str, list]] = {}
+
+
+def _insert_forage(row: ForageCall) -> None:
+    """ForageCall.objects.create(), its INSERT written once per backend: one runs per tool call of every
+    member, and the ORM's save path (compiling the statement each time) was most of what observing cost.
+    Values go through the fields' own pre_save / get_db_prep_save."""
+    cached = _forage_sql.get(connection.vendor)
+    if cached is None:
+        fields = [f for f in ForageCall._meta.concrete_fields if not f.primary_key]
+        qn = connection.ops.quote_name
+        sql = (f"INSERT INTO {qn(ForageCall._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
+               f"VALUES ({', '.join(['%s'] * len(fields))})")
+        cached = _forage_sql[connection.vendor] = (sql, fields)
+    sql, fields = cached
+    with connection.cursor() as cur:
+        cur.execute(sql, [f.get_db_prep_save(f.pre_save(row, True), connection) for f in fields])
 
 
 def _check_key(name: str, value: Any) -> str:

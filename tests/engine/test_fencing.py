@@ -126,15 +126,15 @@ def test_a_long_tool_call_renews_the_lease_while_it_runs(space, scripted, settin
     monkeypatch.setattr(slot, "renew", lambda *a, **k: (renewals.append(1), real_renew(*a, **k))[1])
     started = []
 
-    def slow_list_dir(ctx, args):
+    def slow_command(ctx, args):
         import time
 
         started.append(len(renewals))
         time.sleep(0.3)
-        return "listed"
-    monkeypatch.setattr(workspace.TOOLS[0], "fn", slow_list_dir)
-    scripted(("list_dir", {}), "done")
-    bus.send(space, "boss", "w1", "list")
+        return "ran"
+    monkeypatch.setattr(next(t for t in workspace.TOOLS if t.name == "run_command"), "fn", slow_command)
+    scripted(("run_command", {"command": "sleep 30"}), "done")
+    bus.send(space, "boss", "w1", "run it")
     assert runner.wake(w1_of(space).pk, "message") == "done"
     assert started and len(renewals) - started[0] >= 5, "the lease was not renewed during the tool call"
 

@@ -10,6 +10,7 @@ from django.db.models.functions import Now
 
 from veronica import bus, ledger
 from veronica.agent.loop import INTERRUPTED
+from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.agent.tools import swarm, workspace
 from veronica.engine import approvals, leases, runner, supervisor, tick
 from veronica.models import Approval, Event, Member, Task, Turn, Wake
@@ -89,7 +90,11 @@ def test_a_row_writing_call_the_crash_rolled_back_is_run_again(space, scripted, 
     does it (the bench's offline worker took the old "interrupted" answer as reported: 2 tasks of 120 stuck)."""
     w1 = w1_of(space)
     task = ledger.create_task(space, "boss", "the job", assignee=w1)
-    scripted(("task_done", {"task_id": task.pk, "result": "ok"}), "reported")
+    # glob first: the model's turn commits on its own (glob keeps its own commits), so task_done is
+    # the turn's second call, run in a transaction of its own
+    scripted(Reply(tool_calls=[ToolCall(id="c1", name="glob", args={"pattern": "*.none"}),
+                               ToolCall(id="c2", name="task_done", args={"task_id": task.pk, "result": "ok"})],
+                   usage=Usage(input=10, output=2)), "reported")
     runs = counted(monkeypatch, swarm.TOOLS, "task_done", die_first=True)
     with pytest.raises(KeyboardInterrupt):
         runner.wake(w1.pk, "message")
@@ -98,6 +103,28 @@ def test_a_row_writing_call_the_crash_rolled_back_is_run_again(space, scripted, 
     assert runner.wake(w1.pk, "resume") == "done"
     assert len(runs) == 2 and Task.objects.get(pk=task.pk).status in ("done", "verifying")
     assert INTERRUPTED not in Turn.objects.filter(role="tool").last().content
+
+
+def test_a_crash_inside_a_fused_step_rolls_back_the_turn_with_its_call(space, scripted, rung, monkeypatch):
+    """A reply whose calls all run inside the run's transaction is one commit: a kill inside task_done
+    leaves neither the call's effect nor the model's turn (nor its usage: the crash window of metering is
+    the call's own, milliseconds), so the re-run asks the model again."""
+    from veronica.models import UsageDay
+
+    w1 = w1_of(space)
+    task = ledger.create_task(space, "boss", "the job", assignee=w1)
+    done = ("task_done", {"task_id": task.pk, "result": "ok"})
+    provider = scripted(done, done, "reported")
+    runs = counted(monkeypatch, swarm.TOOLS, "task_done", die_first=True)
+    with pytest.raises(KeyboardInterrupt):
+        runner.wake(w1.pk, "message")
+    assert Task.objects.get(pk=task.pk).status == "running"
+    assert not Turn.objects.filter(role="assistant").exists(), "the model's turn went with the call"
+    assert not UsageDay.objects.filter(member=w1, model_calls__gt=0).exists()
+    kill_and_expire(w1)
+    assert runner.wake(w1.pk, "resume") == "done"
+    assert len(runs) == 2 and Task.objects.get(pk=task.pk).status in ("done", "verifying")
+    assert len(provider.requests) == 3 and UsageDay.objects.get(member=w1).model_calls == 2
 
 
 def test_a_mutating_local_call_interrupted_in_bypass_mode_is_reported_not_rerun(space, scripted, rung, monkeypatch):

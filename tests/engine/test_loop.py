@@ -237,11 +237,23 @@ def test_a_killed_runs_counters_are_recounted_from_its_metered_calls(space, scri
 
 
 def test_phases_follow_the_members_events(space, scripted):
+    scripted(("glob", {"pattern": "*.md"}), "done")
+    bus.send(space, "boss", "w1", "go")
+    runner.wake(w1_of(space).pk, "message")
+    phases = [(e.payload["phase"], e.payload["tool"]) for e in space.events.filter(kind="member.phase").order_by("seq")]
+    assert phases == [("thinking", ""), ("executing", "glob"), ("thinking", ""), ("ready", "")]
+
+
+def test_a_fused_step_never_leaves_thinking_and_still_reports_its_call(space, scripted):
+    """list_dir runs inside the model turn's transaction: nothing commits while it runs, so it has no
+    phase of its own; its tool.called and tool.result commit with the turn."""
     scripted(("list_dir", {}), "done")
     bus.send(space, "boss", "w1", "go")
     runner.wake(w1_of(space).pk, "message")
     phases = [(e.payload["phase"], e.payload["tool"]) for e in space.events.filter(kind="member.phase").order_by("seq")]
-    assert phases == [("thinking", ""), ("executing", "list_dir"), ("thinking", ""), ("ready", "")]
+    assert phases == [("thinking", ""), ("ready", "")]
+    kinds = list(space.events.filter(kind__in=["model.called", "tool.called", "tool.result"]).order_by("seq").values_list("kind", flat=True))
+    assert kinds == ["model.called", "tool.called", "tool.result", "model.called"]
 
 
 def test_the_offline_team_finishes_the_demo_goal(db, demo_manifest):
@@ -359,3 +371,26 @@ def test_the_turns_input_is_the_whole_prompt_cached_tokens_included(space, scrip
     assert runner.wake(w1_of(space).pk, "message") == "done"
     turn = Turn.objects.get(role="assistant")
     assert turn.input_tokens == 1000 and turn.tokens == 1005
+
+
+def test_a_stop_read_by_a_fused_steps_fence_runs_no_call_but_keeps_the_turn(space, scripted, monkeypatch):
+    """The fence of a fused step reads the cancel flag first: the model's turn and its usage commit,
+    the call does not run (the next run finds it dangling and re-runs it: it only reads)."""
+    from pathlib import Path
+
+    from veronica.agent.tools import workspace
+    from veronica.models import Member, Turn, UsageDay
+
+    Path(space.workdir, "a.txt").write_text("a\n")
+    ran = []
+    tool = next(t for t in workspace.TOOLS if t.name == "read_file")
+    real = tool.fn
+    monkeypatch.setattr(tool, "fn", lambda ctx, args: (ran.append(args), real(ctx, args))[1])
+    provider = scripted(("read_file", {"path": "a.txt"}), "done")
+    w1 = w1_of(space)
+    provider.on_call = lambda n: n == 1 and Member.objects.filter(pk=w1.pk).update(cancel_requested=True)
+    bus.send(space, "boss", "w1", "go")
+    assert runner.wake(w1.pk, "message") == "aborted"
+    assert ran == [] and list(Turn.objects.filter(role="assistant").values_list("tool_calls", flat=True))[0][0]["name"] == "read_file"
+    assert not Turn.objects.filter(role="tool").exists() and UsageDay.objects.get(member=w1).model_calls == 1
+    assert runner.wake(w1.pk, "resume") == "done" and len(ran) == 1

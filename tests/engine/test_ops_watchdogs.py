@@ -114,16 +114,17 @@ def test_a_run_past_its_lease_is_for_the_lease_recovery_not_a_stall_alert(space)
 
 
 def test_two_calls_of_one_tool_in_a_reply_each_restart_the_stall_clock(space, scripted, monkeypatch, tmp_path):
-    """Through the real agent loop: the second read_file of one reply finds phase_since fresh even
-    though the phase (executing:read_file) never changed."""
+    """Through the real agent loop: the second glob of one reply finds phase_since fresh even though
+    the phase (executing:glob) never changed. (Two read_file calls run inside the model turn's own
+    transaction: nothing of the step commits between them, so there is no clock to restart.)"""
     from veronica import events
     from veronica.agent.providers.base import Reply, ToolCall, Usage
     from veronica.engine import runner
 
     for name in ("a.txt", "b.txt"):
         (tmp_path / "alpha" / name).write_text(name)
-    scripted(Reply(tool_calls=[ToolCall(id="c1", name="read_file", args={"path": "a.txt"}),
-                               ToolCall(id="c2", name="read_file", args={"path": "b.txt"})], usage=Usage(input=100, output=10)),
+    scripted(Reply(tool_calls=[ToolCall(id="c1", name="glob", args={"pattern": "a.*"}),
+                               ToolCall(id="c2", name="glob", args={"pattern": "b.*"})], usage=Usage(input=100, output=10)),
              "both read")
     clock_at_call, real_emit = [], events.emit
 

@@ -2,9 +2,13 @@
 final answer, a wait (approval / question), the iteration limit (paused) or the budget breaker.
 
 Every write goes through `ctx.fenced()` (veronica.agent.runctx): a run that lost its lease writes
-nothing more and stops. Replies that are not answers are not taken for one: an empty reply is asked
-again once and is then an error; a reply cut off at the token limit is kept as a partial answer and
-the model is asked to continue (twice at most, then the run fails: the limit is too low for the work).
+nothing more and stops. A step whose calls all run inside the run's transaction anyway (row-writing
+verbs) or are bounded local reads (read_file, list_dir) is one commit: the call's usage, the model's
+turn, the results and the next phase (see fusable()); other calls keep the two-commit step (the
+turn with the first call's start, then each result). Replies that are not answers are not taken
+for one: an empty reply is asked again once and is then an error; a reply cut off at the token
+limit is kept as a partial answer and the model is asked to continue (twice at most, then the run
+fails: the limit is too low for the work).
 """
 from __future__ import annotations
 
@@ -47,6 +51,11 @@ LOCAL_TOOLS = frozenset(t.name for t in workspace.TOOLS)
 # thread costs two thread hand-offs per step, a third of a step on a loaded host. The lease (60 s)
 # outlasts it by far, and the result's fence still checks it.
 INLINE_TOOLS = frozenset({"read_file"})
+# Bounded local reads that may run inside the model turn's transaction (see fusable()).
+FUSED_LOCAL_TOOLS = frozenset({"read_file", "list_dir"})
+# Row-writing verbs that still keep their own commit: waggle_run replays a route, whose steps may be
+# MCP calls or searches (neither bounded nor local).
+UNFUSED_VERBS = frozenset({"waggle_run"})
 
 
 def run_member(member: Member, ctx: RunContext) -> str:
@@ -104,7 +113,7 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             session, rows = compaction.maybe_compact(member, ctx, log_.session, log_.rows, system, specs, provider)
             log_ = tctx.log = transcript.Log(session, list(rows))
             tctx.session = session
-        reply = call_model(ctx, provider, system, list(log_.messages), specs)
+        reply = call_model(ctx, provider, system, list(log_.messages), specs, chars=fixed_chars + log_.chars)
         if reply.empty:
             if metering.record(ctx, member.model, reply.usage):  # nothing to keep: the brief stays unanswered
                 return stop_for_budget(member, ctx, tctx, reply)
@@ -123,36 +132,106 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             reply = Reply(text=reply.text, usage=reply.usage, finish_reason=reply.finish_reason)  # cut calls are not run
         else:
             cuts = 0
-        first = reply.tool_calls[0] if reply.tool_calls else None
-        if first is not None and announceable(ctx, tools, first.name):
+        calls = [] if reply.truncated else reply.tool_calls
+        fuse = bool(calls) and fusable(ctx, tools, calls[0].name)  # judged again on the fence's own read
+        first = calls[0] if calls else None
+        if fuse:
+            pass  # the step ends in the phase it began in (thinking): its fence writes none
+        elif first is not None and announceable(ctx, tools, first.name):
             next_phase(ctx, Phase.EXECUTING, first.name)
         elif not reply.tool_calls and not reply.truncated:
             next_phase(ctx, Phase.READY)
-        # One commit: the call's usage, the model's turn, the mail it answered, the first call's start.
-        with metering.billed(ctx, member.model, reply.usage):
+        # One commit: the call's usage, the model's turn, the mail it answered; then either the calls
+        # that run inside this transaction (a fused step: their results and the next phase too, so a
+        # step is one commit) or the first call's start.
+        done, waiting, judged = 0, False, False
+        with metering.billed(ctx, member.model, reply.usage), log_.batched():
             tripped = metering.record(ctx, member.model, reply.usage)
             answer_turn(member, log_, reply)
             if reply.truncated:  # not a final answer: the next call (or the next run) continues it
                 log_.append(TurnRole.USER, CONTINUE)
-            announced = first is not None and not tripped and announce(member, ctx, tools, first)
-        waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # settles replays: used or missed
+            if fuse and not tripped and not stopping(ctx):
+                waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # before the results: it settles replays
+                done, waiting, judged = *run_fused(member, ctx, tools, tctx, calls), True
+            nxt = calls[done] if done < len(calls) and not waiting else None
+            announced = nxt is not None and not tripped and announce(member, ctx, tools, nxt)
+        if not judged:
+            waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # settles replays: used or missed
         if tripped:
             return stop_for_budget(member, ctx, tctx, reply)
+        if waiting:
+            return WAITING
         if reply.truncated:
             continue
         if not reply.tool_calls:
             ctx.phase(Phase.READY)
             return RunOutcome.DONE
-        for i, call in enumerate(reply.tool_calls):
+        for i in range(done, len(calls)):
+            call = calls[i]
             ctx.check()
-            last_call = i == len(reply.tool_calls) - 1
+            last_call = i == len(calls) - 1
             if execute(member, ctx, tools, tctx, {"id": call.id, "name": call.name, "args": call.args},
-                       announced=announced and i == 0, then=Phase.THINKING if last_call else None) is WAITING:
+                       announced=announced and i == done, then=Phase.THINKING if last_call else None) is WAITING:
                 return WAITING
     with ctx.fenced():
         ctx.phase(Phase.PAUSED)
         events.emit(member.space_id, "run.paused", member=member, reason=f"iteration limit {member.max_iterations} reached")
     return RunOutcome.PAUSED
+
+
+def fusable(ctx: RunContext, tools: dict[str, Tool], name: str) -> bool:
+    """A call that may run inside the model turn's own transaction: it runs in the run's transaction
+    anyway (a row-writing verb: its effects commit with its result or not at all) or it is a bounded
+    local read (no effect, cannot hang). Its crash window is then the transaction's (milliseconds):
+    a crash loses the turn, its usage and the result together, never the result alone. Calls that
+    escape the transaction or can take long (workspace writes, run_command, grep/glob, MCP) and calls
+    the permission gate holds keep their own commits."""
+    tool = tools.get(name)
+    if tool is None:
+        return True  # an unknown tool's error result
+    if isinstance(tool, McpTool) or tool.name in UNFUSED_VERBS:
+        return False
+    if tool.name in LOCAL_TOOLS and tool.name not in FUSED_LOCAL_TOOLS:
+        return False
+    return not (tool.needs_approval and permission_mode(ctx, ctx.member) == PermissionMode.DEFAULT)
+
+
+def stopping(ctx: RunContext) -> bool:
+    """The fence just read the cancel flag (no statement): a stop asked for runs no call in it."""
+    try:
+        ctx.check()
+    except Cancelled:
+        return True
+    return False
+
+
+def run_fused(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, calls) -> tuple[int, bool]:
+    """Inside the model turn's fence: run its leading fusable calls and persist their results (tool.called,
+    the result, tool.result; no phase of their own). Returns (how many ran, whether one waits for the operator)."""
+    done = 0
+    for call in calls:
+        if not fusable(ctx, tools, call.name):  # on the permission mode this very fence has read
+            break
+        item = {"id": call.id, "name": call.name, "args": call.args}
+        tool = tools.get(call.name)
+        done += 1
+        if tool is None:
+            persist_result(member, tctx, item, f"error: unknown tool '{call.name}'; available: {', '.join(sorted(tools))}")
+            continue
+        args = call.args if isinstance(call.args, dict) else {}
+        events.emit(member.space_id, "tool.called", member=member, tool=tool.name, args=_short(args))
+        if tool.name in LOCAL_TOOLS:
+            result = run_tool(tool, tctx, args, savepoint=False)
+        else:
+            tctx.log.flush()  # a verb may read the session's rows: they are all written first
+            result = run_tool(tool, tctx, {**args, "_call_id": call.id} if tool.name == "ask_operator" else args)
+            if isinstance(result, WaitForOperator):
+                ctx.phase(Phase.WAITING_INPUT)
+                return done, True
+        persist_result(member, tctx, item, observe(member, tctx, tools, tool, args, result))
+    if done == len(calls):
+        ctx.phase(Phase.THINKING)  # the next model call's (a no-op: the step began in it)
+    return done, False
 
 
 def next_phase(ctx: RunContext, phase: str, tool: str = "") -> None:
@@ -186,7 +265,8 @@ def announce(member: Member, ctx: RunContext, tools: dict[str, Tool], call) -> b
     return True
 
 
-def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[dict], specs: list[dict]) -> Reply:
+def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[dict], specs: list[dict], *,
+               chars: int | None = None) -> Reply:
     """One model call. A failed call is metered here; a reply is metered by the caller, in the fence
     that persists it (the breaker is checked after every call either way)."""
     member = ctx.member
@@ -200,7 +280,7 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     except ProviderError as exc:
         metering.record(ctx, member.model, exc.usage)
         raise
-    return metering.with_usage(reply, system, messages, specs)
+    return metering.with_usage(reply, system, messages, specs, chars=chars)
 
 
 def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: Reply) -> str:
@@ -214,7 +294,7 @@ def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: R
 
 def answer_turn(member: Member, log_: transcript.Log, reply: Reply) -> None:
     """Persist the model's turn; the mail its brief carried is read from this moment on (marked once a run)."""
-    brief = next((t for t in reversed(log_.rows) if t.role == TurnRole.USER), None)
+    brief = log_.last_user
     calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
     prompt = reply.usage.input + reply.usage.cache_read + reply.usage.cache_write  # cached or not: the context pressure
     log_.append(TurnRole.ASSISTANT, reply.text, tool_calls=calls, tokens=reply.usage.total, input_tokens=prompt)

@@ -26,12 +26,14 @@ def estimate_tokens(system: str, messages: list[dict], tools: list[dict]) -> int
     return chars // CHARS_PER_TOKEN
 
 
-def with_usage(reply: Reply, system: str, messages: list[dict], tools: list[dict]) -> Reply:
+def with_usage(reply: Reply, system: str, messages: list[dict], tools: list[dict], *, chars: int | None = None) -> Reply:
+    """chars: the request's size as estimate_tokens counts it, when the caller keeps it (the run's Log
+    does, so an unreported usage costs O(1) in the transcript's length, not a pass over it)."""
     if reply.usage.total or reply.usage.estimated:
         return reply
     out = len(reply.text) + len(json.dumps([c.args for c in reply.tool_calls]))
-    reply.usage = Usage(input=max(estimate_tokens(system, messages, tools), 1), output=max(out // CHARS_PER_TOKEN, 1),
-                        estimated=True)
+    estimate = chars // CHARS_PER_TOKEN if chars is not None else estimate_tokens(system, messages, tools)
+    reply.usage = Usage(input=max(estimate, 1), output=max(out // CHARS_PER_TOKEN, 1), estimated=True)
     return reply
 
 
@@ -47,11 +49,17 @@ def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "
     usage = usage or Usage()
     member = ctx.member
     usd = usd_for(model, usage)
+    _carry(ctx, member, usage, usd)  # when this opens the fence; inside billed(), billed's fence carried it
     try:
         with ctx.fenced():
-            used, tripped = budget.meter_returning(member, input_tokens=usage.input, output_tokens=usage.output,
-                                                   cache_read=usage.cache_read, cache_write=usage.cache_write,
-                                                   usd=usd, estimated_calls=int(usage.estimated))
+            take = getattr(ctx, "take_metered", None)
+            row = take() if take is not None else None
+            if row is not None:  # the fence statement metered this call
+                used, tripped = budget.metered(row)
+            else:
+                used, tripped = budget.meter_returning(member, input_tokens=usage.input, output_tokens=usage.output,
+                                                       cache_read=usage.cache_read, cache_write=usage.cache_write,
+                                                       usd=usd, estimated_calls=int(usage.estimated))
             count_call = getattr(ctx, "count_call", None)
             if count_call is not None:  # the run's counters, written with its end (usage above is the meter)
                 count_call(usage.total)
@@ -69,17 +77,30 @@ def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "
         raise
 
 
+def _carry(ctx: RunContext, member, usage: Usage, usd) -> bool:
+    """Hand the usage statement to the fence about to open, when the context can carry it (PostgreSQL):
+    one statement for the lease, the phase, the cancel flag and the meter. A fence that is refused
+    (lease gone) runs neither, and the call is metered outside it (record_stale), as before."""
+    carry = getattr(ctx, "meter_in_fence", None)
+    if carry is None:
+        return False
+    return carry(budget.meter_statement(member, input_tokens=usage.input, output_tokens=usage.output,
+                                        cache_read=usage.cache_read, cache_write=usage.cache_write, usd=usd,
+                                        estimated_calls=int(usage.estimated)))
+
+
 @contextmanager
 def billed(ctx: RunContext, model: str, usage: Usage | None):
     """A fence whose transaction meters a completed call (record inside it) with the turn it persists.
     If the fence refuses or rolls back because the lease is gone, the call was billed all the same:
     it is metered outside the fence (record_stale), once, and LeaseLost goes on."""
+    usage = usage or Usage()
+    _carry(ctx, ctx.member, usage, usd_for(model, usage))  # record() inside takes the fence's row
     try:
         with ctx.fenced():
             yield
     except LeaseLost as lost:
         if not getattr(lost, "metered", False):
-            usage = usage or Usage()
             record_stale(ctx, usage, usd_for(model, usage))
             lost.metered = True
         raise

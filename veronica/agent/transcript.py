@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 from django.db.models import Max
 
@@ -53,14 +54,57 @@ class Log:
         self.chars = sum(message_chars(m) for m in self.messages)
         self.next_seq = (self.rows[-1].seq if self.rows else 0) + 1
         self.marked: set[int] = set()  # brief turns whose mail this run has marked read
+        # the latest user turn (the brief a reply answers), kept so a step need not search back for it
+        self.last_user = next((t for t in reversed(self.rows) if t.role == TurnRole.USER), None)
+        self._pending: list[Turn] | None = None  # inside batched(): turns not yet written
 
     def append(self, role: str, content: str = "", **fields) -> Turn:
-        turn = Turn.objects.create(session=self.session, seq=self.next_seq, role=role, content=content, **fields)
+        if self._pending is not None:
+            turn = Turn(session=self.session, seq=self.next_seq, role=role, content=content, **fields)
+            self._pending.append(turn)
+        else:
+            turn = Turn.objects.create(session=self.session, seq=self.next_seq, role=role, content=content, **fields)
         self.next_seq += 1
+        if role == TurnRole.USER:
+            self.last_user = turn
         self.rows.append(turn)
         self.messages.append(message(turn))
         self.chars += message_chars(self.messages[-1])
         return turn
+
+    @contextmanager
+    def batched(self):
+        """Inside the caller's transaction: this block's turns are written in one multi-row INSERT at
+        its end (or at flush(), before anything that reads the session's rows). On an exception the
+        in-memory log drops what the block appended: the caller's transaction rolls it back."""
+        if self._pending is not None:
+            yield
+            return
+        self._pending, start = [], len(self.rows)
+        try:
+            yield
+            self.flush()
+        except BaseException:  # the fence rolls back: whatever this block appended is gone from the table too
+            self.chars -= sum(message_chars(m) for m in self.messages[start:])
+            del self.rows[start:], self.messages[start:]
+            self.next_seq = (self.rows[-1].seq if self.rows else 0) + 1
+            self.last_user = next((t for t in reversed(self.rows) if t.role == TurnRole.USER), None)
+            raise
+        finally:
+            self._pending = None
+
+    def flush(self) -> None:
+        """Write the batched turns now (one INSERT; their ids are set)."""
+        if self._pending:
+            pending, self._pending[:] = list(self._pending), []
+            insert_turns(pending)
+
+
+def insert_turns(rows: list[Turn]) -> None:
+    """One multi-row INSERT, its SQL written once (veronica.returning.insert_rows)."""
+    from veronica.returning import insert_rows
+
+    insert_rows(Turn, rows)
 
 
 def dangling_calls(rows: list[Turn]) -> list[dict]:

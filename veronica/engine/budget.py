@@ -65,11 +65,13 @@ def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: 
             UsageDay.objects.filter(member=member, day=today()).update(**increments)
 
 
-def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
-                    usd: Decimal = Decimal(0), estimated_calls: int = 0) -> tuple[int, bool]:
-    """meter() in one statement on the hot path: the increments, and today's tokens (cache reads and
-    writes included) and tripped flag read back (UPDATE ... RETURNING). The day's first call creates the row first."""
-    from veronica.returning import update_returning
+METER_COLUMNS = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "tripped"]
+
+
+def meter_statement(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
+                    usd: Decimal = Decimal(0), estimated_calls: int = 0):
+    """meter_returning()'s statement, compiled once, and this call's values: (compiled, values)."""
+    from veronica.returning import compiled
 
     def build(slot):
         qs = UsageDay.objects.filter(member_id=slot.int("member"), day=slot.date("day"))
@@ -79,11 +81,31 @@ def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, ca
                         model_calls=F("model_calls") + 1, estimated_calls=F("estimated_calls") + slot.int("est"))
     values = {"member": member.pk, "day": today().isoformat(), "i": input_tokens, "o": output_tokens, "cr": cache_read,
               "cw": cache_write, "usd": usd, "est": estimated_calls}
+    return compiled(("meter",), build, METER_COLUMNS), values
+
+
+def metered(row) -> tuple[int, bool]:
+    """(today's tokens, tripped) from the meter statement's row."""
+    return sum(row[:4]), bool(row[4])  # every billed token, as UsageDay.total_tokens counts them
+
+
+def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
+                    usd: Decimal = Decimal(0), estimated_calls: int = 0) -> tuple[int, bool]:
+    """meter() in one statement on the hot path: the increments, and today's tokens (cache reads and
+    writes included) and tripped flag read back (UPDATE ... RETURNING). The day's first call creates the row first.
+    On PostgreSQL a run's fence usually carries this statement (veronica.engine.slot: meter_in_fence)."""
+    from django.db import connections
+
+    stmt, values = meter_statement(member, input_tokens=input_tokens, output_tokens=output_tokens, cache_read=cache_read,
+                                   cache_write=cache_write, usd=usd, estimated_calls=estimated_calls)
+    from veronica.returning import bound
+
     for _ in range(2):
-        row = update_returning(("meter",), build, ["input_tokens", "output_tokens", "cache_read_tokens",
-                                                   "cache_write_tokens", "tripped"], values)
+        with connections[UsageDay.objects.db].cursor() as cur:
+            cur.execute(stmt[0], bound(stmt, values))
+            row = cur.fetchone()
         if row is not None:
-            return sum(row[:4]), bool(row[4])  # every billed token, as UsageDay.total_tokens counts them
+            return metered(row)
         usage_today(member)
     raise RuntimeError(f"no usage row for {member.name} today")
 

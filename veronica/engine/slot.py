@@ -13,8 +13,10 @@ own the slot. Expiry is only ever compared on the database's clock, never a host
 
 That fence statement is the step's only read of the member row: it also writes the phase the run
 asked for (`next_phase`) and reads back the cancel flag and the permission mode, so a step pays one
-statement for its lease, its phase, its suspend check and its permission gate. The fence's events are
-batched (veronica.events.batch) and written just before its commit.
+statement for its lease, its phase, its suspend check and its permission gate. On PostgreSQL the model
+turn's fence also carries the call's usage meter (a second UPDATE in the same statement, applied only
+if the lease holds). The fence's events are batched (veronica.events.batch) and written just before
+its commit.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
 from veronica import events
-from veronica.returning import update_returning
+from veronica.returning import compiled, update_returning, update_then
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures
 from veronica.engine.wakes import enqueue_wake
@@ -78,11 +80,13 @@ def write_phase(member: Member, phase: str, tool: str = "") -> None:
 FRESH_CHECK_SECONDS = 0.25
 
 
-def _fence_statement(member_id: int, token: str, phase: tuple[str, str] | None) -> tuple[bool, str] | None:
-    """Renew-and-check (and the phase, when given) in one UPDATE; (cancel_requested, permission_mode)
-    or None when the lease is gone. Every fence is a step's write (a model turn, a tool's start or
-    result, a phase), so it also re-stamps phase_since: the stall watchdog's clock of progress,
-    which heartbeats alone (renew) never move."""
+def _fence_statement(member_id: int, token: str, phase: tuple[str, str] | None, meter=None):
+    """Renew-and-check (and the phase, when given) in one UPDATE; (cancel_requested, permission_mode,
+    metered) or None when the lease is gone. Every fence is a step's write (a model turn, a tool's start
+    or result, a phase), so it also re-stamps phase_since: the stall watchdog's clock of progress,
+    which heartbeats alone (renew) never move. meter: a model call's usage statement (budget.meter_statement)
+    that PostgreSQL runs in the same statement, only if the lease holds; metered is then its row (None:
+    no usage row yet today, or no meter given)."""
     seconds = settings.RUN_LEASE_SECONDS
 
     def build(slot):
@@ -94,8 +98,15 @@ def _fence_statement(member_id: int, token: str, phase: tuple[str, str] | None) 
     values = {"id": member_id, "token": token}
     if phase is not None:
         values.update(phase=phase[0], tool=phase[1])
-    row = update_returning(("fence", seconds, phase is not None), build, ["cancel_requested", "permission_mode"], values)
-    return None if row is None else (bool(row[0]), row[1])
+    key, columns = ("fence", seconds, phase is not None), ["cancel_requested", "permission_mode"]
+    if meter is not None:
+        both = update_then(compiled(key, build, columns), values, *meter)
+        if both is None:
+            return None
+        row, usage = both
+        return bool(row[0]), row[1], usage
+    row = update_returning(key, build, columns, values)
+    return None if row is None else (bool(row[0]), row[1], None)
 
 
 class RunLease:
@@ -107,6 +118,8 @@ class RunLease:
         self._stop: Cancelled | None = None
         self._depth = 0
         self._next_phase: tuple[str, str] | None = None
+        self._meter = None  # a model call's usage statement the next fence carries (PostgreSQL)
+        self._metered = None  # its row, for metering.record
         self.permission_mode = member.permission_mode  # as of the latest fence
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
 
@@ -116,17 +129,18 @@ class RunLease:
 
     def _fence(self) -> None:
         """The first statement of every fenced transaction (see the module's docstring)."""
+        meter, self._meter, self._metered = self._meter, None, None
         if isinstance(self._stop, LeaseLost):
             raise self._stop
         want, self._next_phase = self._next_phase, None
         member = self.member
         if want is not None and (member.phase, member.phase_tool) == want:
             want = None
-        row = _fence_statement(member.pk, self.token, want)
+        row = _fence_statement(member.pk, self.token, want, meter)
         if row is None:
             self._stop = LeaseLost(f"the lease {self.token[:8]} of member {member.pk} is gone")
             raise self._stop
-        cancel, self.permission_mode = row
+        cancel, self.permission_mode, self._metered = row
         self._last_check = time.monotonic()
         if cancel and self._stop is None:
             self._stop = Cancelled("the run was asked to stop")
@@ -137,6 +151,19 @@ class RunLease:
     def next_phase(self, phase: str, tool: str = "") -> None:
         """The phase the next fence writes (in its own statement, at no cost of its own)."""
         self._next_phase = (phase, tool)
+
+    def meter_in_fence(self, statement) -> bool:
+        """PostgreSQL: the next fence also runs this usage statement (budget.meter_statement), in its own
+        statement and only if the lease holds; take_metered() then returns its row. False: not carried."""
+        if self._depth or connections[Member.objects.db].vendor != "postgresql":
+            return False
+        self._meter = statement
+        return True
+
+    def take_metered(self):
+        """The usage row the latest fence metered (None: none carried, or no usage row yet today)."""
+        row, self._metered = self._metered, None
+        return row
 
     def _renew(self, *, honour_cancel: bool) -> None:
         if isinstance(self._stop, LeaseLost):
