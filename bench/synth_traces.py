@@ -13,7 +13,10 @@ A coding agent in a repository (same trace format as τ-bench: task_id, trial, m
   probability 1/2 (a coin flip: replaying it would be wrong half the time);
 * ``read_file(path=module)`` then ``list_tests(module=module)`` 60 % of the time (a parameter
   carried from an argument, not an output);
-* free-text calls (``think``), and mutating ``edit_file`` / ``run_tests`` between phases.
+* free-text calls (``think``), and mutating ``edit_file`` / ``run_tests`` between phases;
+* then up to two follow-up user messages: one naming a file the agent reads first 85 % of the time
+  (an inbound route: the argument is a token of the message), or one naming two files it reads in
+  either order (no single pending value: nothing should fire).
 """
 from __future__ import annotations
 
@@ -92,6 +95,25 @@ def trial(rng: random.Random, r: dict) -> Trace:
             t.call("edit_file", {"path": r["module"], "patch": f"fix {rng.random():.6f}"}, "edited")
             t.call("run_tests", {}, "passed" if rng.random() < 0.8 else "1 failed")
         t.say("Done with this part.")
+    # follow-up messages with literal values (inbound routes): one path the agent reads first 85 %
+    # of the time (else it greps for the module's name first), or two paths (no single value: the
+    # agent reads them in either order, so waggle must stay quiet)
+    for _ in range(rng.randint(0, 2)):
+        extra = [p for p in r["files"] if p != r["module"]]
+        if rng.random() < 0.7:
+            p = rng.choice(extra)
+            t.user(rng.choice([f"Also have a look at {p}, please.", f"Can you check {p} too?",
+                               f"One more: {p}"]))
+            if rng.random() >= 0.85:
+                t.call("grep", {"pattern": p.rsplit("/", 1)[-1].removesuffix(".py"), "path": "."},
+                       {"matches": [{"file": p, "line": 1}]})
+            t.call("read_file", {"path": p}, body(p))
+        else:
+            a, b = rng.sample(extra, 2)
+            t.user(f"Compare {a} with {b}.")
+            for p in rng.sample([a, b], 2):
+                t.call("read_file", {"path": p}, body(p))
+        t.say("Looked at it.")
     return t
 
 

@@ -180,10 +180,9 @@ class Heard:
 
 
 def choose(candidates: Sequence[tuple[str, str, tuple]], shapes: Mapping, rivals: Sequence[TokenShape],
-           events: Sequence[Call | None], message_at: int) -> tuple[int, str] | None:
-    """Which candidate fires on the message at ``events[message_at]`` (its index and the token),
-    or None: exactly one value pending over ``shapes`` and ``rivals``, in that message, fitting
-    exactly one candidate's shape, and not looked up already."""
+           events: Sequence[Call | None], message_at: int) -> tuple[list[int], str] | None:
+    """The candidates whose shape the message at ``events[message_at]`` fits (their indexes, and
+    the token), or None: exactly one value pending over ``shapes`` and ``rivals``, in that message."""
     upto = events[: message_at + 1]
     allshapes = list(shapes.values()) + list(rivals)
     left = pending(upto, allshapes)
@@ -194,9 +193,7 @@ def choose(candidates: Sequence[tuple[str, str, tuple]], shapes: Mapping, rivals
     if msg is None or token not in message_tokens(msg):
         return None
     fitting = [i for i, cand in enumerate(candidates) if shapes[cand].fits(token)]
-    if len(fitting) != 1:
-        return None
-    return fitting[0], token
+    return (fitting, token) if fitting else None
 
 
 def concrete(tool: str, key: str, literals: Sequence[tuple[str, str]], token: str) -> tuple[str, tuple]:
@@ -213,17 +210,20 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
     groups: dict[tuple[str, str, tuple], set[str]] = {}
     for seg in segments:
         heard: set[str] = set()
+        used: set[str] = set()
         for c in seg:
             if c is None:
                 continue
             if is_message(c):
                 heard.update(message_tokens(c))
                 continue
+            before = set(used)
+            used |= used_values([c])
             if c.barrier:
                 continue
             for key, v in c.args:
                 d = decode_value(v)
-                if isinstance(d, str) and d in heard:
+                if isinstance(d, str) and d in heard and d not in before:  # (a value still pending)
                     values.setdefault((c.tool, key), set()).add(d)
                     lits = tuple((k, x) for k, x in c.args if k != key)
                     groups.setdefault((c.tool, key, lits), set()).add(d)
@@ -249,19 +249,20 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
             got = choose(cands, shapes, rivals, seg, at)
             if got is None:
                 continue
-            i, token = got
-            tool, key, lits = cands[i]
-            step = concrete(tool, key, lits, token)
-            made = {x.invocation() for x in seg[:at] if x is not None and not is_message(x)}
-            if step in made:
-                continue
+            fitting, token = got
             nxt = next((x for x in seg[at + 1:] if x is None or not is_message(x)), False)
             if nxt is None:
                 continue  # a replay stood there (not mining input): no evidence either way
-            t = seen[i].setdefault(token, [0, 0])
-            t[0] += 1  # the session ending without the call is a miss
-            t[1] += nxt is not False and nxt.invocation() == step
-            examples.setdefault(i, token)
+            made = {x.invocation() for x in seg[:at] if x is not None and not is_message(x)}
+            for i in fitting:  # each candidate judged as if it were the only route of its shape
+                tool, key, lits = cands[i]
+                step = concrete(tool, key, lits, token)
+                if step in made:
+                    continue
+                t = seen[i].setdefault(token, [0, 0])
+                t[0] += 1  # the session ending without the call is a miss
+                t[1] += nxt is not False and nxt.invocation() == step
+                examples.setdefault(i, token)
     out = []
     for i, (tool, key, lits) in enumerate(cands):
         n = len(seen[i])
@@ -308,9 +309,9 @@ def plan_heard(routes: Sequence, events: Sequence[Call]) -> "tuple[Any, tuple[st
     for r in heard:
         rivals.extend(x for x in r.rivals if x not in rivals)
     got = choose(cands, shapes, rivals, events, len(events) - 1)
-    if got is None:
-        return None
-    i, token = got
+    if got is None or len(got[0]) != 1:
+        return None  # nothing pending, or two routes would take the value: no guess
+    i, token = got[0][0], got[1]
     route = heard[i]
     step = route.steps[0]
     call = concrete(step.tool, route.heard[0], step.literals, token)
