@@ -4,13 +4,16 @@
                                           [--no-baseline] [--code-dir DIR]
 
 It drives waggle's own code paths, the ones a live member uses: ``service.observe`` (recorder and
-the periodic sweep), ``service.sweep`` (miner and promoter), ``service.follow`` (replayer) and
+the periodic sweep), ``service.inbound`` (the inbound message), ``service.sweep`` (miner and promoter), ``service.follow`` (replayer) and
 ``service.settle`` (the ledger), on a throw-away SQLite database. The recorded trajectory stands in
 for the model:
 
 * split by ``task_id`` (every trial of a task on one side), per seed: training trajectories are
   observed one session each, then the space is swept until no new route is stored; held-out
   trajectories are then walked with mining off (the library is frozen);
+* each user message is the message that woke the member: ``service.inbound`` records it (while
+  training) or may replay a call it names (held out: an inbound route, ``waggle.inbound``); its
+  block lands right after the message, before the model's next call (``--deaf`` leaves messages out);
 * after each read-only call the model made, ``follow`` may replay steps (the exec answers with the
   recorded output of that call when any trajectory made it);
 * a replayed step is *used* if the recorded model makes that same call (tool and arguments) before
