@@ -240,22 +240,46 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
     rivals = tuple(dict.fromkeys(shapes[g] for g in cands))
     # 2. evidence: replay the rule on every message; the unit is the distinct value (near-copies of
     # one task count once, by the share of their sightings that were followed by the call)
+    # (one pass per session: what :func:`choose` computes at each message, kept up to date)
     seen: dict[int, dict[str, list[int]]] = {i: {} for i in range(len(cands))}
     examples: dict[int, str] = {}
+    allshapes = list(shapes.values()) + list(rivals)
     for seg in segments:
+        following: list = [False] * (len(seg) + 1)  # the next event that is a call (or a replay's None)
+        for at in range(len(seg) - 1, -1, -1):
+            x = seg[at]
+            following[at] = x if (x is None or not is_message(x)) else following[at + 1]
+        used: set[str] = set()
+        made: set = set()
+        said: set[str] = set()      # tokens of the messages so far that fit a shape
+        waiting: set[str] = set()   # ... and that no call has used yet
         for at, c in enumerate(seg):
+            if c is None:
+                continue
             if not is_message(c):
+                values = used_values([c])
+                used |= values
+                waiting -= values
+                made.add(c.invocation())
                 continue
-            got = choose(cands, shapes, rivals, seg, at)
-            if got is None:
+            toks = message_tokens(c)
+            for t in toks:
+                if t not in said and any(sh.fits(t) for sh in allshapes):
+                    said.add(t)
+                    if t not in used:
+                        waiting.add(t)
+            if len(waiting) != 1:
                 continue
-            fitting, token = got
-            nxt = next((x for x in seg[at + 1:] if x is None or not is_message(x)), False)
+            (token,) = waiting
+            if token not in toks:
+                continue
+            nxt = following[at + 1]
             if nxt is None:
                 continue  # a replay stood there (not mining input): no evidence either way
-            made = {x.invocation() for x in seg[:at] if x is not None and not is_message(x)}
-            for i in fitting:  # each candidate judged as if it were the only route of its shape
-                tool, key, lits = cands[i]
+            for i, cand in enumerate(cands):  # each candidate judged as if it were the only route of its shape
+                if not shapes[cand].fits(token):
+                    continue
+                tool, key, lits = cand
                 step = concrete(tool, key, lits, token)
                 if step in made:
                     continue
