@@ -232,6 +232,7 @@ def test_settle_books_used_and_missed_heard_replays():
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("text", [None, "", 17, "\ud800\udfff\ud800 zoe_park_5150 \udc00", "x" * 10_000_000,
+                                  "nul\x00byte zoe_park_5150 \x00",
                                   "zoe_park_5150 " + "y" * (MAX_TOKEN_CHARS + 5)])
 def test_odd_messages_never_raise_and_are_stored(text):
     teach("1")
