@@ -4,13 +4,16 @@
                                           [--no-baseline] [--code-dir DIR]
 
 It drives waggle's own code paths, the ones a live member uses: ``service.observe`` (recorder and
-the periodic sweep), ``service.sweep`` (miner and promoter), ``service.follow`` (replayer) and
+the periodic sweep), ``service.inbound`` (the inbound message), ``service.sweep`` (miner and promoter), ``service.follow`` (replayer) and
 ``service.settle`` (the ledger), on a throw-away SQLite database. The recorded trajectory stands in
 for the model:
 
 * split by ``task_id`` (every trial of a task on one side), per seed: training trajectories are
   observed one session each, then the space is swept until no new route is stored; held-out
   trajectories are then walked with mining off (the library is frozen);
+* each user message is the message that woke the member: ``service.inbound`` records it (while
+  training) or may replay a call it names (held out: an inbound route, ``waggle.inbound``); its
+  block lands right after the message, before the model's next call (``--deaf`` leaves messages out);
 * after each read-only call the model made, ``follow`` may replay steps (the exec answers with the
   recorded output of that call when any trajectory made it);
 * a replayed step is *used* if the recorded model makes that same call (tool and arguments) before
@@ -99,6 +102,7 @@ class Tally:
     replayed_steps: int = 0
     replayed_steps_used: int = 0
     fires: int = 0
+    heard_fires: int = 0  # fires on an inbound message (inbound routes)
     input_tokens: int = 0
     input_tokens_with_waggle: int = 0
     routes: int = 0
@@ -116,6 +120,7 @@ class Tally:
             "net_tokens_saved_pct": round(100 * (self.input_tokens - self.input_tokens_with_waggle)
                                           / max(1, self.input_tokens), 3),
             "fires": self.fires,
+            "heard_fires": self.heard_fires,
             "routes": self.routes,
         }
 
@@ -138,6 +143,7 @@ class Harness:
         self.typical = {tool: sorted(outs, key=len)[len(outs) // 2] for tool, outs in by_tool.items()}
         self.exec_log: list[tuple[str, dict]] = []
         self.verbose = False
+        self.deaf = False  # --deaf: leave the user messages out (the call-only figures)
 
     def exec(self, tool: str, args: dict) -> str:
         self.exec_log.append((tool, dict(args)))
@@ -158,9 +164,13 @@ class Harness:
             train = set(tasks[: max(1, int(round(len(tasks) * train_frac)))])
         cfg = self.config
         frozen = replace(cfg, mine_period=10 ** 9)
+        hears = hasattr(svc, "inbound") and not self.deaf  # today's main has no inbound routes
         for i, t in enumerate(t for t in self.traces if t["task_id"] in train):
             session = f"train-{i}"
-            for call, out in calls_of(t):
+            for kind, call, out in events_of(t, messages=hears):
+                if kind == "user":  # the member's inbound message: recorded only, while training
+                    svc.inbound(space, session, "m", call, None, config=cfg)
+                    continue
                 svc.observe(space, session, "m", call["name"], call["args"], call["name"] in self.mutating, out,
                             config=cfg)
         for _ in range(200):  # one route per sweep: sweep until the library is complete
@@ -194,7 +204,20 @@ class Harness:
                     svc.settle(space, session, used, config=cfg)
             open_fires.clear()
 
+        hears = hasattr(svc, "inbound") and not self.deaf
         for i, m in enumerate(msgs):
+            if m["role"] == "user" and hears:  # the inbound message: a replay block may land before the next call
+                self.exec_log = []
+                block = svc.inbound(space, session, "m", m.get("content") or "", self.exec, config=cfg)
+                if block:
+                    tally.fires += 1
+                    tally.heard_fires += 1
+                    steps = list(self.exec_log)
+                    name = block.split("replayed route ", 1)[-1].split(" ", 1)[0]
+                    open_fires.append([steps, [False] * len(steps), name])
+                    tally.replayed_steps += len(steps)
+                    inserted[i] = inserted.get(i, 0) + tokens("\n\n" + block)
+                continue
             if m["role"] != "assistant" or not m.get("tool_calls"):
                 continue
             skipped_all = True
@@ -251,6 +274,18 @@ class Harness:
         return total
 
 
+def events_of(traj: dict, messages: bool = True):
+    """("user", text, None) for each user message (when ``messages``) and ("call", call, output)
+    for each tool call, in order."""
+    results = {m.get("tool_call_id"): m.get("content") or "" for m in traj["messages"] if m["role"] == "tool"}
+    for m in traj["messages"]:
+        if m["role"] == "user" and messages:
+            yield "user", m.get("content") or "", None
+        elif m["role"] == "assistant":
+            for c in m.get("tool_calls") or []:
+                yield "call", c, results.get(c["id"], "")
+
+
 def calls_of(traj: dict):
     results = {m.get("tool_call_id"): m.get("content") or "" for m in traj["messages"] if m["role"] == "tool"}
     for m in traj["messages"]:
@@ -291,12 +326,13 @@ def evaluate(args) -> dict:
     traces = load(path)
     h = Harness(service, config, traces, tool_kinds(path, args.mutating or []), system_tokens(path))
     h.verbose = args.verbose
+    h.deaf = args.deaf
     lines = []
     pooled = Tally()
     for seed in args.only or range(args.folds or args.seeds):
         tally = h.run_seed(seed, args.train_frac, args.folds)
         lines.append(tally.line())
-        for f in ("read_only_calls", "round_trips_saved", "replayed_steps", "replayed_steps_used", "fires",
+        for f in ("read_only_calls", "round_trips_saved", "replayed_steps", "replayed_steps_used", "fires", "heard_fires",
                   "input_tokens", "input_tokens_with_waggle", "routes"):
             setattr(pooled, f, getattr(pooled, f) + getattr(tally, f))
         print(f"seed {seed}: {json.dumps(tally.line())}", file=sys.stderr)
@@ -344,6 +380,7 @@ def main() -> None:
     ap.add_argument("--no-baseline", action="store_true", help="skip the run of today's main")
     ap.add_argument("--baseline-ref", default="main")
     ap.add_argument("--only", type=int, action="append", help="run only this seed / fold (diagnostics)")
+    ap.add_argument("--deaf", action="store_true", help="do not pass the user messages in (no inbound routes)")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-route figures on stderr")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one waggle default for this run (sensitivity analysis; not the baseline)")

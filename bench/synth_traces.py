@@ -13,7 +13,11 @@ A coding agent in a repository (same trace format as τ-bench: task_id, trial, m
   probability 1/2 (a coin flip: replaying it would be wrong half the time);
 * ``read_file(path=module)`` then ``list_tests(module=module)`` 60 % of the time (a parameter
   carried from an argument, not an output);
-* free-text calls (``think``), and mutating ``edit_file`` / ``run_tests`` between phases.
+* free-text calls (``think``), and mutating ``edit_file`` / ``run_tests`` between phases;
+* then up to two follow-up user messages: one naming a file, which the agent reads first 90 % of
+  the time when it has not looked at it yet (an inbound route: the argument is a token of the
+  message), or one naming two files it reads in either order (no single pending value: nothing
+  should fire).
 """
 from __future__ import annotations
 
@@ -35,6 +39,11 @@ class Trace:
 
     def say(self, text: str) -> None:
         self.messages.append({"role": "assistant", "content": text})
+
+    def looked_at(self) -> set[str]:
+        """Every path a call so far named."""
+        return {c["args"]["path"] for m in self.messages for c in m.get("tool_calls") or []
+                if isinstance(c["args"].get("path"), str)}
 
     def user(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
@@ -92,6 +101,32 @@ def trial(rng: random.Random, r: dict) -> Trace:
             t.call("edit_file", {"path": r["module"], "patch": f"fix {rng.random():.6f}"}, "edited")
             t.call("run_tests", {}, "passed" if rng.random() < 0.8 else "1 failed")
         t.say("Done with this part.")
+    # follow-up messages with literal values (inbound routes): one path, which the agent reads
+    # first 90 % of the time when it has not looked at it yet (else it greps for the module's name
+    # first; a file it already looked at it re-reads half the time), or two paths (the agent reads
+    # those it has not looked at, in either order: two pending values, so waggle must stay quiet)
+    seen = t.looked_at()
+    for _ in range(rng.randint(0, 2)):
+        extra = [p for p in r["files"] if p != r["module"]]
+        if rng.random() < 0.7:
+            p = rng.choice(extra)
+            t.user(rng.choice([f"Also have a look at {p}, please.", f"Can you check {p} too?",
+                               f"One more: {p}"]))
+            if p in seen and rng.random() < 0.5:
+                t.say(f"I read {p} already; nothing new there.")
+                continue
+            if p not in seen and rng.random() >= 0.9:
+                t.call("grep", {"pattern": p.rsplit("/", 1)[-1].removesuffix(".py"), "path": "."},
+                       {"matches": [{"file": p, "line": 1}]})
+            t.call("read_file", {"path": p}, body(p))
+            seen.add(p)
+        else:
+            a, b = rng.sample(extra, 2)
+            t.user(f"Compare {a} with {b}.")
+            for p in rng.sample([x for x in (a, b) if x not in seen], len([x for x in (a, b) if x not in seen])):
+                t.call("read_file", {"path": p}, body(p))
+                seen.add(p)
+        t.say("Looked at it.")
     return t
 
 

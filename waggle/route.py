@@ -214,6 +214,13 @@ class Route:
     reach: Mapping[int, int] = field(default_factory=dict, compare=False)
     # (alignment, tail position) -> (contexts offered it, contexts where the agent made it), as mined
     evidence: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict, compare=False)
+    # an inbound route (see waggle.inbound): these parameters are heard, i.e. bound to a token of
+    # the message that woke the member; part of the route's identity
+    heard: tuple[str, ...] = ()
+    # each heard parameter's learned token shape, and the shapes of the space's other heard
+    # arguments (a token of theirs pending makes the message ambiguous); learned, not identity
+    shapes: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    rivals: tuple = field(default=(), compare=False)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -229,7 +236,10 @@ class Route:
             if s.each:
                 item["each"] = True
             steps.append(item)
-        return {"steps": steps, "params": list(self.params)}
+        out: dict[str, Any] = {"steps": steps, "params": list(self.params)}
+        if self.heard:
+            out["heard"] = list(self.heard)
+        return out
 
     def content_hash(self) -> str:
         blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -300,6 +310,9 @@ class Route:
         data["confidence"] = round(self.confidence, 4)
         data["contexts"] = self.contexts
         data["cap"] = self.cap
+        if self.heard:
+            data["shapes"] = {k: v.to_json() for k, v in sorted(self.shapes.items())}
+            data["rivals"] = [r.to_json() for r in self.rivals]
         if self.reach:
             data["reach"] = {str(m): r for m, r in sorted(self.reach.items())}
         if self.evidence:
@@ -355,7 +368,8 @@ class Route:
             return cls(steps=tuple(steps), params=params, name=name, scope=scope, examples=examples,
                        count=int(data.get("count") or 0), trigger=trigger,
                        confidence=float(data.get("confidence") or 0.0), contexts=int(data.get("contexts") or 0),
-                       cap=max(0, int(data.get("cap") or 0)), reach=reach, evidence=evidence)
+                       cap=max(0, int(data.get("cap") or 0)), reach=reach, evidence=evidence,
+                       **_heard_from_json(data, params, steps))
         except RouteFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -443,6 +457,22 @@ def _mark_fanout(steps: list[Step]) -> list[Step]:
     return steps[:-1] + [replace(last, each=True)]
 
 
+def _heard_from_json(data: Mapping, params: tuple[str, ...], steps: Sequence[Step]) -> dict[str, Any]:
+    """The inbound part of a stored route (none for a plain route)."""
+    from waggle.inbound import TokenShape
+
+    heard = tuple(str(p) for p in data.get("heard") or ())
+    if not heard:
+        return {}
+    if len(steps) != 1 or not set(heard) <= set(params):
+        raise RouteFormatError("an inbound route has one step whose heard arguments are parameters")
+    shapes = {str(k): TokenShape.from_json(v) for k, v in (data.get("shapes") or {}).items()}
+    if set(shapes) != set(heard):
+        raise RouteFormatError("every heard parameter needs a token shape")
+    rivals = tuple(TokenShape.from_json(v) for v in data.get("rivals") or ())
+    return {"heard": heard, "shapes": shapes, "rivals": rivals}
+
+
 def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
     """The human-readable script of a route, or None when the route cannot be crystallized
     (no steps, or a step without a tool). Values are cut for display, so a script stays small."""
@@ -461,6 +491,16 @@ def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
         lines.append("# parameters: " + ", ".join(shown_params))
     else:
         lines.append("# parameters: none")
+    if route.heard:
+        conf = (f" (lower bound {route.confidence:.0%} of replays used, over {route.contexts} distinct values)"
+                if route.confidence else "")
+        for p in route.heard:
+            lines.append(f"# {{{p}}}: {route.shapes[p].describe()}")
+        lines.append("# replay: when an inbound message brings the only pending value of that shape, the step "
+                     f"runs before the model asks{conf}")
+        lines.append("")
+        lines.append(f"1. {route.steps[0].describe()}")
+        return "\n".join(lines) + "\n"
     m0 = max(2, int(min_prefix), route.trigger)
     trigger = next((m for m in range(m0, len(route.steps)) if route.determined_at(m)), None)
     if trigger is None:

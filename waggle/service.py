@@ -24,11 +24,12 @@ from django.utils import timezone
 
 from waggle.config import DEFAULT_MIN_FAILS, DEFAULT_STALE_AGE, WaggleConfig, default_config
 from waggle.miner import Candidate, mine, segments_to_trace
+from waggle.inbound import INBOUND_TOOL, is_message, message_call, mine_heard, plan_heard, route_of
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.recorder import Recorder
 from waggle.replay import clamp_prefix, estimate_yield, find_plan, run_route, run_steps
 from waggle.route import (Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary,
-                          wilson_upper)
+                          wilson_lower, wilson_upper)
 from waggle.trace import Call, args_json, clean_text, decode_value, flatten_args, flatten_value, refs_from_json
 
 log = logging.getLogger("waggle")
@@ -38,7 +39,7 @@ ExecFn = Callable[[str, dict[str, Any]], str]
 The host applies the same safety checks and output truncation as for a model-driven call."""
 
 __all__ = [
-    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "judge_reply", "settle",
+    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "inbound", "judge_reply", "settle",
     "list_waggles", "run_waggle", "curate", "saved_tokens_per_day", "sweep",
 ]
 
@@ -232,14 +233,17 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
 # --------------------------------------------------------------------------------------------
 # miner + promoter
 # --------------------------------------------------------------------------------------------
-def _space_segments(space_key: str, cfg: WaggleConfig) -> list[list[Call | None]]:
+def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False) -> list[list[Call | None]]:
     """The space's newest calls, one segment per session in call order. A call a replay made is
     never mining input: it stands as a barrier (no route spans the place where the model relied
-    on a replay)."""
+    on a replay). Inbound messages are left out, unless ``messages`` (inbound routes are mined
+    from messages and calls together)."""
     rows = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
                 .values_list("session_key", "seq", "replayed", *_ROW)[: cfg.mine_window])
     by_session: dict[str, list[tuple[int, Call | None]]] = {}
     for session, seq, replayed, *row in rows:
+        if row[0] == INBOUND_TOOL and not messages:
+            continue
         by_session.setdefault(session, []).append((seq, None if replayed else _call_from_row(*row)))
     segments = []
     for session in sorted(by_session):
@@ -326,6 +330,56 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
                          route.name, space_key, len(route.steps), cand.count, route.trigger,
                          route.confidence * 100)
             break
+    if created is None:
+        created = _promote_heard(space_key, cfg)
+    return created
+
+
+def _promote_heard(space_key: str, cfg: WaggleConfig) -> Waggle | None:
+    """Mine inbound routes (calls bound to the message that woke the member: waggle.inbound) and
+    store the best new one. A stored one whose learned shape or rivals changed is updated; one the
+    larger sample no longer vouches for is disabled."""
+    heard = mine_heard(_space_segments(space_key, cfg, messages=True), min_contexts=cfg.min_contexts,
+                       min_confidence=cfg.min_confidence, z=cfg.confidence_z, wilson=wilson_lower)
+    own = {name: (disabled, data) for name, disabled, data in Waggle.objects.filter(
+        scope=Waggle.SCOPE_SPACE, space_key=space_key, name__startswith="heard.").values_list("name", "disabled", "route")}
+    passing = set()
+    created = None
+    for h in heard:
+        route = route_of(h, scope=Waggle.SCOPE_SPACE)
+        route = route.with_trigger(0, wilson_lower(h.used, h.contexts, cfg.confidence_z), h.contexts)
+        passing.add(route.name)
+        data = route.to_json()
+        script = render_script(route, min_prefix=cfg.min_prefix) or ""
+        now = timezone.now()
+        if route.name in own:
+            disabled, stored = own[route.name]
+            unvouched = isinstance(stored, dict) and stored.get("unvouched")
+            if (not disabled and stored != data) or (disabled and unvouched):  # (a demoted one stays off)
+                Waggle.objects.filter(scope=Waggle.SCOPE_SPACE, space_key=space_key, name=route.name,
+                                      disabled=disabled).update(route=data, script=script, mined_count=h.contexts,
+                                                                disabled=False, touched=now)
+            continue
+        if created is not None:
+            continue  # at most one new waggle per sweep
+        try:
+            with transaction.atomic():
+                created = Waggle.objects.create(name=route.name, scope=Waggle.SCOPE_SPACE, space_key=space_key,
+                                                route=data, script=script, length=1, mined_count=h.contexts,
+                                                created=now, touched=now)
+        except (IntegrityError, DatabaseError):
+            created = None
+            log.warning("waggle: could not store route %s in space %s", route.name, space_key, exc_info=True)
+        else:
+            log.info("waggle: new inbound route %s in space %s (%d distinct values, %.0f used)",
+                     route.name, space_key, h.contexts, h.used)
+    # a stored one the larger sample no longer vouches for goes quiet (disabled, marked so: when
+    # the evidence vouches again, it comes back; one the ledger demoted does not)
+    for name, (disabled, stored) in own.items():
+        if disabled or name in passing or not isinstance(stored, dict):
+            continue
+        Waggle.objects.filter(scope=Waggle.SCOPE_SPACE, space_key=space_key, name=name, disabled=False).update(
+            disabled=True, route=stored | {"unvouched": True}, touched=timezone.now())
     return created
 
 
@@ -431,7 +485,8 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
     if not routes:
         return None
     ring = _ring(space_key, session_key, cfg)
-    recent = ring.recent()  # the whole ring: routes align with its end; its calls are never replayed again
+    # the whole ring (messages aside): routes align with its end; its calls are never replayed again
+    recent = [c for c in ring.recent() if not is_message(c)]
     if not recent or recent[-1].barrier:
         return None
     plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix), cap=cfg.fanout_cap)
@@ -467,6 +522,76 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
                   .order_by("-seq").values_list("member_key", flat=True).first()) or ""
         for (tool, args), out in zip(plan.tail, outcome.outputs):
             _record(space_key, session_key, member, Call.make(tool, args_json(args), output=out), cfg, replayed=True)
+    return outcome.block
+
+
+def inbound(space_key: str, session_key: str, member_key: str, text: str, exec: ExecFn | None = None, *,
+            config: WaggleConfig | None = None) -> str | None:
+    """Call when a message reaches the member (a user's message, the mail that woke it), before
+    the model reads it. The message is recorded (its tokens, for mining inbound routes: see
+    :mod:`waggle.inbound`); if an enabled inbound route fires on it (the message brings the only
+    pending value of the route's learned shape), its step runs through ``exec`` and the marked
+    block to append to the message is returned, like :func:`follow`'s, to be judged by the model's
+    next reply (:func:`judge_reply`). ``exec=None`` only records. Never raises."""
+    try:
+        cfg = (config or default_config()).normalized()
+        _check_key("space_key", space_key)
+        _check_key("session_key", session_key)
+        with _write_guard():
+            _record(space_key, session_key, member_key, message_call(text if isinstance(text, str) else ""), cfg)
+        if exec is None:
+            return None
+        pin = _pins.get((space_key, session_key))
+        if pin is not None and pin.routes == []:
+            return None
+        with _contained():
+            return _hear(space_key, session_key, member_key, exec, cfg)
+    except Exception:  # noqa: BLE001 - best effort by contract
+        log.exception("waggle: inbound failed (space=%r session=%r); ignored", space_key, session_key)
+        return None
+
+
+def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
+    pin = _pins.get((space_key, session_key))
+    if pin is None:
+        routes = _routes_for(space_key)
+    else:
+        if pin.routes is None:
+            pin.routes = _routes_for(space_key)
+        routes = pin.routes
+    heard = [r for r in routes if r.heard]
+    if not heard:
+        return None
+    got = plan_heard(heard, _ring(space_key, session_key, cfg).recent())
+    if got is None:
+        return None
+    route, call = got
+    tail = (call,)
+    from waggle.replay import plan_key
+
+    try:
+        with transaction.atomic():
+            fired = FiredPlan.objects.create(space_key=space_key, session_key=session_key,
+                                             plan_key=plan_key(route.name, tail), name=route.name, settled=False,
+                                             tail=[[tool, dict(args)] for tool, args in tail])
+    except IntegrityError:
+        return None  # already replayed in this session
+    if pin is not None:
+        pin.none_pending = False
+    outcome = run_steps(route.name, tail, exec)
+    if not outcome.ok:
+        _ledger(route, space_key, session_key, 1, 0, True, detail=outcome.error)
+        FiredPlan.objects.filter(pk=fired.pk).update(settled=True)
+        log.info("waggle: replay of %s failed: %s", route.name, outcome.error)
+        return None
+    with transaction.atomic():
+        entry = _ledger(route, space_key, session_key, 1, 0, False, settled=False,
+                        detail=f"~{outcome.yield_tokens} tokens if the step is used")
+        rows = [[tool, dict(args), estimate_yield([(tool, args)], [out]), _setting_keys(route, 0, tool)]
+                for (tool, args), out in zip(tail, outcome.outputs)]
+        FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=rows)
+        for (tool, args), out in zip(tail, outcome.outputs):
+            _record(space_key, session_key, member_key, Call.make(tool, args_json(args), output=out), cfg, replayed=True)
     return outcome.block
 
 

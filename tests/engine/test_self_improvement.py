@@ -55,3 +55,28 @@ def test_a_denial_with_a_reason_becomes_a_rule_in_the_next_system_prompt(space, 
     bus.send(space, "boss", "w1", "next job")
     runner.wake(w1.pk, "message")
     assert "never delete build outputs" in provider.systems[-1]
+
+
+def test_the_mail_that_woke_a_member_replays_the_call_it_names_before_the_model_asks(space, scripted):
+    """An inbound route (learned: a file named in the mail is read first) runs before the first
+    model call; its block is appended to the brief, and the model's reply settles it as used."""
+    from pathlib import Path
+
+    from waggle.inbound import TokenShape, route_of
+    from waggle.inbound import Heard
+    from waggle.models import LedgerEntry, Waggle
+
+    Path(space.workdir, "notes").mkdir()
+    Path(space.workdir, "notes", "plan.md").write_text("step one: ship it\n")
+    shape = TokenShape.learn(["docs/a.md", "src/main.py", "notes/todo.txt"])
+    route = route_of(Heard(tool="read_file", key="path", literals=(), shape=shape, rivals=(), contexts=5, used=5.0))
+    Waggle.objects.create(name=route.name, space_key=str(space.pk), route=route.to_json(), script="x", length=1)
+    provider = scripted(("task_list", {}), "done")
+    bus.send(space, "boss", "w1", "Please look at notes/plan.md and tell me what it says.")
+    runner.wake(supervisor.get_member(space, "w1").pk, "message")
+    brief = provider.requests[0][-1]["content"]
+    assert f"[waggle: replayed route {route.name}" in brief and "step one: ship it" in brief
+    assert brief.index("## Unread mail") < brief.index("[waggle:")  # the mail comes first, the replay after it
+    entry = LedgerEntry.objects.get(name=route.name)
+    assert entry.settled and entry.used_steps == 1  # the model did not read the file again
+    assert space.events.filter(kind="waggle.replayed").exists()

@@ -88,6 +88,9 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         return RunOutcome.DONE  # a wake with nothing to do exits cleanly, no model call
     if unread or ctx.source == "timer":
         brief = wake_brief(member, ctx.source, unread)
+        # the mail is the message that woke the member: waggle may replay a call it names
+        brief += waggle_bridge.on_inbound(member, tctx, tools, "\n\n".join(
+            f"{m.subject}\n{m.body}" if m.subject else m.body for m in unread))
         ids = [m.pk for m in unread]
         with ctx.fenced():
             if unanswered_brief:  # a stopped or failed run left its brief unanswered: fold it into the new one

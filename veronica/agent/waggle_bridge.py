@@ -76,6 +76,27 @@ def after_call(member: "Member", tctx: ToolContext, tools: dict[str, Tool], name
     return "\n\n" + block
 
 
+def on_inbound(member: "Member", tctx: ToolContext, tools: dict[str, Tool], text: str) -> str:
+    """The mail that woke the member, before the model reads it: waggle records it and, if a learned
+    call takes its argument from such a message, replays it; returns the block to append to the brief."""
+    if not text:
+        return ""
+    try:
+        from waggle import service
+
+        space_key, session_key, member_key = _keys(member, tctx)
+        block = service.inbound(space_key, session_key, member_key, text, make_exec(tctx, tools))
+    except Exception:  # best effort: waggle never fails a turn
+        log.warning("waggle inbound failed", exc_info=True)
+        return ""
+    if not block:
+        return ""
+    from veronica import events
+
+    events.emit(member.space_id, "waggle.replayed", member=member, after="inbound mail", chars=len(block))
+    return "\n\n" + block
+
+
 def on_model_reply(member: "Member", tctx: ToolContext, tool_calls) -> None:
     """The model's reply after tool results arrived: settle the session's replays (a replayed step
     the model issues again itself was not relied on: a miss that demotes the route)."""

@@ -65,6 +65,8 @@ class OfflineProvider:
             trace.feed(messages[start + memo[1]:])
         else:
             trace = Trace(messages[start:])
+            if brief is not None:  # a waggle block appended to the brief (a call the mail named)
+                trace._replayed(brief.get("content") or "")
         self._trace = (brief, len(messages) - start, messages[-1] if len(messages) > start else None, trace)
         return trace
 
@@ -81,6 +83,7 @@ class OfflineProvider:
         names = {t["name"] for t in tools}
         brief_at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user"), -1)
         brief = messages[brief_at]["content"] if brief_at >= 0 else ""
+        brief = brief.split("\n\n[waggle: ", 1)[0]  # a replay block appended to the brief is no mail
         done = self._done(messages, brief_at)
         policy = lead if "member_spawn" in names else work
         step = policy(brief, done, names)

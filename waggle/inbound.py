@@ -1,0 +1,344 @@
+"""Calls bound to the message that woke the member (pure Python, no ORM).
+
+Agents take many arguments straight from what they were told: "my user id is mia_li_3668" is
+followed by ``get_user_details(user_id="mia_li_3668")``, "look at src/foo.py" by
+``read_file(path="src/foo.py")``. A route of this kind (an *inbound route*) has one step, and one
+of its arguments is *heard*: bound to a token of the inbound message (the host passes the text in:
+a user's message, the mail that woke a member). Its trigger is "an inbound message carrying a
+token of the learned *shape*".
+
+* **Tokens** of a message: its whitespace-separated words with surrounding punctuation stripped
+  (``"src/foo.py."`` gives ``src/foo.py``), distinct, at most ``MAX_TOKENS`` of at most
+  ``MAX_TOKEN_CHARS`` characters each (a huge or odd token is simply not a candidate).
+* A **shape** is learned from the values the argument took in the mined sessions, never the values
+  themselves: the character classes every value had (upper, lower, digit, or the punctuation
+  character itself), the classes any value had, and the range of lengths. ``mia_li_3668`` and
+  ``noah_smith_1234`` give "lower, ``_`` and digits, 11-15 characters".
+* **Pending values**: the tokens of the session's inbound messages that fit any learned shape (the
+  route's own, or a *rival*: the shape of another heard argument mined in the same space) and that
+  no call of the session has used as an argument yet. The route fires only when exactly one value
+  is pending, it is in the message just received, and it fits this route's shape and no other
+  inbound route's: when the agent was told several things it could look up, waggle does not guess
+  which it will look up first.
+* **Confidence** is judged exactly that way on the mined sessions: per distinct value (the four
+  near-copies of a task count once), was the agent's next call the replayed one? The Wilson lower
+  bound of that share over the distinct values must reach ``min_confidence``, over at least
+  ``min_contexts`` of them, as for every other route.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from waggle.trace import Call, clean_text, decode_value, flatten_value
+
+INBOUND_TOOL = "(inbound message)"  # a recorded message, not a call: no vendor allows this tool name
+MAX_TOKENS = 400                    # tokens of one message kept (the first ones, distinct)
+MAX_TOKEN_CHARS = 200               # a longer word is not a candidate value
+MAX_MESSAGE_CHARS = 200_000         # only the start of a longer message is read
+_STRIP = ".,;:!?()[]{}<>\"'`*«»“”‘’"
+
+
+def tokens(text: Any) -> list[str]:
+    """The candidate values of a message, in order, distinct (see the module docstring)."""
+    if not isinstance(text, str) or not text:
+        return []
+    text = clean_text(text[:MAX_MESSAGE_CHARS])
+    out: list[str] = []
+    seen: set[str] = set()
+    for word in text.split():
+        word = word.strip(_STRIP)
+        if not word or len(word) > MAX_TOKEN_CHARS or word in seen:
+            continue
+        seen.add(word)
+        out.append(word)
+        if len(out) >= MAX_TOKENS:
+            break
+    return out
+
+
+def message_call(text: Any) -> Call:
+    """A message as a recorded event: its tokens are kept as the refs of a pseudo-call."""
+    return Call(tool=INBOUND_TOOL, refs=tuple((("token", i), flatten_value(t)) for i, t in enumerate(tokens(text))))
+
+
+def is_message(call: Call | None) -> bool:
+    return call is not None and call.tool == INBOUND_TOOL
+
+
+def message_tokens(call: Call) -> list[str]:
+    out = []
+    for _, value in call.refs:
+        v = decode_value(value)
+        if isinstance(v, str):
+            out.append(v)
+    return out
+
+
+def _cls(ch: str) -> str:
+    if ch.isdigit():
+        return "9"
+    if ch.isupper():
+        return "A"
+    if ch.islower() or ch.isalpha():
+        return "a"
+    return ch
+
+
+def classes(value: str) -> frozenset[str]:
+    return frozenset(_cls(ch) for ch in value)
+
+
+@dataclass(frozen=True)
+class TokenShape:
+    """What a heard value looks like: classes every value had, classes any had, length range."""
+
+    required: frozenset[str]
+    allowed: frozenset[str]
+    lo: int
+    hi: int
+
+    @classmethod
+    def learn(cls, values: Iterable[str]) -> "TokenShape | None":
+        vals = [v for v in values if isinstance(v, str) and v]
+        if not vals:
+            return None
+        sets = [classes(v) for v in vals]
+        return cls(required=frozenset.intersection(*sets), allowed=frozenset.union(*sets),
+                   lo=min(map(len, vals)), hi=max(map(len, vals)))
+
+    def fits(self, token: str) -> bool:
+        if not (self.lo <= len(token) <= self.hi):
+            return False
+        got = classes(token)
+        return self.required <= got <= self.allowed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"required": "".join(sorted(self.required)), "allowed": "".join(sorted(self.allowed)),
+                "lo": self.lo, "hi": self.hi}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "TokenShape":
+        return cls(required=frozenset(str(data["required"])), allowed=frozenset(str(data["allowed"])),
+                   lo=int(data["lo"]), hi=int(data["hi"]))
+
+    def describe(self) -> str:
+        names = {"A": "upper", "a": "lower", "9": "digits"}
+        req = ", ".join(names.get(c, repr(c)) for c in sorted(self.required)) or "anything"
+        extra = sorted(self.allowed - self.required)
+        more = f", may have {', '.join(names.get(c, repr(c)) for c in extra)}" if extra else ""
+        size = f"{self.lo}" if self.lo == self.hi else f"{self.lo}-{self.hi}"
+        return f"a token with {req}{more}, {size} chars"
+
+
+def used_values(calls: Iterable[Call]) -> set[str]:
+    """String argument values of the calls (what the session has already looked up)."""
+    out: set[str] = set()
+    for c in calls:
+        if c is None or is_message(c):
+            continue
+        for _, v in c.args:
+            d = decode_value(v)
+            if isinstance(d, str):
+                out.add(d)
+    return out
+
+
+def pending(events: Sequence[Call | None], shapes: Sequence[TokenShape]) -> list[str]:
+    """Tokens of the messages in ``events`` fitting any of ``shapes`` that no call in ``events``
+    used as an argument value, in order."""
+    used = used_values(events)
+    out: list[str] = []
+    seen: set[str] = set()
+    for c in events:
+        if not is_message(c):
+            continue
+        for t in message_tokens(c):  # type: ignore[arg-type]
+            if t in seen or t in used:
+                continue
+            if any(s.fits(t) for s in shapes):
+                seen.add(t)
+                out.append(t)
+    return out
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A mined inbound route before it is stored: call ``tool`` with ``literals`` and ``key`` bound
+    to the message's token; judged on ``contexts`` distinct values of which ``used`` were followed
+    by that very call."""
+
+    tool: str
+    key: str
+    literals: tuple[tuple[str, str], ...]
+    shape: TokenShape
+    rivals: tuple[TokenShape, ...]
+    contexts: int  # distinct values it was judged on
+    used: float    # sum over them of the share of sightings followed by the call
+    example: str = ""
+
+
+def choose(candidates: Sequence[tuple[str, str, tuple]], shapes: Mapping, rivals: Sequence[TokenShape],
+           events: Sequence[Call | None], message_at: int) -> tuple[list[int], str] | None:
+    """The candidates whose shape the message at ``events[message_at]`` fits (their indexes, and
+    the token), or None: exactly one value pending over ``shapes`` and ``rivals``, in that message."""
+    upto = events[: message_at + 1]
+    allshapes = list(shapes.values()) + list(rivals)
+    left = pending(upto, allshapes)
+    if len(left) != 1:
+        return None
+    token = left[0]
+    msg = events[message_at]
+    if msg is None or token not in message_tokens(msg):
+        return None
+    fitting = [i for i, cand in enumerate(candidates) if shapes[cand].fits(token)]
+    return (fitting, token) if fitting else None
+
+
+def concrete(tool: str, key: str, literals: Sequence[tuple[str, str]], token: str) -> tuple[str, tuple]:
+    return (tool, tuple(sorted(list(literals) + [(key, flatten_value(token))])))
+
+
+def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, min_confidence: float,
+               z: float, wilson) -> list[Heard]:
+    """Inbound routes in ``segments`` (one per session: messages and calls in order; None entries
+    are calls that may not be mined, e.g. a replay's), best first (most contexts used). Linear in
+    the number of events times the shapes learned (a handful)."""
+    # 1. sightings: an argument value that is a token of an earlier message of the session
+    values: dict[tuple[str, str], set[str]] = {}
+    groups: dict[tuple[str, str, tuple], set[str]] = {}
+    for seg in segments:
+        heard: set[str] = set()
+        used: set[str] = set()
+        for c in seg:
+            if c is None:
+                continue
+            if is_message(c):
+                heard.update(message_tokens(c))
+                continue
+            before = set(used)
+            used |= used_values([c])
+            if c.barrier:
+                continue
+            for key, v in c.args:
+                d = decode_value(v)
+                if isinstance(d, str) and d in heard and d not in before:  # (a value still pending)
+                    values.setdefault((c.tool, key), set()).add(d)
+                    lits = tuple((k, x) for k, x in c.args if k != key)
+                    groups.setdefault((c.tool, key, lits), set()).add(d)
+    shapes_by_arg = {arg: TokenShape.learn(sorted(vals)) for arg, vals in values.items()
+                     if len(vals) >= max(1, min_contexts)}
+    shapes_by_arg = {arg: s for arg, s in shapes_by_arg.items() if s is not None}
+    cands = [g for g, vals in groups.items() if len(vals) >= max(1, min_contexts) and (g[0], g[1]) in shapes_by_arg]
+    if not cands:
+        return []
+    cands.sort()
+    shapes = {g: shapes_by_arg[(g[0], g[1])] for g in cands}
+    # the rivals: values another candidate would look up (a heard argument whose other arguments
+    # vary, say a flight search's dates, is no candidate and competes with nothing)
+    rivals = tuple(dict.fromkeys(shapes[g] for g in cands))
+    # 2. evidence: replay the rule on every message; the unit is the distinct value (near-copies of
+    # one task count once, by the share of their sightings that were followed by the call)
+    # (one pass per session: what :func:`choose` computes at each message, kept up to date)
+    seen: dict[int, dict[str, list[int]]] = {i: {} for i in range(len(cands))}
+    examples: dict[int, str] = {}
+    allshapes = list(shapes.values()) + list(rivals)
+    for seg in segments:
+        following: list = [False] * (len(seg) + 1)  # the next event that is a call (or a replay's None)
+        for at in range(len(seg) - 1, -1, -1):
+            x = seg[at]
+            following[at] = x if (x is None or not is_message(x)) else following[at + 1]
+        used: set[str] = set()
+        made: set = set()
+        said: set[str] = set()      # tokens of the messages so far that fit a shape
+        waiting: set[str] = set()   # ... and that no call has used yet
+        for at, c in enumerate(seg):
+            if c is None:
+                continue
+            if not is_message(c):
+                values = used_values([c])
+                used |= values
+                waiting -= values
+                made.add(c.invocation())
+                continue
+            toks = message_tokens(c)
+            for t in toks:
+                if t not in said and any(sh.fits(t) for sh in allshapes):
+                    said.add(t)
+                    if t not in used:
+                        waiting.add(t)
+            if len(waiting) != 1:
+                continue
+            (token,) = waiting
+            if token not in toks:
+                continue
+            nxt = following[at + 1]
+            if nxt is None:
+                continue  # a replay stood there (not mining input): no evidence either way
+            for i, cand in enumerate(cands):  # each candidate judged as if it were the only route of its shape
+                if not shapes[cand].fits(token):
+                    continue
+                tool, key, lits = cand
+                step = concrete(tool, key, lits, token)
+                if step in made:
+                    continue
+                t = seen[i].setdefault(token, [0, 0])
+                t[0] += 1  # the session ending without the call is a miss
+                t[1] += nxt is not False and nxt.invocation() == step
+                examples.setdefault(i, token)
+    out = []
+    for i, (tool, key, lits) in enumerate(cands):
+        n = len(seen[i])
+        used = sum(u / k for k, u in seen[i].values())
+        if n < max(1, min_contexts) or wilson(used, n, z) < min_confidence:
+            continue
+        out.append(Heard(tool=tool, key=key, literals=lits, shape=shapes[cands[i]],
+                         rivals=tuple(r for r in rivals if r != shapes[cands[i]]), contexts=int(n), used=used,
+                         example=examples.get(i, "")))
+    out.sort(key=lambda h: (-h.used, h.tool, h.key))
+    return out
+
+
+def shape_list_json(shapes: Iterable[TokenShape]) -> list[dict]:
+    return [s.to_json() for s in shapes]
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def route_of(h: Heard, scope: str = "space"):
+    """The stored form of a mined inbound route (a one-step :class:`waggle.route.Route`)."""
+    from dataclasses import replace as _replace
+
+    from waggle.route import Route, Step
+
+    step = Step(tool=h.tool, literals=tuple(sorted(h.literals)), binds=((h.key, h.key),))
+    route = Route(steps=(step,), params=(h.key,), scope=scope, examples={h.key: flatten_value(h.example)} if h.example else {},
+                  count=h.contexts, heard=(h.key,), shapes={h.key: h.shape}, rivals=h.rivals)
+    return _replace(route, name="heard." + route.stable_name())
+
+
+def plan_heard(routes: Sequence, events: Sequence[Call]) -> "tuple[Any, tuple[str, tuple]] | None":
+    """The inbound route to replay on the message that ends ``events`` (the session's recent
+    messages and calls, oldest first), with its concrete call; None when none fires (see the
+    module docstring: exactly one pending value over every shape the routes know)."""
+    heard = [r for r in routes if getattr(r, "heard", ()) and len(r.heard) == 1 and len(r.steps) == 1]
+    if not heard or not events or not is_message(events[-1]):
+        return None
+    cands = [(r.steps[0].tool, r.heard[0], r.name) for r in heard]
+    shapes = {c: r.shapes[r.heard[0]] for c, r in zip(cands, heard)}
+    rivals: list[TokenShape] = []
+    for r in heard:
+        rivals.extend(x for x in r.rivals if x not in rivals)
+    got = choose(cands, shapes, rivals, events, len(events) - 1)
+    if got is None or len(got[0]) != 1:
+        return None  # nothing pending, or two routes would take the value: no guess
+    i, token = got[0][0], got[1]
+    route = heard[i]
+    step = route.steps[0]
+    call = concrete(step.tool, route.heard[0], step.literals, token)
+    if call in {c.invocation() for c in events if not is_message(c)}:
+        return None
+    return route, call
