@@ -144,10 +144,16 @@ def test_readers_see_old_or_new_rule_set_never_half():
         finally:
             connection.close()
 
+    def reads(n: int) -> None:  # on a loaded host the readers may start late: wait for them, not a clock
+        deadline = time.monotonic() + 30
+        while len(seen) < n and not errors and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     threads = [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
         t.start()
     try:
+        reads(3)  # readers see the old set before the first approval...
         for p in proposals:
             api.approve_proposal(p.pk, actor="r")
             valid.add(api.prompt_block(["ops"]))
@@ -156,6 +162,7 @@ def test_readers_see_old_or_new_rule_set_never_half():
         api.approve_proposal(q.pk, actor="r")
         store.clear_cache()
         valid.add(api.prompt_block(["ops"]))
+        reads(len(seen) + 3)  # ...and the new one after the last
     finally:
         stop.set()
         for t in threads:
