@@ -14,7 +14,7 @@ from django.db.models import Exists, OuterRef
 from veronica import tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
-from veronica.engine import budget, failures, slot
+from veronica.engine import budget, failures, slot, wakes
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
 from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
 
@@ -43,9 +43,17 @@ def wake(member_id: int, source: str) -> str:
     Nothing is read before the claim: its UPDATE carries every gate (active, idle, not parked or
     backing off, breaker not tripped, work to do), so the run starts one statement after the wake."""
     mail = source in MAIL_SOURCES
-    lease = slot.claim(member_id, source, gates=("breaker", "mail") if mail else ("breaker",))
+    gates = ("breaker", "mail") if mail else ("breaker",)
+    lease = slot.claim(member_id, source, gates=gates)
     if lease is None:
-        why = why_not_claimed(member_id, mail)
+        why, flagged = why_not_claimed(member_id, mail)
+        if flagged and wakes.drop_flag(member_id):
+            # This wake held the member's wake-queued flag, so mail committed since its claim looked
+            # rang nothing (veronica.engine.wakes): look once more, now that a ring enqueues again.
+            lease = slot.claim(member_id, source, gates=gates)
+            if lease is None:
+                why, _ = why_not_claimed(member_id, mail)
+    if lease is None:
         if why == NOTHING_TO_DO and transcript_open(member_id):
             lease = slot.claim(member_id, source, gates=("breaker",))
         if lease is None:
@@ -84,14 +92,20 @@ def wake(member_id: int, source: str) -> str:
 NOTHING_TO_DO = "nothing-to-do"
 
 
-def why_not_claimed(member_id: int, mail: bool) -> str:
-    """Why a claim matched no row, in one query (the outcome string; the state may have moved on)."""
+def why_not_claimed(member_id: int, mail: bool) -> tuple[str, bool]:
+    """Why a claim matched no row, in one query (the outcome string; the state may have moved on),
+    and whether the member's wake-queued flag is up with no run holding the slot."""
     row = (Member.objects.filter(pk=member_id)
            .annotate(tripped=budget.tripped_today(), unread=slot.unread_mail(), parked=Exists(Member.objects.filter(
                failures.PARKED, pk=OuterRef("pk"))), backoff=Exists(Member.objects.filter(failures.IN_BACKOFF, pk=OuterRef("pk"))))
-           .values("membership", "removed_at", "run_status", "lease_token", "tripped", "unread", "parked", "backoff").first())
+           .values("membership", "removed_at", "run_status", "lease_token", "tripped", "unread", "parked", "backoff",
+                   "wake_queued_at").first())
     if row is None:
-        return "gone"
+        return "gone", False
+    return _why(row, mail), row["wake_queued_at"] is not None and not row["lease_token"]
+
+
+def _why(row: dict, mail: bool) -> str:
     if row["membership"] != Membership.ACTIVE or row["removed_at"] is not None or row["run_status"] == RunStatus.SUSPENDED:
         return "not-active"
     if row["tripped"]:
