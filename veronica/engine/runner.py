@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Exists, OuterRef
 
 from veronica import tracing
@@ -44,7 +45,7 @@ def wake(member_id: int, source: str) -> str:
     backing off, breaker not tripped, work to do), so the run starts one statement after the wake."""
     mail = source in MAIL_SOURCES
     gates = ("breaker", "mail") if mail else ("breaker",)
-    lease = slot.claim(member_id, source, gates=gates)
+    lease = first_claim(member_id, source, gates)
     if lease is None:
         why, flagged = why_not_claimed(member_id, mail)
         if flagged and wakes.drop_flag(member_id):
@@ -90,6 +91,25 @@ def wake(member_id: int, source: str) -> str:
 
 
 NOTHING_TO_DO = "nothing-to-do"
+
+
+def first_claim(member_id: int, source: str, gates: tuple[str, ...]) -> slot.RunLease | None:
+    """The wake's first statement is its claim, and it doubles as the connection's health check:
+    django-q2 re-arms Django's check (a `SELECT 1` round trip) before every task, on the path from a
+    commit to its run. A connection found dead by the claim is replaced and the claim made again
+    (a token lost with the dead connection is released by the lease watchdog)."""
+    conn = connections[Member.objects.db]
+    skipped = conn.connection is not None and conn.health_check_enabled and not conn.health_check_done
+    if skipped:
+        conn.health_check_done = True
+    try:
+        return slot.claim(member_id, source, gates=gates)
+    except (OperationalError, InterfaceError):
+        if not skipped:
+            raise
+        log.info("the wake's connection was dead; claiming again on a new one")
+        conn.close()
+        return slot.claim(member_id, source, gates=gates)
 
 
 def why_not_claimed(member_id: int, mail: bool) -> tuple[str, bool]:

@@ -240,9 +240,11 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
     with transaction.atomic(), events.batch():
         if not _claim_update(member_id, token, source, held_ok, gates):
             return None
+        # The Run row first: its started_at is the claim's, not one member read later.
+        run = Run.objects.create(member_id=member_id, source=source, lease_token=token, started_at=Now())
         if by_id:
             member = Member.objects.select_related("space").get(pk=member_id)
-        run = Run.objects.create(member=member, source=source, lease_token=token, started_at=Now())
+        run.member = member
         events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
     if not by_id:
         member.refresh_from_db()
