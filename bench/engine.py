@@ -413,9 +413,12 @@ def child(mode: str, reps: int) -> dict:
         for n in (5, 20, 50):
             out[f"steps_per_s_{n}"] = round(throughput(n, workdir, reps), 1)
         lap("cluster")
-        wake = measure_wake(mode, workdir)
-        lap("wake")
+    wake = measure_wake(mode, workdir)  # bench.wake_latency runs its own cluster: this one is stopped first
+    lap("wake")
     out.update(wake_p50_ratio=round(wake["p50_ratio"], 2), wake_p99_ms=round(wake["p99_ms"], 1))
+    for key in ("p50_ms", "bare_p50_ms", "bare_p99_ms", "burst_wakes_per_message", "burst_runs_without_model_call"):
+        if key in wake:
+            out[f"wake_{key}" if not key.startswith("burst") else key] = round(wake[key], 2)
     for sockets, row in measure_stream(mode, [1, 50], reps).items():
         out[f"stream_p99_ms_{sockets}"] = round(row["p99_ms"], 1)
     lap("stream")

@@ -72,14 +72,28 @@ def _send_socket() -> socket.socket:
 
 def ring(space_id: int, seq: int) -> None:
     """Tell every listening process to look at space_id (call after the commit)."""
+    _ring(SUFFIX, f"{space_id}:{seq}".encode())
+
+
+# The embedded broker's pushers (veronica.engine.qbroker) listen beside the feeds, under their own
+# suffix: a ring for the queue wakes no feed, and an event wakes no pusher.
+QUEUE_SUFFIX = ".qbell"
+
+
+def ring_queue() -> None:
+    """Tell every pusher on this database that a task was enqueued (call after its commit)."""
+    if enabled():
+        _ring(QUEUE_SUFFIX, b"q")
+
+
+def _ring(suffix: str, payload: bytes) -> None:
     try:
         entries = list(os.scandir(directory()))
     except FileNotFoundError:
         return  # nobody has listened yet
-    payload = f"{space_id}:{seq}".encode()
     sender = _send_socket()
     for entry in entries:
-        if not entry.name.endswith(SUFFIX):
+        if not entry.name.endswith(suffix):
             continue
         try:
             sender.sendto(payload, entry.path)
@@ -96,6 +110,44 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+class QueueBell:
+    """A pusher's blocking side of the queue's doorbell: wait(timeout) returns at the first ring, or
+    after timeout (the broker's poll, kept as the backstop). Rings that came while the pusher was
+    busy are queued in the socket and end the next wait at once: none is missed between a poll that
+    found nothing and the wait after it."""
+
+    def __init__(self) -> None:
+        folder = directory()
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.pid = os.getpid()
+        self.path = str(folder / f"{self.pid}-{uuid.uuid4().hex[:8]}{QUEUE_SUFFIX}")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+
+    def wait(self, timeout: float) -> bool:
+        """True when rung. Drains every ring already queued, so one enqueue ends one wait."""
+        import select
+
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return False
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self.sock.recv(16)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            pass
+        finally:
+            self.sock.setblocking(True)
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+        _unlink(self.path)
 
 
 class Listener:

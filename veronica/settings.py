@@ -197,6 +197,8 @@ if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
 else:
     Q_CLUSTER["orm"] = "default"
+    if env_bool("VERONICA_Q_DOORBELL", True):  # the ORM broker's pushers wait on the doorbell, not the poll
+        Q_CLUSTER["broker_class"] = "veronica.engine.qbroker.DoorbellORM"
 
 # --- outbound email (the ops notifier's email channel) ----------------------------------------
 EMAIL_BACKEND = env_str("VERONICA_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")

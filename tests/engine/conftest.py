@@ -46,6 +46,6 @@ def rung(monkeypatch):
     """Wakes the tick and the verbs would enqueue, recorded instead of sent."""
     woken = []
     for target in ("veronica.engine.failures.enqueue_wake", "veronica.engine.tick.enqueue_wake",
-                   "veronica.engine.slot.enqueue_wake", "veronica.engine.wakes.enqueue_wake"):
+                   "veronica.engine.wakes.enqueue_wake"):  # wakes.ring (the verbs, finish) calls the last
         monkeypatch.setattr(target, lambda pk, source: woken.append((pk, source)))
     return woken

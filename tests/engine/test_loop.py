@@ -346,10 +346,10 @@ def test_cron_tick_fires_each_slot_once_and_skips_frozen(space, monkeypatch):
 def test_a_member_waiting_for_approval_is_not_rewoken_by_its_own_mail(space, scripted, monkeypatch):
     from veronica.engine import tick
 
-    from veronica.engine import slot
+    from veronica.engine import wakes
 
     enqueued = []
-    monkeypatch.setattr(slot, "enqueue_wake", lambda pk, source: enqueued.append(pk))  # the run's own re-wake at finish
+    monkeypatch.setattr(wakes, "enqueue_wake", lambda pk, source: enqueued.append(pk))  # the run's own re-wake at finish
     monkeypatch.setattr(tick, "enqueue_wake", lambda pk, source: enqueued.append(pk))
     w1 = supervisor.set_permission_mode(w1_of(space), "default", actor="op")
     scripted(("write_file", {"path": "a", "content": "b"}))

@@ -31,7 +31,7 @@ def expire_leases() -> list[int]:
         with transaction.atomic():
             # Re-checked in the UPDATE: a heartbeat that renewed the lease since the select wins.
             if not Member.objects.filter(pk=member.pk, lease_token=token, lease_expires_at__lt=Now()).update(
-                    lease_token="", lease_expires_at=None, cancel_requested=False):
+                    lease_token="", lease_expires_at=None, cancel_requested=False, wake_queued_at=None):
                 continue
             Member.objects.filter(pk=member.pk, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE, phase=Phase.READY)
             cut = list(Run.objects.filter(member=member, lease_token=token, ended_at__isnull=True).values_list("pk", "model_calls"))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 
+from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Exists, OuterRef
 
 from veronica import tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
-from veronica.engine import budget, failures, slot
+from veronica.engine import budget, failures, slot, wakes
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
 from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
 
@@ -43,9 +44,17 @@ def wake(member_id: int, source: str) -> str:
     Nothing is read before the claim: its UPDATE carries every gate (active, idle, not parked or
     backing off, breaker not tripped, work to do), so the run starts one statement after the wake."""
     mail = source in MAIL_SOURCES
-    lease = slot.claim(member_id, source, gates=("breaker", "mail") if mail else ("breaker",))
+    gates = ("breaker", "mail") if mail else ("breaker",)
+    lease = first_claim(member_id, source, gates)
     if lease is None:
-        why = why_not_claimed(member_id, mail)
+        why, flagged = why_not_claimed(member_id, mail)
+        if flagged and wakes.drop_flag(member_id):
+            # This wake held the member's wake-queued flag, so mail committed since its claim looked
+            # rang nothing (veronica.engine.wakes): look once more, now that a ring enqueues again.
+            lease = slot.claim(member_id, source, gates=gates)
+            if lease is None:
+                why, _ = why_not_claimed(member_id, mail)
+    if lease is None:
         if why == NOTHING_TO_DO and transcript_open(member_id):
             lease = slot.claim(member_id, source, gates=("breaker",))
         if lease is None:
@@ -84,14 +93,39 @@ def wake(member_id: int, source: str) -> str:
 NOTHING_TO_DO = "nothing-to-do"
 
 
-def why_not_claimed(member_id: int, mail: bool) -> str:
-    """Why a claim matched no row, in one query (the outcome string; the state may have moved on)."""
+def first_claim(member_id: int, source: str, gates: tuple[str, ...]) -> slot.RunLease | None:
+    """The wake's first statement is its claim, and it doubles as the connection's health check:
+    django-q2 re-arms Django's check (a `SELECT 1` round trip) before every task, on the path from a
+    commit to its run. A connection found dead by the claim is replaced and the claim made again
+    (a token lost with the dead connection is released by the lease watchdog)."""
+    conn = connections[Member.objects.db]
+    skipped = conn.connection is not None and conn.health_check_enabled and not conn.health_check_done
+    if skipped:
+        conn.health_check_done = True
+    try:
+        return slot.claim(member_id, source, gates=gates)
+    except (OperationalError, InterfaceError):
+        if not skipped:
+            raise
+        log.info("the wake's connection was dead; claiming again on a new one")
+        conn.close()
+        return slot.claim(member_id, source, gates=gates)
+
+
+def why_not_claimed(member_id: int, mail: bool) -> tuple[str, bool]:
+    """Why a claim matched no row, in one query (the outcome string; the state may have moved on),
+    and whether the member's wake-queued flag is up with no run holding the slot."""
     row = (Member.objects.filter(pk=member_id)
            .annotate(tripped=budget.tripped_today(), unread=slot.unread_mail(), parked=Exists(Member.objects.filter(
                failures.PARKED, pk=OuterRef("pk"))), backoff=Exists(Member.objects.filter(failures.IN_BACKOFF, pk=OuterRef("pk"))))
-           .values("membership", "removed_at", "run_status", "lease_token", "tripped", "unread", "parked", "backoff").first())
+           .values("membership", "removed_at", "run_status", "lease_token", "tripped", "unread", "parked", "backoff",
+                   "wake_queued_at").first())
     if row is None:
-        return "gone"
+        return "gone", False
+    return _why(row, mail), row["wake_queued_at"] is not None and not row["lease_token"]
+
+
+def _why(row: dict, mail: bool) -> str:
     if row["membership"] != Membership.ACTIVE or row["removed_at"] is not None or row["run_status"] == RunStatus.SUSPENDED:
         return "not-active"
     if row["tripped"]:

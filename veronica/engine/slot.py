@@ -39,7 +39,7 @@ from veronica import events
 from veronica.returning import compiled, update_returning, update_then
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures
-from veronica.engine.wakes import enqueue_wake
+from veronica.engine import wakes
 from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus
 
 log = logging.getLogger(__name__)
@@ -267,9 +267,11 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
     with transaction.atomic(), events.batch():
         if not _claim_update(member_id, token, source, held_ok, gates):
             return None
+        # The Run row first: its started_at is the claim's, not one member read later.
+        run = Run.objects.create(member_id=member_id, source=source, lease_token=token, started_at=Now())
         if by_id:
             member = Member.objects.select_related("space").get(pk=member_id)
-        run = Run.objects.create(member=member, source=source, lease_token=token, started_at=Now())
+        run.member = member
         events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
     if not by_id:
         member.refresh_from_db()
@@ -306,7 +308,7 @@ def _claim_update(member_id: int, token: str, source: str, held_ok: bool, gates:
             membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="",
         ).query.chain(UpdateQuery)
         query.add_update_values(dict(run_status=RunStatus.BUSY, lease_token=_TOKEN, lease_expires_at=Now() + lease_delta(),
-                                     cancel_requested=False))
+                                     cancel_requested=False, wake_queued_at=Now()))  # the run owns the flag (wakes.ring)
         sql, params = query.get_compiler(conn.alias).as_sql()
         params = list(params)
         token_at = [i for i, p in enumerate(params) if p == _TOKEN]
@@ -323,9 +325,11 @@ def _claim_update(member_id: int, token: str, source: str, held_ok: bool, gates:
 
 
 def release(member: Member, token: str) -> None:
-    """Give the slot back (inside the fenced finish). A suspended member stays suspended."""
+    """Give the slot back (inside the fenced finish). A suspended member stays suspended. The
+    wake-queued flag goes with it: mail committed from here on rings for itself."""
     Member.objects.filter(pk=member.pk, lease_token=token, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE)
-    Member.objects.filter(pk=member.pk, lease_token=token).update(lease_token="", lease_expires_at=None, cancel_requested=False)
+    Member.objects.filter(pk=member.pk, lease_token=token).update(lease_token="", lease_expires_at=None, cancel_requested=False,
+                                                                  wake_queued_at=None)
 
 
 def has_unread(member_id: int) -> bool:
@@ -357,6 +361,6 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
         release(member, lease.token)
     if outcome not in REWAKE_AFTER:
         return  # waiting on a person, paused, over budget or failed: the decision, new mail or the backoff wakes it
-    fresh = Member.objects.filter(pk=member.pk).first()
-    if fresh and fresh.is_active and fresh.run_status == RunStatus.IDLE and has_unread(member.pk):
-        enqueue_wake(member.pk, "message")
+    # Mail rung while this run held the flag enqueued nothing: it is this run's to pass on. One
+    # statement: flag it and enqueue if the member is idle and active with unread mail.
+    wakes.ring([member.pk], "message", leftover=True)

@@ -1,19 +1,49 @@
-"""Wakes are doorbells: a django-q2 task per wake, enqueued only after the commit that caused it."""
+"""Wakes are doorbells: a django-q2 task per wake, enqueued only after the commit that caused it.
+
+Mail wakes coalesce at the door. `Member.wake_queued_at` says "a wake is on its way, or a run holds
+the slot and will look at the mailbox when it ends", and a mail ring (ring()) enqueues only for the
+members whose flag it set, in one conditional UPDATE after the mail's commit: a second message to a
+member whose wake is queued, or whose run is in flight, enqueues nothing. The handshake that keeps
+every message's wake (see veronica.engine.slot and runner.wake):
+
+* the claim re-stamps the flag in its own UPDATE: the run now owns it, and reads the mailbox after
+  that commit, so mail committed before the claim is in the run's view;
+* finish() clears the flag in the release's UPDATE, then rings once more if unread mail is left
+  (mail that came after the run read its mailbox, including while finish() ran);
+* a wake that claims nothing clears the flag if no run holds the slot, and tries the claim once
+  more when it did: mail rung while it held the flag is seen by that second look;
+* a flag nobody answers (its wake lost with a broker or a killed worker before the claim) stops
+  suppressing rings STALE_SECONDS after it was set, when no run holds the slot; mail that rang
+  in the meantime is re-woken by the tick's unread sweep (mail older than SWEEP_AFTER). A run that
+  dies holding it is released by the lease watchdog, which clears it.
+
+Resume and timer wakes are never suppressed (their claims have other gates); they are recovery or
+schedule, and rare.
+"""
 from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
 from typing import Iterable
 
-from django.db import transaction
+from django.db import connections, transaction
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, OuterRef, Q, Value
+from django.db.models.functions import Now
+from django.db.models.sql import UpdateQuery
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("message", "task", "timer", "alarm", "resume")
+MAIL_SOURCES = ("message", "task", "alarm")  # rung through the wake-queued flag
+# A flag this old with no run holding the slot is taken for lost: the next ring enqueues again. As
+# long as the tick sweep's SWEEP_AFTER, so a queue backlog this long costs at most one more wake.
+STALE_SECONDS = 15.0
 
 
-def enqueue_wake(member_id: int, source: str) -> None:
-    """Put one wake on the broker now. A lost wake is recovered by the engine tick's sweep."""
+def enqueue_wake(member_id: int, source: str) -> bool:
+    """Put one wake on the broker now (False when the broker refused it). A lost wake is recovered
+    by the engine tick's sweep."""
     from django_q.tasks import async_task
 
     if source not in SOURCES:
@@ -26,6 +56,8 @@ def enqueue_wake(member_id: int, source: str) -> None:
         async_task("veronica.engine.runner.wake", member_id, source, q_options=options)
     except Exception:
         log.warning("could not enqueue wake for member %s (%s); the sweep will recover it", member_id, source, exc_info=True)
+        return False
+    return True
 
 
 _brokers: dict[tuple[int, str, bool], object] = {}
@@ -56,4 +88,72 @@ def wake_on_commit(member_ids: Iterable[int], source: str) -> None:
     ids = sorted(set(member_ids))
     if not ids:
         return
-    transaction.on_commit(lambda: [enqueue_wake(member_id, source) for member_id in ids])
+    transaction.on_commit(lambda: ring(ids, source))
+
+
+def ring(member_ids: Iterable[int], source: str, *, leftover: bool = False) -> list[int]:
+    """Wake these members (call it after the commit that gave them work); the ids enqueued.
+
+    A mail source enqueues only for members whose wake-queued flag this call set (one UPDATE ...
+    RETURNING for all of them). leftover: finish()'s look at the mailbox, which also requires the
+    member idle, active and with unread mail, in the same statement."""
+    ids = sorted(set(member_ids))
+    if not ids:
+        return []
+    if source not in MAIL_SOURCES:
+        return [member_id for member_id in ids if enqueue_wake(member_id, source) is not False]
+    rung = _set_flag(ids, leftover)
+    for member_id in rung:
+        if enqueue_wake(member_id, source) is False:
+            drop_flag(member_id)  # nothing is queued: the next ring (or the sweep) tries again
+    return rung
+
+
+def drop_flag(member_id: int) -> bool:
+    """Clear the flag unless a run holds the slot (its finish() clears it); True when it was set."""
+    from veronica.models import Member
+
+    return Member.objects.filter(pk=member_id, wake_queued_at__isnull=False, lease_token="").update(wake_queued_at=None) > 0
+
+
+def flag_free() -> Q:
+    """Which rows a mail ring may flag: no wake queued, or a lost one (stale, and no run holds the slot)."""
+    stale = ExpressionWrapper(Now() - Value(timedelta(seconds=STALE_SECONDS)), output_field=DateTimeField())
+    return Q(wake_queued_at__isnull=True) | Q(wake_queued_at__lt=stale, lease_token="")
+
+
+_MEMBER = -918273600  # the sentinel ids the cached statement is compiled with
+_flag_sql: dict[tuple, tuple[str, list, list[int]]] = {}
+
+
+def _set_flag(ids: list[int], leftover: bool) -> list[int]:
+    """UPDATE member SET wake_queued_at = now WHERE id IN (ids) AND <flag free> RETURNING id,
+    compiled by the ORM once per shape (the ring is on the path from a commit to its run)."""
+    from veronica.models import Member, Membership, Message, RunStatus
+
+    conn = connections[Member.objects.db]
+    key = (conn.alias, conn.vendor, len(ids), leftover, STALE_SECONDS)
+    compiled = _flag_sql.get(key)
+    if compiled is None:
+        sentinels = [_MEMBER - i for i in range(len(ids))]
+        qs = Member.objects.filter(flag_free(), pk__in=sentinels)
+        if leftover:
+            qs = qs.filter(Exists(Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True)),
+                           run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True)
+        query = qs.query.chain(UpdateQuery)
+        query.add_update_values({"wake_queued_at": Now()})
+        sql, params = query.get_compiler(conn.alias).as_sql()
+        params = list(params)
+        at = [params.index(s) for s in sentinels]
+        compiled = (sql + " RETURNING " + conn.ops.quote_name("id"), params, at)
+        if len(ids) <= 8:  # a broadcast to many is rare: compiled afresh
+            if len(_flag_sql) > 32:
+                _flag_sql.clear()
+            _flag_sql[key] = compiled
+    sql, params, at = compiled
+    params = list(params)
+    for i, member_id in zip(at, ids):
+        params[i] = member_id
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return sorted(row[0] for row in cursor.fetchall())

@@ -84,6 +84,9 @@ class Member(models.Model):
     lease_token = models.CharField(max_length=40, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    wake_queued_at = models.DateTimeField(
+        null=True, blank=True, help_text="A mail wake is queued, or a run holds the slot and looks at the mailbox when it ends: "
+                                         "further mail rings nothing (veronica.engine.wakes.ring).")
     # failure model (DESIGN §3): consecutive failed runs, when a transient one is retried, and why
     failures = models.IntegerField(default=0, help_text="Consecutive failed runs; a clean run resets it.")
     retry_at = models.DateTimeField(null=True, blank=True, help_text="Backoff after a transient failure: no run before this.")
