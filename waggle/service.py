@@ -474,14 +474,19 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
         return None
 
 
-def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
+def _session_routes(space_key: str, session_key: str):
+    """The space's routes; a pinned session keeps the set it first saw (loaded once for it)."""
     pin = _pins.get((space_key, session_key))
     if pin is None:
-        routes = _routes_for(space_key)
-    else:
-        if pin.routes is None:
-            pin.routes = _routes_for(space_key)
-        routes = pin.routes
+        return _routes_for(space_key)
+    if pin.routes is None:
+        pin.routes = _routes_for(space_key)
+    return pin.routes
+
+
+def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
+    pin = _pins.get((space_key, session_key))
+    routes = _session_routes(space_key, session_key)
     if not routes:
         return None
     ring = _ring(space_key, session_key, cfg)
@@ -553,12 +558,7 @@ def inbound(space_key: str, session_key: str, member_key: str, text: str, exec: 
 
 def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
     pin = _pins.get((space_key, session_key))
-    if pin is None:
-        routes = _routes_for(space_key)
-    else:
-        if pin.routes is None:
-            pin.routes = _routes_for(space_key)
-        routes = pin.routes
+    routes = _session_routes(space_key, session_key)
     heard = [r for r in routes if r.heard]
     if not heard:
         return None
