@@ -192,9 +192,7 @@ def fusable(ctx: RunContext, tools: dict[str, Tool], name: str) -> bool:
     tool = tools.get(name)
     if tool is None:
         return True  # an unknown tool's error result
-    if isinstance(tool, McpTool) or tool.name in UNFUSED_VERBS:
-        return False
-    if tool.name in LOCAL_TOOLS and tool.name not in FUSED_LOCAL_TOOLS:
+    if tool.name in UNFUSED_VERBS or escapes_the_fence(tool) and tool.name not in FUSED_LOCAL_TOOLS:
         return False
     return not (tool.needs_approval and permission_mode(ctx, ctx.member) == PermissionMode.DEFAULT)
 
