@@ -12,12 +12,13 @@ dropped afterwards; SQLite in a temp dir):
 * step_ms_50_turns / 1000 / 3000: the same on a transcript that already holds that many turns;
 * steps_per_s_5 / 20 / 50: a real django-q2 cluster (4 workers) with N busy members in ONE space, the
   offline model at zero latency, each with far more assigned work than the window: model calls per
-  second over 2 s windows;
+  second over 2 s windows; steps_per_s_50_in_10_spaces: the same 50 members spread over 10 spaces;
 * wake_p50_ratio, wake_p99_ms: message committed -> run started, vs a bare django-q2 no-op task in the
   same run (bench.wake_latency.measure_wake when it exists, else the adapter below);
 * stream_p99_ms_1 / _50: event committed in a worker -> arrival at 1 / 50 sockets (bench.stream_latency);
-* langgraph_step_ratio: Veronica's step_ms / LangGraph's (also call to call) for the same fake model and
-  tool on the same database and durability (SqliteSaver at synchronous=NORMAL embedded, PostgresSaver
+* langgraph_step_ratio: Veronica's step / LangGraph's (also call to call) for the same fake model and
+  tool on the same database and durability, each LangGraph run paired with a Veronica run just before
+  it (the median of 2 x reps + 1 pairs' ratios; langgraph_paired_ms gives both sides' medians) (SqliteSaver at synchronous=NORMAL embedded, PostgresSaver
   hosted). The ratio uses LangGraph at durability="sync" (langgraph_step_ms): each step's checkpoint is
   written before the next step starts, as Veronica commits a step before its next model call. LangGraph
   1.x's `invoke` defaults to durability="async" (the checkpoint is written in a background thread while
@@ -204,40 +205,46 @@ def assign(space, members) -> None:
     Message.objects.bulk_create(rows, batch_size=500)
 
 
-def assistant_turns(space) -> int:
+def assistant_turns(spaces) -> int:
     from veronica.models import Turn, TurnRole
 
-    return Turn.objects.filter(session__member__space=space, role=TurnRole.ASSISTANT).count()
+    return Turn.objects.filter(session__member__space__in=spaces, role=TurnRole.ASSISTANT).count()
 
 
-def wait_idle(space, timeout: float = 60) -> None:
+def wait_idle(spaces, timeout: float = 60) -> None:
     from veronica.models import Member
 
     deadline = time.monotonic() + timeout
-    while Member.objects.filter(space=space).exclude(lease_token="").exists() and time.monotonic() < deadline:
+    while Member.objects.filter(space__in=spaces).exclude(lease_token="").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
-def throughput(n: int, workdir: Path, reps: int, window: float = 2.0) -> float:
+def throughput(n: int, workdir: Path, reps: int, window: float = 2.0, spaces: int = 1) -> float:
+    """Model calls per second with n busy members, in one space or spread over `spaces` spaces."""
     from veronica.engine import supervisor
     from veronica.engine.wakes import enqueue_wake
 
-    space, members = make_space(f"busy-{n}", n, workdir)
-    assign(space, members)
+    made, members = [], []
+    for k in range(spaces):
+        space, some = make_space(f"busy-{n}-{spaces}-{k}", n // spaces, workdir)
+        assign(space, some)
+        made.append(space)
+        members += some
     for m in members:
         enqueue_wake(m.pk, "message")
     deadline = time.monotonic() + 30
-    while assistant_turns(space) < 4 and time.monotonic() < deadline:
+    while assistant_turns(made) < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)  # every worker busy
     rates = []
     for _ in range(reps):
-        c0, t0 = assistant_turns(space), time.perf_counter()
+        c0, t0 = assistant_turns(made), time.perf_counter()
         time.sleep(window)
-        c1, t1 = assistant_turns(space), time.perf_counter()
+        c1, t1 = assistant_turns(made), time.perf_counter()
         rates.append((c1 - c0) / (t1 - t0))
-    supervisor.halt_all(space, actor="bench")
-    wait_idle(space)
+    for space in made:
+        supervisor.halt_all(space, actor="bench")
+    wait_idle(made)
     return statistics.median(rates)
 
 
@@ -315,8 +322,12 @@ def measure_stream(mode: str, sockets: list[int], reps: int) -> dict[int, dict]:
 
 # --- LangGraph, the fair baseline ---------------------------------------------------------------------
 
-def langgraph_step(mode: str, workdir: Path, reps: int) -> dict[str, float]:
-    """LangGraph's step (ms) at durability "sync" (the fair one) and "async" (its default)."""
+def langgraph_step(mode: str, workdir: Path, reps: int, veronica=None) -> dict[str, float]:
+    """LangGraph's step (ms) at durability "sync" (the fair one) and "async" (its default). veronica: a
+    function returning Veronica's step (ms) on a 10-step run: each LangGraph run is then paired with one
+    of Veronica's right before it, and "ratio" is the median of the pairs' ratios, so that a host whose
+    speed drifts over the minutes of the bench (a shared VM) does not favour the one measured when it
+    was fast."""
     from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
     from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import tool
@@ -355,7 +366,13 @@ def langgraph_step(mode: str, workdir: Path, reps: int) -> dict[str, float]:
 
     def both(saver) -> dict[str, float]:
         timed(saver)
-        return {"sync": median_of(reps, lambda: timed(saver, "sync")), "async": median_of(reps, lambda: timed(saver, "async"))}
+        out = {"sync": median_of(reps, lambda: timed(saver, "sync")), "async": median_of(reps, lambda: timed(saver, "async"))}
+        if veronica is not None:
+            pairs = [(veronica(), timed(saver, "sync")) for _ in range(2 * reps + 1)]
+            out["ratio"] = statistics.median(v / lg for v, lg in pairs)
+            out["paired_veronica"] = statistics.median(v for v, _ in pairs)
+            out["paired_sync"] = statistics.median(lg for _, lg in pairs)
+        return out
 
     if mode == "hosted":
         from langgraph.checkpoint.postgres import PostgresSaver
@@ -412,6 +429,7 @@ def child(mode: str, reps: int) -> dict:
     with qcluster(workers=4):
         for n in (5, 20, 50):
             out[f"steps_per_s_{n}"] = round(throughput(n, workdir, reps), 1)
+        out["steps_per_s_50_in_10_spaces"] = round(throughput(50, workdir, reps, spaces=10), 1)
         lap("cluster")
     wake = measure_wake(mode, workdir)  # bench.wake_latency runs its own cluster: this one is stopped first
     lap("wake")
@@ -422,10 +440,14 @@ def child(mode: str, reps: int) -> dict:
     for sockets, row in measure_stream(mode, [1, 50], reps).items():
         out[f"stream_p99_ms_{sockets}"] = round(row["p99_ms"], 1)
     lap("stream")
-    lg = langgraph_step(mode, workdir, reps)
+    space, (worker,) = make_space("paired", 1, workdir)
+    one_run(space, worker)
+    lg = langgraph_step(mode, workdir, reps, veronica=lambda: one_run(space, worker)["step_ms"])
     lap("langgraph")
     out.update(langgraph_step_ms=round(lg["sync"], 2), langgraph_async_step_ms=round(lg["async"], 2),
-               langgraph_step_ratio=round(profile["step_ms"] / lg["sync"], 2), seconds=timings)
+               langgraph_step_ratio=round(lg["ratio"], 2), langgraph_paired_ms={"veronica": round(lg["paired_veronica"], 2),
+                                                                               "langgraph": round(lg["paired_sync"], 2)},
+               seconds=timings)
     return out
 
 

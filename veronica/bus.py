@@ -61,8 +61,10 @@ def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "
     body = require_text(body, "body", max_len=MAX_BODY)
     subject = require_text(subject, "subject", max_len=MAX_SUBJECT, allow_empty=True).strip()
     sender = live_members(space).filter(name=sender_name).first()
-    with transaction.atomic():
+    with transaction.atomic(), events.batch():  # the events in one statement at the commit
         recipients = resolve_recipients(space, to, sender_name)
+        # Registered first, so it runs first after the commit: the wake is the work, the sockets' ring the view.
+        wake_on_commit([m.pk for m in recipients or [] if m.membership == Membership.ACTIVE], wake_source)
         if recipients is None:
             rows = [Message(space=space, sender=sender, sender_name=sender_name, recipient=None,
                             recipient_name=OPERATOR, subject=subject, body=body, task=task)]
@@ -73,7 +75,6 @@ def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "
             row.save()
             events.emit(space.pk, "message.sent", member=sender, id=row.pk, sender=sender_name, to=row.recipient_name,
                         subject=subject, body=body[:500], task=task.pk if task else None, broadcast=row.broadcast)
-        wake_on_commit([m.pk for m in recipients or [] if m.membership == Membership.ACTIVE], wake_source)
     return rows
 
 

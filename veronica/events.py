@@ -28,7 +28,7 @@ from django.db.models import F
 
 from veronica import doorbell, tracing
 from veronica.models import Event, Member, Space
-from veronica.returning import insert_rows
+from veronica.returning import inserted, insert_rows, insert_statement
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class _Batch:
     def __init__(self) -> None:
         self.depth = len(connection.atomic_blocks)  # emits at exactly this depth are buffered
         self.pending: list[Event] = []
+        self.deferred: list[tuple[type, list]] = []  # (model, new rows) written in the events' statement
 
     def covers(self) -> bool:
         """True when no savepoint was opened since the batch began (it would roll back alone)."""
@@ -53,10 +54,10 @@ class _Batch:
         by_space: dict[int, list[Event]] = {}
         for event in self.pending:
             by_space.setdefault(event.space_id, []).append(event)
-        self.pending = []
+        self.pending, deferred, self.deferred = [], self.deferred, []
         for space_id, rows in by_space.items():
             if connection.vendor == "postgresql":
-                last = _write_block_pg(space_id, rows)
+                last, deferred = _write_block_pg(space_id, rows, deferred), []
             else:
                 with connection.cursor() as cur:
                     cur.execute(f"UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
@@ -66,17 +67,25 @@ class _Batch:
                     event.seq = last - len(rows) + 1 + i
                 insert_rows(Event, rows)
             transaction.on_commit(lambda space_id=space_id, last=last: ring(space_id, last))
+        for model, rows in deferred:  # a batch without events
+            insert_rows(model, rows)
 
 
 _EVENT_COLUMNS = ("space_id", "kind", "member_id", "payload", "created_at")
 _PG_TYPES = {"space_id": "bigint", "kind": "text", "member_id": "bigint", "payload": "jsonb", "created_at": "timestamptz"}
 
 
-def _write_block_pg(space_id: int, rows: list[Event]) -> int:
+def _write_block_pg(space_id: int, rows: list[Event], deferred: list[tuple[type, list]] = ()) -> int:
     """PostgreSQL: the seq block and the rows in ONE statement (a data-modifying CTE): the space row is
-    locked by its UPDATE inside the statement, so the lock is held for this statement and the commit."""
+    locked by its UPDATE inside the statement, so the lock is held for this statement and the commit.
+    The deferred rows (defer_insert) are INSERTs of the same statement: a step's turns ride along."""
     fields = {f.attname: f for f in Event._meta.concrete_fields}
-    params: list = [len(rows), space_id, len(rows)]
+    heads, params = [], []
+    for k, (model, new_rows) in enumerate(deferred):
+        insert, insert_params = insert_statement(model, new_rows)
+        heads.append(f"d{k} AS ({insert}), ")
+        params += insert_params
+    params += [len(rows), space_id, len(rows)]
     values = []
     for i, event in enumerate(rows):
         params.append(i + 1)
@@ -86,13 +95,17 @@ def _write_block_pg(space_id: int, rows: list[Event]) -> int:
             params.append(field.get_db_prep_save(value, connection))
         values.append("(%s::int, " + ", ".join(f"%s::{_PG_TYPES[c]}" for c in _EVENT_COLUMNS) + ")")
     cols = ", ".join(_EVENT_COLUMNS)
-    sql = (f"WITH block AS (UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq) "
-           f"INSERT INTO {Event._meta.db_table} (seq, {cols}) "
+    sql = (f"WITH {''.join(heads)}block AS (UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq), "
+           f"e AS (INSERT INTO {Event._meta.db_table} (seq, {cols}) "
            f"SELECT block.event_seq - %s + v.ord, {', '.join('v.' + c for c in _EVENT_COLUMNS)} "
-           f"FROM block, (VALUES {', '.join(values)}) AS v(ord, {cols}) ORDER BY v.ord RETURNING id, seq")
+           f"FROM block, (VALUES {', '.join(values)}) AS v(ord, {cols}) ORDER BY v.ord RETURNING id, seq) "
+           f"SELECT -1, id, seq FROM e" + "".join(f" UNION ALL SELECT {k}, id, 0 FROM d{k}" for k in range(len(deferred))))
     with connection.cursor() as cur:
         cur.execute(sql, params)
-        written = sorted(cur.fetchall(), key=lambda r: r[1])
+        result = cur.fetchall()
+    written = sorted((r[1:] for r in result if r[0] == -1), key=lambda r: r[1])
+    for k, (model, new_rows) in enumerate(deferred):  # one statement's ids come from the sequence in VALUES order
+        inserted(model, new_rows, sorted(r[1] for r in result if r[0] == k))
     if len(written) != len(rows):
         raise RuntimeError(f"space {space_id}: {len(written)} of {len(rows)} events written")
     for event, (pk, seq) in zip(rows, written):
@@ -102,6 +115,17 @@ def _write_block_pg(space_id: int, rows: list[Event]) -> int:
 
 
 _batch = threading.local()
+
+
+def defer_insert(model, rows: list) -> bool:
+    """PostgreSQL, inside a batch that covers this point: these new instances are INSERTed in the
+    batch's own statement, just before the commit (their ids are set then). False when not taken: the
+    caller writes them now. Nothing may read them back before the batch ends."""
+    current = getattr(_batch, "current", None)
+    if not rows or current is None or connection.vendor != "postgresql" or not current.covers():
+        return False
+    current.deferred.append((model, rows))
+    return True
 
 
 @contextmanager

@@ -135,10 +135,9 @@ def _columns(model) -> list:
     return cols
 
 
-def insert_rows(model, rows: list) -> None:
-    """One multi-row INSERT of new model instances, their ids set from RETURNING: what bulk_create does,
-    without compiling the statement on every call (and, on PostgreSQL, without sending every column
-    as an array through UNNEST). Defaults and auto_now_add are the fields' own (pre_save)."""
+def insert_statement(model, rows: list) -> tuple[str, list]:
+    """The multi-row INSERT ... RETURNING id of these new instances (its SQL written once per model and
+    row count) and its parameters. Defaults and auto_now_add are the fields' own (pre_save)."""
     connection = connections[DEFAULT_DB_ALIAS]
     cols = _columns(model)
     key = (connection.vendor, model, len(rows))
@@ -156,11 +155,26 @@ def insert_rows(model, rows: list) -> None:
         for f, plain in cols:
             value = f.pre_save(obj, True)
             params.append(value if plain and value is not None else f.get_db_prep_save(value, connection))
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        ids = [r[0] for r in cur.fetchall()]
+    return sql, params
+
+
+def inserted(model, rows: list, ids: list) -> None:
+    """Mark the instances written with their ids, in VALUES order (a plain INSERT's RETURNING keeps it;
+    bulk_create relies on that too)."""
     if len(ids) != len(rows):
         raise RuntimeError(f"{model.__name__}: {len(ids)} of {len(rows)} rows written")
-    for obj, pk in zip(rows, ids):  # a plain INSERT's RETURNING keeps the VALUES order (bulk_create relies on it too)
+    alias = connections[DEFAULT_DB_ALIAS].alias
+    for obj, pk in zip(rows, ids):
         obj.pk = pk
-        obj._state.adding, obj._state.db = False, connection.alias
+        obj._state.adding, obj._state.db = False, alias
+
+
+def insert_rows(model, rows: list) -> None:
+    """One multi-row INSERT of new model instances, their ids set from RETURNING: what bulk_create does,
+    without compiling the statement on every call (and, on PostgreSQL, without sending every column
+    as an array through UNNEST)."""
+    sql, params = insert_statement(model, rows)
+    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
+        cur.execute(sql, params)
+        ids = [r[0] for r in cur.fetchall()]
+    inserted(model, rows, ids)

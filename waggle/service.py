@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections import Counter, OrderedDict
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from waggle.config import DEFAULT_MIN_FAILS, DEFAULT_STALE_AGE, WaggleConfig, default_config
+from waggle.guard import current as current_guard, write_guard
 from waggle.miner import Candidate, mine, segments_to_trace
 from waggle.inbound import INBOUND_TOOL, is_message, message_call, mine_heard, plan_heard, route_of
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
@@ -30,7 +32,7 @@ from waggle.recorder import Recorder
 from waggle.replay import clamp_prefix, estimate_yield, find_plan, run_route, run_steps
 from waggle.route import (Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary,
                           wilson_lower, wilson_upper)
-from waggle.trace import Call, args_json, clean_text, decode_value, flatten_args, flatten_value, refs_from_json
+from waggle.trace import Call, args_json, clean_text, decode_value, flatten_args, flatten_value, refs_from_json, storable
 
 log = logging.getLogger("waggle")
 
@@ -85,16 +87,6 @@ def pinned(space_key: str, session_key: str) -> Iterator[None]:
         _pins.pop(key, None)
 
 
-def _write_guard():
-    """A savepoint where a failing statement would abort the host's transaction (PostgreSQL); SQLite
-    rolls back only the failing statement, so a savepoint there is two statements for nothing."""
-    if connection.vendor == "sqlite":
-        from contextlib import nullcontext
-
-        return nullcontext()
-    return transaction.atomic()
-
-
 def _call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_tokens: int, out_refs: Any = (),
                    oversized: bool = False) -> Call:
     return Call(tool=tool, args=flatten_args(args if isinstance(args, dict) else {}), mutates=mutates,
@@ -142,9 +134,9 @@ def _record(space_key: str, session_key: str, member_key: str, call: Call, cfg: 
     else:
         args = args_json(call.args)
     _insert_forage(ForageCall(space_key=space_key, session_key=session_key, member_key=clean_text(member_key or "")[:64],
-                              seq=seq, tool=call.tool[:200], args=args, mutates=call.mutates, oversized=call.oversized,
-                              replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens,
-                              out_refs=[[list(path), value] for path, value in call.refs]))
+                              seq=seq, tool=storable(call.tool[:200]), args=storable(args), mutates=call.mutates,
+                              oversized=call.oversized, replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens,
+                              out_refs=storable([[list(path), value] for path, value in call.refs])))
     ring.record(call, seq=seq)
     return seq
 
@@ -164,8 +156,9 @@ def _insert_forage(row: ForageCall) -> None:
                f"VALUES ({', '.join(['%s'] * len(fields))})")
         cached = _forage_sql[connection.vendor] = (sql, fields)
     sql, fields = cached
+    guard = current_guard()
     with connection.cursor() as cur:
-        cur.execute(sql, [f.get_db_prep_save(f.pre_save(row, True), connection) for f in fields])
+        cur.execute((guard and guard.one_trip(sql)) or sql, [f.get_db_prep_save(f.pre_save(row, True), connection) for f in fields])
 
 
 def _check_key(name: str, value: Any) -> str:
@@ -218,7 +211,7 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
         _check_key("session_key", session_key)
         call = Call.make(tool, _as_args(args), mutates=mutates,
                          output=output if isinstance(output, str) else str(output or ""))
-        with _write_guard():  # a savepoint when the host is inside a transaction (PostgreSQL)
+        with write_guard():  # a savepoint when the host is inside a transaction (PostgreSQL), in the INSERT's round trip
             seq = _record(space_key, session_key, member_key, call, cfg)
         if cfg.mining and seq % cfg.mine_period == 0:
             if cfg.sweep_async:  # off the member's turn: a django-q2 worker mines after the commit
@@ -267,11 +260,30 @@ def promotable(cand: Candidate, index: TraceIndex, cfg: WaggleConfig) -> Route |
     return route
 
 
+_brokers: dict[tuple[int, str], Any] = {}
+
+
+def _sweep_broker():
+    """One django-q2 broker per process (and queue): q2 builds a new one per task by default, which for
+    Redis is a new connection, its handshake and the client's version lookup, every mine period."""
+    from django_q.brokers import get_broker
+    from django_q.conf import Conf
+
+    key = (os.getpid(), Conf.CLUSTER_NAME)  # a forked worker, or a test that renamed the queue, builds its own
+    broker = _brokers.get(key)
+    if broker is None:
+        if len(_brokers) > 16:
+            _brokers.clear()
+        broker = _brokers[key] = get_broker()
+    return broker
+
+
 def _enqueue_sweep(space_key: str) -> None:
     try:
         from django_q.tasks import async_task
 
-        async_task("waggle.service.sweep", space_key, q_options={"task_name": f"waggle-sweep-{space_key}"})
+        async_task("waggle.service.sweep", space_key,
+                   q_options={"task_name": f"waggle-sweep-{space_key}", "broker": _sweep_broker()})
     except Exception:  # noqa: BLE001 - best effort: the next period tries again
         log.warning("waggle: could not enqueue a sweep for space %r", space_key, exc_info=True)
 
@@ -542,7 +554,7 @@ def inbound(space_key: str, session_key: str, member_key: str, text: str, exec: 
         cfg = (config or default_config()).normalized()
         _check_key("space_key", space_key)
         _check_key("session_key", session_key)
-        with _write_guard():
+        with write_guard():
             _record(space_key, session_key, member_key, message_call(text if isinstance(text, str) else ""), cfg)
         if exec is None:
             return None

@@ -54,6 +54,18 @@ def clean_json(value: Any) -> Any:
     return clean_text(str(value))
 
 
+def storable(value: Any) -> Any:
+    """A JSON value as a database can keep it: PostgreSQL refuses NUL in text and in jsonb, so every
+    NUL (keys included) becomes U+FFFD. Only for what is kept, never for what is replayed."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
+
+
 def flatten_value(value: Any) -> str:
     """One argument value as canonical JSON text (``"x"`` for a string, ``false``, ``[1,2]``)."""
     try:
@@ -156,7 +168,8 @@ class Call:
              output: str | None = None) -> "Call":
         """Build a call from raw host data (arguments of any JSON type, raw output text)."""
         flat = flatten_args(args)
-        oversized = any(len(v) > MAX_LITERAL_CHARS for _, v in flat)
+        # A NUL cannot be stored as it is (see storable()): such a call is kept only as a barrier.
+        oversized = any(len(v) > MAX_LITERAL_CHARS or "\\u0000" in v or "\x00" in k for k, v in flat)
         return cls(tool=clean_text(str(tool)), args=flat, mutates=bool(mutates), out_hash=output_hash(output),
                    est_tokens=estimate_tokens(output), refs=() if mutates else output_refs(output),
                    oversized=oversized)

@@ -403,3 +403,16 @@ def test_async_sweep_mines_off_the_turn_in_a_q2_task(monkeypatch):
     from waggle.models import Waggle
 
     assert not Waggle.objects.filter(space_key="s-async").exists()
+
+
+def test_async_sweeps_share_one_broker_per_process(monkeypatch):
+    """q2 would build a broker (for Redis: a connection and its handshake) for every enqueued sweep."""
+    import django_q.tasks as tasks
+
+    from waggle import service
+
+    brokers = []
+    monkeypatch.setattr(tasks, "async_task", lambda *args, **kwargs: brokers.append(kwargs["q_options"]["broker"]))
+    service._enqueue_sweep("1")
+    service._enqueue_sweep("2")
+    assert len(brokers) == 2 and brokers[0] is not None and brokers[0] is brokers[1]

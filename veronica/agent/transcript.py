@@ -6,6 +6,7 @@ from contextlib import contextmanager
 
 from django.db.models import Max
 
+from veronica import events
 from veronica.models import Member, Session, Turn, TurnRole
 
 ELIDED = "[older tool output elided by compaction]"
@@ -83,7 +84,8 @@ class Log:
         self._pending, start = [], len(self.rows)
         try:
             yield
-            self.flush()
+            if not events.defer_insert(Turn, list(self._pending)):  # PostgreSQL: in the step's event statement
+                self.flush()
         except BaseException:  # the fence rolls back: whatever this block appended is gone from the table too
             self.chars -= sum(message_chars(m) for m in self.messages[start:])
             del self.rows[start:], self.messages[start:]
