@@ -1,17 +1,17 @@
 """The live event stream: ws /ws/spaces/<slug>/?after=<seq>.
 
-The Event table is the truth; the channel layer is only a doorbell ("look again", at-most-once).
+The Event table is the truth; a ring is only a doorbell ("look again", at-most-once).
 
 * connect: authenticate (`Authorization: Bearer <token>` for scripts, no Origin needed; else the
   session cookie through AuthMiddlewareStack, with an allowed Origin: see veronica.stream_auth),
   check SpaceAccess (none -> close 4404 before accept; no valid credential -> 4401), replay every
   event after the client's `after`, say {"type": "ready", "seq": n}, then stream live.
 * live: one Feed per space per process looks at the table when rung and at least every
-  POLL_SECONDS (the backstop for a lost ring). A ring crosses processes through channels-redis
-  (hosted) or, in the embedded default whose channel layer is in-memory, through the doorbell
-  (veronica.doorbell: a datagram socket per process beside the SQLite file). The feed, not each
-  socket, is the group member; it reads each new batch once and fans it out to this process's
-  sockets on that space.
+  POLL_SECONDS (the backstop for a lost ring). A ring crosses processes through Redis pub/sub
+  (hosted, veronica.redisbell: one pattern subscription per event loop) or, in the embedded default
+  whose channel layer is in-memory, through the doorbell (veronica.doorbell: a datagram socket per
+  process beside the SQLite file). The feed, not each socket, hears the ring; it reads each new
+  batch once and fans it out to this process's sockets on that space.
 * each socket tracks last_sent: it never sends a seq twice, and on a gap (a batch starting past
   last_sent + 1) it backfills from the table first. A reconnect with after=<last seq seen> resumes
   exactly. If retention removed the rows it asks for, it gets {"type": "purged", "through": n} once
@@ -35,13 +35,14 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from veronica import access, doorbell, stream_auth
+from veronica import access, doorbell, redisbell, stream_auth
 from veronica.events import group_name
 from veronica.models import Event
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS: float = getattr(settings, "VERONICA_STREAM_POLL_SECONDS", 2.0 if settings.REDIS_URL else 0.5)
+SUBSCRIBE_WAIT = 2.0  # seconds a feed's first socket waits for the Redis doorbell's subscription
 RECHECK_SECONDS: float = getattr(settings, "VERONICA_STREAM_RECHECK_SECONDS", 5.0)
 BATCH = 500
 CLOSE_BAD_REQUEST, CLOSE_UNAUTHENTICATED, CLOSE_NO_ACCESS = 4400, stream_auth.CLOSE_CREDENTIALS_GONE, stream_auth.CLOSE_ACCESS_GONE
@@ -111,6 +112,7 @@ class Feed:
         feed = cls._feeds.get(key)
         if feed is None:
             _Doorbells.listen(loop)  # before the head is read: a later commit is sure to ring us
+            await _Doorbells.ready(loop)
             feed = cls(socket.space_id, await _head(socket.space_id))
             feed = cls._feeds.setdefault(key, feed)  # another socket may have raced us across the await
             feed.rung.set()  # a ring that came while we read the head found no feed: look once now
@@ -159,9 +161,10 @@ class Feed:
             self.rung.set()
 
     async def listen(self) -> None:
-        """The channel-layer doorbell: any ring for a seq we have not read makes run() look now."""
+        """The channel-layer doorbell: any ring for a seq we have not read makes run() look now. Hosted
+        mode rings through veronica.redisbell instead (one subscription per event loop, _Doorbells)."""
         layer = get_channel_layer()
-        if layer is None:
+        if layer is None or redisbell.enabled():
             return
         group = group_name(self.space_id)
         try:
@@ -237,19 +240,37 @@ class Feed:
 
 
 class _Doorbells:
-    """Embedded mode: one veronica.doorbell listener per event loop with feeds, so a worker
-    process's commit rings this process's feeds (the in-memory channel layer cannot carry it)."""
+    """One doorbell listener per event loop with feeds, so a worker process's commit rings this
+    process's feeds: veronica.redisbell hosted, veronica.doorbell embedded (whose in-memory channel
+    layer cannot leave the process)."""
 
     _listeners: dict[int, doorbell.Listener] = {}
 
     @classmethod
     def listen(cls, loop: asyncio.AbstractEventLoop) -> None:
-        if id(loop) in cls._listeners or not doorbell.enabled():
+        if id(loop) in cls._listeners:
+            return
+        on_ring = lambda space_id, seq: cls.rung(loop, space_id, seq)  # noqa: E731
+        if redisbell.enabled():
+            cls._listeners[id(loop)] = redisbell.Listener(loop, on_ring)
+            return
+        if not doorbell.enabled():
             return
         try:
-            cls._listeners[id(loop)] = doorbell.Listener(loop, lambda space_id, seq: cls.rung(loop, space_id, seq))
+            cls._listeners[id(loop)] = doorbell.Listener(loop, on_ring)
         except OSError:  # e.g. a read-only data dir: the poll still delivers, only later
             log.warning("no embedded doorbell for this process; the event stream polls only", exc_info=True)
+
+    @classmethod
+    async def ready(cls, loop: asyncio.AbstractEventLoop) -> None:
+        """Until this loop's Redis subscription is live (at most SUBSCRIBE_WAIT): a commit after the
+        feed reads its head must find someone subscribed. A Redis that is slow or down leaves it to the poll."""
+        subscribed = getattr(cls._listeners.get(id(loop)), "subscribed", None)
+        if subscribed is not None and not subscribed.is_set():
+            try:
+                await asyncio.wait_for(subscribed.wait(), SUBSCRIBE_WAIT)
+            except asyncio.TimeoutError:
+                log.warning("the event doorbell is not subscribed yet; this feed polls until it is")
 
     @staticmethod
     def rung(loop: asyncio.AbstractEventLoop, space_id: int, seq: int) -> None:

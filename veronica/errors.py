@@ -37,6 +37,26 @@ class IllegalTransition(Conflict):
     pass
 
 
+def storable(value):
+    """A JSON-like value with every string (keys too) made storable: NUL and unpaired surrogates become
+    U+FFFD. For what a model or a tool produced, which is kept rather than refused (text_problem is
+    for input that can be refused): on PostgreSQL one NUL in a reply failed the whole step, every
+    retry of it, and parked the member."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # via UTF-16: a split pair is joined, a lone half becomes U+FFFD
+            value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return value
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
+
+
 def text_problem(value: str) -> str:
     """Why a string cannot be stored as text, or "" when it can. PostgreSQL refuses NUL in text and
     jsonb and a lone surrogate is not encodable as UTF-8; SQLite takes the first, so the check must

@@ -1,4 +1,5 @@
-"""The event pump: every mutation writes one Event row, then rings the space's group on commit.
+"""The event pump: every mutation writes one Event row, then rings the space's listeners on commit
+(hosted: veronica.redisbell; embedded: veronica.doorbell, and the in-memory layer in-process).
 
 The seq comes from an F() increment of the space's counter inside the caller's transaction. The
 UPDATE takes the space row's write lock until commit, so a later seq can never commit before an
@@ -14,19 +15,17 @@ and in commit order. One ring per batch (the socket reads everything after what 
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import threading
+from contextlib import contextmanager
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from contextlib import contextmanager
 
 from django.db import connection, transaction
 from django.db.models import F
 
-from veronica import doorbell, tracing
+from veronica import doorbell, redisbell, tracing
 from veronica.models import Event, Member, Space
 from veronica.returning import inserted, insert_rows, insert_statement
 
@@ -169,6 +168,9 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
 
 def ring(space_id: int, seq: int) -> None:
     """Tell live sockets to look again. At-most-once by design: sockets backfill from the table."""
+    if redisbell.enabled():  # hosted: one PUBLISH (veronica.redisbell)
+        redisbell.ring(space_id, seq)
+        return
     if doorbell.enabled():  # embedded: the in-memory layer cannot leave this process, the doorbell can
         try:
             doorbell.ring(space_id, seq)
@@ -179,36 +181,7 @@ def ring(space_id: int, seq: int) -> None:
         return
     message = {"type": "space.event", "seq": seq}
     try:
-        if type(layer).__module__.startswith("channels_redis"):
-            _RedisRinger.get().send(layer, group_name(space_id), message)
-        elif getattr(layer, "groups", None):  # in-memory: only this process's sockets can hear it
+        if getattr(layer, "groups", None):  # in-memory: only this process's sockets can hear it
             async_to_sync(layer.group_send)(group_name(space_id), message)
     except Exception:  # a lost doorbell costs latency only; the socket's poll finds the row
         log.warning("channel layer ring failed for space %s seq %s", space_id, seq, exc_info=True)
-
-
-class _RedisRinger:
-    """One long-lived event loop per process for Redis rings: async_to_sync would build a new loop
-    (and a new Redis connection) per event, which dominated a worker's step time. Fire and forget."""
-
-    _instance: "_RedisRinger | None" = None
-    _pid = 0
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="veronica-ringer", daemon=True).start()
-
-    @classmethod
-    def get(cls) -> "_RedisRinger":
-        if cls._instance is None or cls._pid != os.getpid():  # a forked worker needs its own thread
-            cls._instance, cls._pid = cls(), os.getpid()
-        return cls._instance
-
-    def send(self, layer, group: str, message: dict) -> None:
-        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), self.loop)
-        future.add_done_callback(_log_ring_failure)
-
-
-def _log_ring_failure(future) -> None:
-    if future.exception() is not None:
-        log.warning("channel layer ring failed: %s", future.exception())

@@ -149,13 +149,15 @@ if HOSTED and not REDIS_URL:
     raise ImproperlyConfigured("DATABASE_URL is set (hosted mode) but REDIS_URL is not; hosted mode needs both")
 
 if REDIS_URL:
+    # The event streams' doorbell (veronica.redisbell) publishes under this prefix too.
+    CHANNEL_PREFIX = env_str("VERONICA_CHANNEL_PREFIX", "veronica")
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # redis-py's default 5 s socket timeout equals channels-redis's blocking-read timeout, so an
             # idle receive would fail with "Timeout reading"; give the socket more room than the read.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
-                       "prefix": env_str("VERONICA_CHANNEL_PREFIX", "veronica")},
+                       "prefix": CHANNEL_PREFIX},
         }
     }
 else:

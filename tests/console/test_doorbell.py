@@ -1,7 +1,7 @@
 """The cross-process doorbell: a commit in another process rings this process's open sockets.
 
 Embedded mode rings through veronica.doorbell (datagram sockets beside the SQLite file), hosted
-mode through channels-redis. Either way the poll is not what delivers: these tests set it to an
+mode through Redis pub/sub (veronica.redisbell). Either way the poll is not what delivers: these tests set it to an
 hour, so only a ring can bring the event within the (generous) timeout.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from veronica import events
 space_id, count = int(sys.argv[1]), int(sys.argv[2])
 for i in range(count):
     events.emit(space_id, "bell.tick", n=i)
-sys.stdin.read()  # stay up until the test has its events: hosted rings leave from a background thread
+sys.stdin.read()  # stay up until the test has its events
 """
 
 

@@ -12,6 +12,7 @@ fails: the limit is too low for the work).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -24,12 +25,12 @@ from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
 from veronica.agent.providers import get_provider
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
-from veronica.agent.providers.base import Provider, ProviderError, Reply
+from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall
 from veronica.agent.runctx import Cancelled, RunContext
 from veronica.agent.tools import Tool, ToolContext, ToolError, tools_for, truncate, workspace
 from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
-from veronica.errors import VeronicaError
+from veronica.errors import VeronicaError, storable
 from veronica.models import Approval, ApprovalStatus, Member, Phase, PermissionMode, Question, RunOutcome, TurnRole
 
 log = logging.getLogger(__name__)
@@ -281,7 +282,14 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     except ProviderError as exc:
         metering.record(ctx, member.model, exc.usage)
         raise
-    return metering.with_usage(reply, system, messages, specs, chars=chars)
+    return storable_reply(metering.with_usage(reply, system, messages, specs, chars=chars))
+
+
+def storable_reply(reply: Reply) -> Reply:
+    """The reply as it can be persisted: a NUL or an unpaired surrogate from the model becomes U+FFFD
+    (veronica.errors.storable) instead of failing the step's transaction on PostgreSQL."""
+    return dataclasses.replace(reply, text=storable(reply.text), tool_calls=[
+        ToolCall(id=storable(c.id), name=storable(c.name), args=storable(c.args)) for c in reply.tool_calls])
 
 
 def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: Reply) -> str:
@@ -383,6 +391,7 @@ def observe(member: Member, tctx: ToolContext, tools: dict[str, Tool], tool: Too
 
 def persist_result(member: Member, tctx: ToolContext, call: dict, result: str) -> None:
     """Callers hold the run's fence."""
+    result = storable(result)  # e.g. an MCP tool's output with a NUL in it
     fields = dict(tool_call_id=call["id"], tool_name=call["name"])
     if tctx.log is not None:
         tctx.log.append(TurnRole.TOOL, result, **fields)

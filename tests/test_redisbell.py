@@ -1,0 +1,90 @@
+"""veronica.redisbell: the hosted event doorbell is one PUBLISH per ring and one pattern subscription
+per event loop; it survives a dropped subscription and never fails or holds the ringing worker."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from django.conf import settings
+
+from veronica import redisbell
+from tests.harness import free_port
+
+pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="hosted mode's doorbell (Redis)")
+
+
+async def heard(rings: list, count: int, timeout: float = 5.0) -> list:
+    deadline = time.monotonic() + timeout
+    while len(rings) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return rings
+
+
+def listen(rings: list):
+    loop = asyncio.get_running_loop()
+    return redisbell.Listener(loop, lambda space_id, seq: rings.append((space_id, seq)))
+
+
+def test_a_ring_reaches_the_subscribed_loop():
+    async def scenario():
+        rings: list = []
+        listener = listen(rings)
+        await asyncio.wait_for(listener.subscribed.wait(), 5)
+        await asyncio.to_thread(redisbell.ring, 7, 41)
+        await asyncio.to_thread(redisbell.ring, 8, 42)
+        await heard(rings, 2)
+        listener.close()
+        return rings
+
+    assert asyncio.run(scenario()) == [(7, 41), (8, 42)]
+
+
+def test_another_deployments_prefix_is_not_heard(settings):
+    async def scenario():
+        rings: list = []
+        listener = listen(rings)
+        await asyncio.wait_for(listener.subscribed.wait(), 5)
+        settings.CHANNEL_PREFIX = "someone-else"
+        redisbell._client = None
+        await asyncio.to_thread(redisbell.ring, 7, 1)
+        settings.CHANNEL_PREFIX = "veronica"
+        await asyncio.to_thread(redisbell.ring, 7, 2)
+        await heard(rings, 2, timeout=1.0)
+        listener.close()
+        return rings
+
+    settings.CHANNEL_PREFIX = "veronica"
+    assert asyncio.run(scenario()) == [(7, 2)]
+
+
+def test_a_dropped_subscription_is_made_again():
+    import redis
+
+    async def scenario():
+        rings: list = []
+        listener = listen(rings)
+        await asyncio.wait_for(listener.subscribed.wait(), 5)
+        redis.Redis.from_url(settings.REDIS_URL).client_kill_filter(_type="pubsub")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # rings until the new subscription hears one
+            await asyncio.to_thread(redisbell.ring, 9, 1)
+            if rings:
+                break
+            await asyncio.sleep(0.1)
+        listener.close()
+        return rings
+
+    assert asyncio.run(scenario())[:1] == [(9, 1)]
+
+
+def test_a_ring_with_redis_down_neither_raises_nor_hangs(settings, caplog):
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
+    redisbell._client = None
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
+        redisbell.ring(1, 1)
+    redisbell._client = None
+    assert time.monotonic() - started < redisbell.SOCKET_TIMEOUT + 1
+    assert "event ring for space 1 seq 1 failed" in caplog.text

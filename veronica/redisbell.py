@@ -1,0 +1,100 @@
+"""The hosted mode's doorbell for event streams: one Redis PUBLISH per ring, one pattern subscription
+per event loop that streams.
+
+A ring only says "look": a feed (veronica.consumers) reads committed rows by seq and polls as its
+backstop, so a ring needs no delivery guarantee, and Redis pub/sub's at-most-once is enough. It
+replaces channels-redis's group_send, which cost every worker ~1-3 ms of CPU per step (group lookup,
+a Lua script and msgpack on a thread of its own, for each commit). A PUBLISH that nobody hears costs
+the server nothing. Pub/sub ignores Redis's database number, so the channel carries the deployment's
+prefix (VERONICA_CHANNEL_PREFIX); a ring from another deployment on the same server could only make
+a feed look once for nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Callable
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+SOCKET_TIMEOUT = 2.0  # a ring never holds a worker longer than this, even with Redis unreachable
+
+
+def enabled() -> bool:
+    return bool(settings.REDIS_URL)
+
+
+def prefix() -> str:
+    return f"{settings.CHANNEL_PREFIX}:bell:"
+
+
+_client: tuple[int, object] | None = None
+
+
+def _publisher():
+    global _client
+    if _client is None or _client[0] != os.getpid():  # a forked worker gets its own connection
+        import redis
+
+        _client = (os.getpid(), redis.Redis.from_url(settings.REDIS_URL, socket_timeout=SOCKET_TIMEOUT,
+                                                     socket_connect_timeout=SOCKET_TIMEOUT))
+    return _client[1]
+
+
+def ring(space_id: int, seq: int) -> None:
+    """Tell every streaming process to look at space_id (call after the commit). Never raises."""
+    global _client
+    try:
+        _publisher().publish(f"{prefix()}{space_id}", seq)
+    except Exception:
+        log.warning("event ring for space %s seq %s failed; the feeds' poll delivers it", space_id, seq, exc_info=True)
+        _client = None  # the next ring reconnects
+
+
+class Listener:
+    """One pattern subscription on an event loop; calls on_ring(space_id, seq) in the loop for each
+    ring. A lost connection is re-made with backoff (rings meanwhile are covered by the feeds' poll)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_ring: Callable[[int, int], None]) -> None:
+        self.loop, self.on_ring = loop, on_ring  # held: a loop's id is its key, and is not reused while it lives
+        self.subscribed = asyncio.Event()
+        self.task = loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        import redis.asyncio as aioredis
+
+        pattern, backoff = f"{prefix()}*", 0.2
+        while True:
+            client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=SOCKET_TIMEOUT)
+            try:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                await pubsub.psubscribe(pattern)
+                self.subscribed.set()
+                backoff = 0.2
+                async for message in pubsub.listen():
+                    self._dispatch(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.info("event doorbell subscription lost; re-subscribing in %.1f s", backoff, exc_info=True)
+            finally:
+                self.subscribed.clear()
+                try:
+                    await client.aclose()
+                except Exception:
+                    pass
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _dispatch(self, message: dict) -> None:
+        if message.get("type") != "pmessage":
+            return
+        space, seq = message.get("channel", b"")[len(prefix()):], message.get("data", b"")
+        if space.isdigit() and seq.isdigit():
+            self.on_ring(int(space), int(seq))
+
+    def close(self) -> None:
+        self.task.cancel()
