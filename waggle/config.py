@@ -35,6 +35,19 @@ class WaggleConfig:
                                     # workers set this so mining never slows a member's turn)
 
     def normalized(self) -> "WaggleConfig":
+        """The config with every field in range; memoized (a member's path asks several times a call)."""
+        try:
+            hit = _normalized.get(self)
+        except TypeError:  # a field given as something unhashable (a list of tools): computed each time
+            return self._normalize()
+        if hit is None:
+            if len(_normalized) > 64:
+                _normalized.clear()
+            hit = _normalized[self] = self._normalize()
+            _normalized[hit] = hit
+        return hit
+
+    def _normalize(self) -> "WaggleConfig":
         return replace(
             self,
             ring_capacity=self.ring_capacity if self.ring_capacity > 0 else 200,
@@ -61,8 +74,14 @@ class WaggleConfig:
         return timedelta(days=self.retention_days)
 
 
+_normalized: dict[WaggleConfig, WaggleConfig] = {}
+_default: tuple[dict, WaggleConfig] | None = None
+
+
 def default_config() -> WaggleConfig:
-    """Defaults, overridden by ``settings.WAGGLE`` when the host defines it."""
+    """Defaults, overridden by ``settings.WAGGLE`` when the host defines it (read again whenever that
+    setting changes)."""
+    global _default
     overrides: dict = {}
     try:
         from django.conf import settings
@@ -70,8 +89,12 @@ def default_config() -> WaggleConfig:
         overrides = dict(getattr(settings, "WAGGLE", {}) or {})
     except Exception:  # noqa: BLE001 - settings not configured (pure use): plain defaults
         overrides = {}
+    if _default is not None and _default[0] == overrides:
+        return _default[1]
     known = {f.name for f in fields(WaggleConfig)}
-    return WaggleConfig(**{k: v for k, v in overrides.items() if k in known}).normalized()
+    cfg = WaggleConfig(**{k: v for k, v in overrides.items() if k in known}).normalized()
+    _default = (overrides, cfg)
+    return cfg
 
 
 DEFAULT_STALE_AGE = timedelta(days=30)

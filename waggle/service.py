@@ -154,11 +154,20 @@ def _insert_forage(row: ForageCall) -> None:
         qn = connection.ops.quote_name
         sql = (f"INSERT INTO {qn(ForageCall._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
                f"VALUES ({', '.join(['%s'] * len(fields))})")
-        cached = _forage_sql[connection.vendor] = (sql, fields)
+        cached = _forage_sql[connection.vendor] = (sql, [(f, f.get_internal_type() in _PLAIN) for f in fields])
     sql, fields = cached
+    params = []
+    for f, plain in fields:
+        value = f.pre_save(row, True)
+        params.append(value if plain and value is not None else f.get_db_prep_save(value, connection))
     guard = current_guard()
     with connection.cursor() as cur:
-        cur.execute((guard and guard.one_trip(sql)) or sql, [f.get_db_prep_save(f.pre_save(row, True), connection) for f in fields])
+        cur.execute((guard and guard.one_trip(sql)) or sql, params)
+
+
+# Columns whose Python value goes to the driver as it is (the field's own preparation is a no-op for them)
+_PLAIN = frozenset({"CharField", "TextField", "BooleanField", "IntegerField", "BigIntegerField", "PositiveIntegerField",
+                    "PositiveBigIntegerField", "SmallIntegerField"})
 
 
 def _check_key(name: str, value: Any) -> str:

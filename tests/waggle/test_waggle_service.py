@@ -416,3 +416,16 @@ def test_async_sweeps_share_one_broker_per_process(monkeypatch):
     service._enqueue_sweep("1")
     service._enqueue_sweep("2")
     assert len(brokers) == 2 and brokers[0] is not None and brokers[0] is brokers[1]
+
+
+def test_the_default_config_follows_the_setting_and_is_memoized(settings):
+    from waggle.config import WaggleConfig, default_config
+
+    settings.WAGGLE = {"mine_period": 16}
+    first = default_config()
+    assert first.mine_period == 16 and default_config() is first
+    settings.WAGGLE = {"mine_period": 1}  # out of range: normalized to the floor
+    assert default_config().mine_period == 2
+    odd = WaggleConfig(ring_capacity=-1, ignore_tools=["x"])  # unhashable as given: normalized all the same
+    assert odd.normalized().ring_capacity == 200 and odd.normalized().ignore_tools == frozenset({"x"})
+    assert WaggleConfig(k=4).normalized() is WaggleConfig(k=4).normalized().normalized()

@@ -9,6 +9,7 @@ Token usage is estimated as characters / 4 and marked as an estimate.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -102,6 +103,7 @@ class Trace:
         self.results: dict[str, str] = {}
         self.calls: list[tuple[str, dict, str]] = []
         self.pending: dict[str, tuple[str, dict]] = {}
+        self.outcomes: dict[int, str] = {}  # task_done's result per task id, kept as calls are fed
         self.feed(messages)
 
     def feed(self, messages: list[dict]) -> None:
@@ -112,6 +114,8 @@ class Trace:
             elif m["role"] == "tool" and m.get("tool_call_id") in self.pending:
                 name, args = self.pending[m["tool_call_id"]]
                 self.calls.append((name, args, m["content"]))
+                if name == "task_done":
+                    self.outcomes[_task_id(args)] = m["content"]
                 self.results[_key(name, args)] = m["content"]
                 self._replayed(m["content"])
 
@@ -138,14 +142,23 @@ class Trace:
         return sum(1 for c in self.calls if c[0] == name)
 
 
-def mails(brief: str) -> list[dict]:
+def _task_id(args: dict) -> int:
+    try:
+        return int(args.get("task_id", 0))
+    except (TypeError, ValueError, AttributeError):
+        return 0
+
+
+@functools.lru_cache(maxsize=16)
+def mails(brief: str) -> tuple[dict, ...]:
+    """The brief's mails (read-only: cached, since a run asks again with the same brief on every call)."""
     marks = list(MAIL_RE.finditer(brief))
     out = []
     for i, mark in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(brief)
         body = brief[mark.end():end].split("\n## ", 1)[0].strip()
         out.append({"sender": mark.group("sender"), "subject": mark.group("subject") or "", "body": body})
-    return out
+    return tuple(out)
 
 
 # --- leader ------------------------------------------------------------------------------------------
@@ -247,10 +260,15 @@ def findings(steps: list[tuple[str, dict]], done: Trace) -> str:
     return "\n".join(lines) or "- nothing specific named; oriented in the workspace"
 
 
+@functools.lru_cache(maxsize=16)
+def assignments_in(brief: str) -> tuple[tuple[int, str, str], ...]:
+    return tuple((int(m.group("id")), m.group("title"), mail["body"]) for mail in mails(brief)
+                 for m in [ASSIGN_RE.search(mail["body"])] if m)
+
+
 def work(brief: str, done: Trace, names: set[str]):
-    assignments = [(int(m.group("id")), m.group("title"), mail["body"]) for mail in mails(brief)
-                   for m in [ASSIGN_RE.search(mail["body"])] if m]
-    outcomes = {int(a.get("task_id", 0)): out for name, a, out in done.calls if name == "task_done"}
+    assignments = assignments_in(brief)
+    outcomes = done.outcomes
     refused = {tid: out for tid, out in outcomes.items() if out.startswith("error:")}  # tried once; not again
     for task_id, title, spec in assignments:
         if task_id in outcomes:
