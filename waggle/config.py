@@ -33,6 +33,11 @@ class WaggleConfig:
     ignore_tools: frozenset[str] = DEFAULT_IGNORED_TOOLS  # never recorded (waggle's own tools)
     sweep_async: bool = False       # mine in a django-q2 task instead of inside observe (the host's
                                     # workers set this so mining never slows a member's turn)
+    sweep_interval: float = 2.0     # sweep_async: at most one sweep of a space enqueued per this many
+                                    # seconds from one process (a sweep mines the whole window, so the
+                                    # next one covers what a skipped period saw; without the bound a
+                                    # busy space queued sweeps faster than workers ran them, and wakes
+                                    # waited behind them)
 
     def normalized(self) -> "WaggleConfig":
         """The config with every field in range; memoized (a member's path asks several times a call)."""
@@ -62,6 +67,7 @@ class WaggleConfig:
             mine_window=max(10, int(self.mine_window)),
             retention_calls=max(10, int(self.retention_calls)),
             retention_days=max(1, int(self.retention_days)),
+            sweep_interval=max(0.0, float(self.sweep_interval)),
             ignore_tools=frozenset(self.ignore_tools),
         )
 

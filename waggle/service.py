@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import Counter, OrderedDict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -224,7 +225,7 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
             seq = _record(space_key, session_key, member_key, call, cfg)
         if cfg.mining and seq % cfg.mine_period == 0:
             if cfg.sweep_async:  # off the member's turn: a django-q2 worker mines after the commit
-                transaction.on_commit(lambda: _enqueue_sweep(space_key))
+                transaction.on_commit(lambda: _enqueue_sweep(space_key, cfg.sweep_interval))
             else:
                 with _contained():  # a failed sweep never takes the recorded call with it
                     sweep(space_key, config=cfg)
@@ -287,7 +288,16 @@ def _sweep_broker():
     return broker
 
 
-def _enqueue_sweep(space_key: str) -> None:
+_last_enqueued: dict[tuple[int, str], float] = {}
+
+
+def _enqueue_sweep(space_key: str, interval: float = 0.0) -> None:
+    now, key = time.monotonic(), (os.getpid(), space_key)
+    if interval and now - _last_enqueued.get(key, -interval) < interval:
+        return  # one is queued or just ran: it mines the same window (WaggleConfig.sweep_interval)
+    if len(_last_enqueued) > 4096:
+        _last_enqueued.clear()
+    _last_enqueued[key] = now
     try:
         from django_q.tasks import async_task
 

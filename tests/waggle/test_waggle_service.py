@@ -395,7 +395,7 @@ def test_async_sweep_mines_off_the_turn_in_a_q2_task(monkeypatch):
     from waggle.config import WaggleConfig
 
     enqueued = []
-    monkeypatch.setattr(service, "_enqueue_sweep", lambda key: enqueued.append(key))
+    monkeypatch.setattr(service, "_enqueue_sweep", lambda key, interval: enqueued.append(key))
     cfg = WaggleConfig(mine_period=2, sweep_async=True).normalized()
     for i in range(4):
         service.observe("s-async", "sess", "m", "read_file", {"path": f"f{i % 2}"}, False, "out", config=cfg)
@@ -429,3 +429,23 @@ def test_the_default_config_follows_the_setting_and_is_memoized(settings):
     odd = WaggleConfig(ring_capacity=-1, ignore_tools=["x"])  # unhashable as given: normalized all the same
     assert odd.normalized().ring_capacity == 200 and odd.normalized().ignore_tools == frozenset({"x"})
     assert WaggleConfig(k=4).normalized() is WaggleConfig(k=4).normalized().normalized()
+
+
+def test_async_sweeps_of_a_space_are_at_most_one_per_interval_per_process(monkeypatch):
+    """A busy space hit its mine period many times a second: the sweeps queued faster than workers ran
+    them, and the members' wakes waited behind them."""
+    import django_q.tasks as tasks
+
+    from waggle import service
+
+    clock = [1000.0]
+    queued = []
+    monkeypatch.setattr(service.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(tasks, "async_task", lambda func, key, **kwargs: queued.append(key))
+    for _ in range(5):
+        service._enqueue_sweep("busy", 2.0)
+    service._enqueue_sweep("other", 2.0)
+    assert queued == ["busy", "other"]
+    clock[0] += 2.0
+    service._enqueue_sweep("busy", 2.0)
+    assert queued == ["busy", "other", "busy"]
