@@ -122,6 +122,19 @@ def test_hosted_database_connections_time_out_and_keep_alive_overridably(tmp_pat
     assert bad.returncode != 0 and "VERONICA_DB_LOCK_TIMEOUT" in bad.stderr
 
 
+def test_hosted_statements_are_prepared_unless_turned_off(tmp_path):
+    """Server-side binding with prepared statements is the hosted default (a step skips parse and plan);
+    0 turns it off for a transaction-mode pooler that cannot keep prepared statements."""
+    import json
+
+    options = json.loads(_hosted_database_settings(tmp_path).stdout)
+    assert options["server_side_binding"] is True and options["prepare_threshold"] == 5
+    off = json.loads(_hosted_database_settings(tmp_path, VERONICA_DB_PREPARE_THRESHOLD="0").stdout)
+    assert "server_side_binding" not in off and "prepare_threshold" not in off
+    bad = _hosted_database_settings(tmp_path, VERONICA_DB_PREPARE_THRESHOLD="-1")
+    assert bad.returncode != 0 and "VERONICA_DB_PREPARE_THRESHOLD" in bad.stderr
+
+
 @pytest.mark.parametrize("raw", ["0", "61", "fast"])
 def test_engine_tick_period_is_validated_at_start_up(tmp_path, raw):
     result = _manage(["check"], VERONICA_ENGINE_TICK_SECONDS=raw, VERONICA_DATA_DIR=str(tmp_path))

@@ -4,7 +4,8 @@ On PostgreSQL a failed statement aborts the whole transaction it runs in, so wag
 the host's transaction go in a savepoint. A plain savepoint (SAVEPOINT, the INSERT, RELEASE) is three
 round trips for one row on every tool call; here the common case is one: the recorded call's INSERT
 goes to the server as ``SAVEPOINT; INSERT; RELEASE`` in a single simple-protocol query (what Django's
-default psycopg cursor, which binds parameters client-side, sends). Any other statement run under the
+default psycopg cursor, which binds parameters client-side, sends; a connection that binds on the
+server sends the three as one pipeline). Any other statement run under the
 guard first opens the savepoint on its own, so whatever waggle runs there is contained. SQLite rolls
 back only the failing statement, and outside a transaction each statement is its own: no savepoint.
 """
@@ -21,7 +22,7 @@ NAME = "waggle_write"
 
 class Guard:
     """The active guard: whether its savepoint is open (it opens with the first statement) and whether
-    it is released already (the one-trip query releases its own)."""
+    it is released already (the one-trip query of execute() releases its own)."""
 
     def __init__(self) -> None:
         self.open = self.released = False
@@ -32,15 +33,29 @@ class Guard:
             self.open = True
         return execute(sql, params, many, context)
 
-    def one_trip(self, sql: str) -> str | None:
-        """``sql`` wrapped in the savepoint, as one query (the guard then has nothing left to do), or
-        None when it must run as it is (the savepoint is already open, or parameters are bound on the
-        server, where one prepared statement cannot hold three)."""
-        if self.open or connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
-            return None
-        self.open = True
-        self.released = True
-        return f"SAVEPOINT {NAME}; {sql}; RELEASE SAVEPOINT {NAME}"
+    def execute(self, sql: str, params) -> None:
+        """Run ``sql`` (one statement, no result) in the savepoint, in one round trip when the savepoint
+        is not open yet: ``SAVEPOINT; sql; RELEASE`` as one simple-protocol query when parameters are
+        bound on the client; a connection that binds them on the server (prepared statements, veronica's
+        hosted default) sends the three statements as one pipeline."""
+        if self.open:
+            with connection.cursor() as cur:
+                cur.execute(sql, params)
+            return
+        self.open = self.released = True
+        wrapped = f"SAVEPOINT {NAME}; {sql}; RELEASE SAVEPOINT {NAME}"
+        if not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+            with connection.cursor() as cur:
+                cur.execute(wrapped, params)
+            return
+        # Server-side binding: the three as one pipeline (psycopg sends them together, syncs once), so
+        # the INSERT is still a prepared statement; psycopg's errors come out as Django's.
+        connection.ensure_connection()
+        with connection.wrap_database_errors, connection.connection.pipeline():
+            with connection.cursor() as cur:
+                cur.execute(f"SAVEPOINT {NAME}")
+                cur.execute(sql, params)
+                cur.execute(f"RELEASE SAVEPOINT {NAME}")
 
 
 _local = threading.local()

@@ -162,8 +162,11 @@ def _insert_forage(row: ForageCall) -> None:
         value = f.pre_save(row, True)
         params.append(value if plain and value is not None else f.get_db_prep_save(value, connection))
     guard = current_guard()
+    if guard is not None:
+        guard.execute(sql, params)
+        return
     with connection.cursor() as cur:
-        cur.execute((guard and guard.one_trip(sql)) or sql, params)
+        cur.execute(sql, params)
 
 
 # Columns whose Python value goes to the driver as it is (the field's own preparation is a no-op for them)

@@ -23,10 +23,11 @@ from veronica.models import Event, Member, Session, Turn, TurnRole
 # SAVEPOINT/RELEASE (2 a step), and waggle mines inline here (in production a worker does: about 1.5
 # statements a step on average). A read_file step's own statements: its fence, its usage, its turns
 # (one INSERT), its waggle observation, its seq block and its event INSERT = 6 (SQLite); on PostgreSQL
-# 3: the fence (with the usage), waggle's observation (its savepoint in the same query) and the event
-# INSERT (with the seq block and the step's turns).
-THREE_CALL_RUN = 74 if connection.vendor == "postgresql" else 85  # measured 72 / 83; 80 before the turns rode the events; 187 before issue 13
-PER_STEP = 6 if connection.vendor == "postgresql" else 10  # measured 5.6 / 9.5; 10.5 on PostgreSQL with its own turn INSERT and savepoint; ~45 before
+# 5 in 3 round trips: the fence (with the usage), waggle's observation (SAVEPOINT, INSERT, RELEASE in one
+# pipeline, or in one query when parameters are bound client-side: tests/waggle/test_waggle_pin.py) and
+# the event INSERT (with the seq block and the step's turns).
+THREE_CALL_RUN = 78 if connection.vendor == "postgresql" else 85  # measured 76 / 83 (72 on PostgreSQL with client-side binding); 187 before issue 13
+PER_STEP = 8 if connection.vendor == "postgresql" else 10  # measured 7.6 / 9.5 (5.6 with client-side binding); ~45 before
 FENCES_PER_STEP = 1  # commits per step (2 before the fused step, 5-6 before issue 13)
 
 

@@ -33,8 +33,10 @@ def test_a_failing_statement_under_the_guard_is_rolled_back_alone(monkeypatch):
     def failing_insert(row):
         sql = "INSERT INTO waggle_no_such_table (x) VALUES (%s)"
         current = guard.current()
+        if current is not None:
+            return current.execute(sql, [1])
         with connection.cursor() as cur:
-            cur.execute((current and current.one_trip(sql)) or sql, [1])
+            cur.execute(sql, [1])
 
     with transaction.atomic():
         observe("s1", {"path": "a"})
@@ -88,3 +90,56 @@ def test_outside_a_transaction_there_is_no_savepoint():
         observe("s4", {"path": "a"})
     assert not any("SAVEPOINT" in q["sql"] for q in queries.captured_queries)
     assert guard.current() is None
+
+
+@pytest.fixture(params=["server-side", "client-side"])
+def binding(request):
+    """PostgreSQL: run the test with parameters bound on the server (prepared statements, the hosted
+    default) and on the client (VERONICA_DB_PREPARE_THRESHOLD=0)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the savepoint exists on PostgreSQL only")
+    options = connection.settings_dict["OPTIONS"]
+    saved = dict(options)
+    connection.close()
+    if request.param == "client-side":
+        options.pop("server_side_binding", None)
+        options.pop("prepare_threshold", None)
+    else:
+        options.update(server_side_binding=True, prepare_threshold=5)
+    yield request.param
+    connection.close()
+    options.clear()
+    options.update(saved)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_either_binding_records_in_one_round_trip_and_contains_a_failure(binding, monkeypatch):
+    piped: list = []
+
+    def spy(execute, sql, params, many, context):
+        piped.append((sql, getattr(connection.connection, "_pipeline", None)))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic(), service.pinned("1", "b1"):
+        observe("b1", {"path": "first"})  # syncs the pinned session's ring (a read, then the INSERT)
+        with connection.execute_wrapper(spy):
+            observe("b1", {"path": "a"})
+        sent = [sql for sql, _ in piped]
+        if binding == "client-side":
+            assert len(sent) == 1 and sent[0].startswith("SAVEPOINT waggle_write; INSERT") and piped[0][1] is None
+        else:
+            assert [s.split(" (")[0] for s in sent] == ["SAVEPOINT waggle_write", 'INSERT INTO "waggle_foragecall"',
+                                                        "RELEASE SAVEPOINT waggle_write"]
+            assert piped[0][1] is not None and all(pipe is piped[0][1] for _, pipe in piped), "one pipeline: one round trip"
+        real = service._insert_forage
+
+        def broken(row):
+            row.tool = "x" * 500  # longer than the column: the server refuses the INSERT
+            real(row)
+
+        monkeypatch.setattr(service, "_insert_forage", broken)
+        observe("b1", {"path": "b"})  # fails under the guard: rolled back to its savepoint, swallowed
+        monkeypatch.undo()
+        observe("b1", {"path": "c"})
+        assert ForageCall.objects.filter(session_key="b1").count() == 3  # the host's transaction is still usable
+    assert ForageCall.objects.filter(session_key="b1").count() == 3
