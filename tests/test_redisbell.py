@@ -88,3 +88,31 @@ def test_a_ring_with_redis_down_neither_raises_nor_hangs(settings, caplog):
     redisbell._client = None
     assert time.monotonic() - started < redisbell.SOCKET_TIMEOUT + 1
     assert "event ring for space 1 seq 1 failed" in caplog.text
+
+
+def test_a_ring_is_a_write_with_no_reply_and_survives_a_killed_connection():
+    """The ringing connection has replies off (a worker never waits for Redis); when Redis drops it,
+    a later ring reconnects (the rings in between are the feeds' poll's to deliver)."""
+    import redis
+
+    async def scenario():
+        rings: list = []
+        listener = listen(rings)
+        await asyncio.wait_for(listener.subscribed.wait(), 5)
+        await asyncio.to_thread(redisbell.ring, 4, 1)
+        await heard(rings, 1)
+        admin = redis.Redis.from_url(settings.REDIS_URL)
+        ringers = [c for c in admin.client_list(_type="normal") if "reply" in c.get("flags", "") or c.get("cmd") == "publish"]
+        assert ringers, "the ringing connection is open with replies off"
+        admin.client_kill_filter(_type="normal", skipme=True)
+        deadline = time.monotonic() + 10
+        seq = 1
+        while time.monotonic() < deadline and (4, seq) not in rings:
+            seq += 1
+            await asyncio.to_thread(redisbell.ring, 4, seq)
+            await asyncio.sleep(0.05)
+        listener.close()
+        return rings, seq
+
+    rings, seq = asyncio.run(scenario())
+    assert (4, seq) in rings and seq < 10, "heard again within a few rings"
