@@ -9,7 +9,8 @@ dropped afterwards; SQLite in a temp dir):
 * cpu_ms_per_step, sql_per_step, commits_per_step, step_ms: one step in-process with a zero-latency
   scripted model (read_file each step), from one model call to the next, median over a 10-step run
   (sql_per_call_whole_run: the run's statements over its 11 model calls, start and end included);
-* step_ms_50_turns / 1000 / 3000: the same on a transcript that already holds that many turns;
+* step_ms_50_turns / 1000 / 3000: the same on a transcript that already holds that many turns, the three
+  measured round-robin; step_ratio_3000_to_50_turns: the median of the rounds' 3000 / 50 ratios;
 * steps_per_s_5 / 20 / 50: a real django-q2 cluster (4 workers) with N busy members in ONE space, the
   offline model at zero latency, each with far more assigned work than the window: model calls per
   second over 2 s windows; steps_per_s_50_in_10_spaces: the same 50 members spread over 10 spaces;
@@ -181,13 +182,20 @@ def step_profile(workdir: Path, reps: int) -> dict:
     one_run(space, worker)  # warm-up: connections, imports, the session
     runs = [one_run(space, worker) for _ in range(reps)]
     out = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-    growth = {}
+    # The three transcript lengths are measured round-robin (2 x reps + 1 rounds), so a host whose speed
+    # drifts over the seconds this takes favours none of them; the ratio is the median of the rounds'.
+    members = {}
     for turns in (50, 1000, 3000):
         space, (member,) = make_space(f"growth-{turns}", 1, workdir)
         seed_transcript(member, turns)
         one_run(space, member, 2)
-        growth[turns] = statistics.median(one_run(space, member)["step_ms"] for _ in range(reps))
-    out["growth"] = growth
+        members[turns] = (space, member)
+    rounds = []
+    for k in range(2 * reps + 1):  # the order alternates too: whatever runs first in a round favours neither
+        order = list(members) if k % 2 == 0 else list(reversed(members))
+        rounds.append({turns: one_run(*members[turns])["step_ms"] for turns in order})
+    out["growth"] = {turns: statistics.median(r[turns] for r in rounds) for turns in members}
+    out["growth_ratio"] = statistics.median(r[3000] / r[50] for r in rounds)
     return out
 
 
@@ -425,7 +433,7 @@ def child(mode: str, reps: int) -> dict:
                commits_per_step=round(profile["commits"], 2), step_ms=round(profile["step_ms"], 2),
                sql_per_call_whole_run=round(profile["whole_run_sql_per_call"], 1), sql_per_10_step_run=profile["statements"],
                step_ms_50_turns=round(profile["growth"][50], 2), step_ms_1000_turns=round(profile["growth"][1000], 2),
-               step_ms_3000_turns=round(profile["growth"][3000], 2))
+               step_ms_3000_turns=round(profile["growth"][3000], 2), step_ratio_3000_to_50_turns=round(profile["growth_ratio"], 2))
     with qcluster(workers=4):
         for n in (5, 20, 50):
             out[f"steps_per_s_{n}"] = round(throughput(n, workdir, reps), 1)
