@@ -116,3 +116,19 @@ def test_a_ring_is_a_write_with_no_reply_and_survives_a_killed_connection():
 
     rings, seq = asyncio.run(scenario())
     assert (4, seq) in rings and seq < 10, "heard again within a few rings"
+
+
+def test_answers_from_a_server_that_ignored_reply_off_are_drained():
+    import redis
+
+    conn = redis.ConnectionPool.from_url(settings.REDIS_URL).make_connection()
+    conn.connect()
+    conn.send_command("PUBLISH", "nobody:bell:1", 1)  # replies on, as on a server without CLIENT REPLY
+    conn.send_command("NO-SUCH-COMMAND")  # an error reply
+    deadline = time.monotonic() + 2
+    while not conn.can_read(timeout=0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    redisbell._drain(conn)
+    assert not conn.can_read(timeout=0)
+    conn.disconnect()

@@ -52,13 +52,26 @@ def _connection():
     return _client[1]
 
 
+def _drain(conn) -> None:
+    """A server that ignored REPLY OFF answers every ring: read the answers, so none pile up unread."""
+    from redis.exceptions import ResponseError
+
+    while conn.can_read(timeout=0):
+        try:
+            conn.read_response()
+        except ResponseError:  # e.g. the error reply to CLIENT REPLY itself
+            pass
+
+
 def ring(space_id: int, seq: int) -> None:
     """Tell every streaming process to look at space_id (call after the commit). Never raises, never
     waits for Redis's answer (a send into a connection that died is a lost ring: the feeds' poll
     delivers it, and the next ring reconnects)."""
     global _client
     try:
-        _connection().send_command("PUBLISH", f"{prefix()}{space_id}", seq, check_health=False)
+        conn = _connection()
+        conn.send_command("PUBLISH", f"{prefix()}{space_id}", seq, check_health=False)
+        _drain(conn)
     except Exception:
         log.warning("event ring for space %s seq %s failed; the feeds' poll delivers it", space_id, seq, exc_info=True)
         if _client is not None:
