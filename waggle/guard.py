@@ -12,7 +12,7 @@ back only the failing statement, and outside a transaction each statement is its
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
 from django.db import DatabaseError, connection
@@ -49,9 +49,13 @@ class Guard:
                 cur.execute(wrapped, params)
             return
         # Server-side binding: the three as one pipeline (psycopg sends them together, syncs once), so
-        # the INSERT is still a prepared statement; psycopg's errors come out as Django's.
+        # the INSERT is still a prepared statement; psycopg's errors come out as Django's. A libpq too
+        # old for pipelines (< 14) sends them one by one.
+        import psycopg
+
         connection.ensure_connection()
-        with connection.wrap_database_errors, connection.connection.pipeline():
+        piped = connection.connection.pipeline() if psycopg.capabilities.has_pipeline() else nullcontext()
+        with connection.wrap_database_errors, piped:
             with connection.cursor() as cur:
                 cur.execute(f"SAVEPOINT {NAME}")
                 cur.execute(sql, params)

@@ -143,3 +143,24 @@ def test_either_binding_records_in_one_round_trip_and_contains_a_failure(binding
         observe("b1", {"path": "c"})
         assert ForageCall.objects.filter(session_key="b1").count() == 3  # the host's transaction is still usable
     assert ForageCall.objects.filter(session_key="b1").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_pipelines_the_savepoint_still_contains_a_failure(binding, monkeypatch):
+    """A libpq older than 14 has no pipeline mode: the three statements go one by one, still contained."""
+    import psycopg
+
+    monkeypatch.setattr(psycopg.capabilities, "has_pipeline", lambda check=False: False)
+    with transaction.atomic(), service.pinned("1", "b2"):
+        observe("b2", {"path": "first"})
+        real = service._insert_forage
+
+        def broken(row):
+            row.tool = "x" * 500
+            real(row)
+
+        monkeypatch.setattr(service, "_insert_forage", broken)
+        observe("b2", {"path": "b"})
+        monkeypatch.setattr(service, "_insert_forage", real)
+        observe("b2", {"path": "c"})
+        assert ForageCall.objects.filter(session_key="b2").count() == 2
