@@ -107,3 +107,24 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, message: str = "c
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@contextmanager
+def round_trips():
+    """The statements sent meanwhile, one entry per round trip: statements psycopg sends as one pipeline
+    (waggle's savepoint on a server-binding connection) are joined into one entry, as the single
+    simple-protocol query of client-side binding would be."""
+    sent: list[str] = []
+    last_pipe: list = [None]
+
+    def record(execute, sql, params, many, context):
+        pipe = getattr(connection.connection, "_pipeline", None)  # psycopg's open pipeline, if any
+        if pipe is not None and pipe is last_pipe[0] and sent:
+            sent[-1] += f"; {sql}"
+        else:
+            sent.append(sql)
+        last_pipe[0] = pipe
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield sent

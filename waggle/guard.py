@@ -43,10 +43,9 @@ class Guard:
                 cur.execute(sql, params)
             return
         self.open = self.released = True
-        wrapped = f"SAVEPOINT {NAME}; {sql}; RELEASE SAVEPOINT {NAME}"
         if not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
             with connection.cursor() as cur:
-                cur.execute(wrapped, params)
+                cur.execute(f"SAVEPOINT {NAME}; {sql}; RELEASE SAVEPOINT {NAME}", params)
             return
         # Server-side binding: the three as one pipeline (psycopg sends them together, syncs once), so
         # the INSERT is still a prepared statement; psycopg's errors come out as Django's. A libpq too

@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from waggle import guard, service
 from waggle.config import WaggleConfig
 from waggle.models import ForageCall
+from tests.harness import round_trips
 
 pytestmark = pytest.mark.django_db
 
@@ -114,23 +115,13 @@ def binding(request):
 
 @pytest.mark.django_db(transaction=True)
 def test_either_binding_records_in_one_round_trip_and_contains_a_failure(binding, monkeypatch):
-    piped: list = []
-
-    def spy(execute, sql, params, many, context):
-        piped.append((sql, getattr(connection.connection, "_pipeline", None)))
-        return execute(sql, params, many, context)
-
     with transaction.atomic(), service.pinned("1", "b1"):
         observe("b1", {"path": "first"})  # syncs the pinned session's ring (a read, then the INSERT)
-        with connection.execute_wrapper(spy):
+        with round_trips() as sent:
             observe("b1", {"path": "a"})
-        sent = [sql for sql, _ in piped]
-        if binding == "client-side":
-            assert len(sent) == 1 and sent[0].startswith("SAVEPOINT waggle_write; INSERT") and piped[0][1] is None
-        else:
-            assert [s.split(" (")[0] for s in sent] == ["SAVEPOINT waggle_write", 'INSERT INTO "waggle_foragecall"',
-                                                        "RELEASE SAVEPOINT waggle_write"]
-            assert piped[0][1] is not None and all(pipe is piped[0][1] for _, pipe in piped), "one pipeline: one round trip"
+        assert len(sent) == 1, sent  # one query (client-side binding) or one pipeline (server-side)
+        assert [part.split(" (")[0] for part in sent[0].split("; ")] == [
+            "SAVEPOINT waggle_write", 'INSERT INTO "waggle_foragecall"', "RELEASE SAVEPOINT waggle_write"]
         real = service._insert_forage
 
         def broken(row):

@@ -11,18 +11,12 @@ from django.test.utils import CaptureQueriesContext
 from waggle import service
 from waggle.config import WaggleConfig
 from waggle.models import ForageCall
+from tests.harness import round_trips
 
 pytestmark = pytest.mark.django_db
 
 QUIET = WaggleConfig(mine_period=10_000)
-PER_CALL = 1  # the INSERT (on PostgreSQL: SAVEPOINT; INSERT; RELEASE in one query, or one pipeline)
-TRIPLE = ("SAVEPOINT waggle_write", 'INSERT INTO "waggle_foragecall"', "RELEASE SAVEPOINT waggle_write")
-
-
-def round_trips(piped: list) -> int:
-    """Statements sent inside one psycopg pipeline (server-side binding) go in one round trip; piped holds
-    each statement's pipeline (None: sent on its own)."""
-    return sum(1 for i, pipe in enumerate(piped) if pipe is None or i == 0 or piped[i - 1] is not pipe)
+PER_CALL = 1  # the INSERT (on PostgreSQL: SAVEPOINT; INSERT; RELEASE in one query, or in one pipeline)
 
 
 def call(i):
@@ -32,25 +26,15 @@ def call(i):
 
 
 def test_a_pinned_session_costs_one_insert_per_read_only_call():
-    piped: list = []
-
-    def in_pipeline(execute, sql, params, many, context):
-        piped.append(getattr(connection.connection, "_pipeline", None))  # psycopg's open pipeline, if any
-        return execute(sql, params, many, context)
-
     with service.pinned("1", "s1"):
         call(0)  # the first call syncs the ring and reads the routes once
-        with CaptureQueriesContext(connection) as queries, connection.execute_wrapper(in_pipeline):
+        with round_trips() as sent:
             for i in range(1, 6):
                 call(i)
-    sqls = [q["sql"] for q in queries.captured_queries]
-    assert round_trips(piped) == 5 * PER_CALL, [s[:60] for s in sqls]
+    assert len(sent) == 5 * PER_CALL, [s[:60] for s in sent]
     if connection.vendor == "postgresql":  # the test's transaction is the host's: the savepoint rode along
-        one_query = all(s.startswith("SAVEPOINT waggle_write; INSERT") for s in sqls)
-        piped_triples = len(sqls) == 15 and all(s.startswith(TRIPLE[i % 3]) for i, s in enumerate(sqls)) and all(p is not None for p in piped)
-        assert one_query or piped_triples, [s[:60] for s in sqls]
-    else:
-        assert piped == [None] * len(sqls)
+        assert all(s.startswith("SAVEPOINT waggle_write; INSERT") and s.endswith("RELEASE SAVEPOINT waggle_write")
+                   for s in sent), [s[:60] for s in sent]
     assert list(ForageCall.objects.filter(session_key="s1").order_by("seq").values_list("seq", flat=True)) == [1, 2, 3, 4, 5, 6]
 
 
