@@ -39,7 +39,11 @@ def can_partition() -> str:
 
 
 def alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    # The process can be reaped between any two reads of /proc; gone then is simply not alive.
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # FileNotFoundError, or ProcessLookupError mid-read
+        return False
 
 
 @pytest.fixture
