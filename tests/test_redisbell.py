@@ -79,15 +79,61 @@ def test_a_dropped_subscription_is_made_again():
     assert asyncio.run(scenario())[:1] == [(9, 1)]
 
 
-def test_a_ring_with_redis_down_neither_raises_nor_hangs(settings, caplog):
+@pytest.fixture
+def fresh_bell():
+    redisbell._client, redisbell._retry_at, redisbell._retry_after = None, 0.0, 0.0
+    yield
+    redisbell._client, redisbell._retry_at, redisbell._retry_after = None, 0.0, 0.0
+
+
+def test_a_ring_with_redis_down_neither_raises_nor_hangs(settings, caplog, fresh_bell):
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
-    redisbell._client = None
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
         redisbell.ring(1, 1)
-    redisbell._client = None
     assert time.monotonic() - started < redisbell.SOCKET_TIMEOUT + 1
-    assert "event ring for space 1 seq 1 failed" in caplog.text
+    assert "Redis unreachable" in caplog.text
+
+
+def test_an_unreachable_redis_is_retried_after_a_back_off_not_on_every_commit(settings, caplog, monkeypatch, fresh_bell):
+    """Each connect to a Redis that is down can take SOCKET_TIMEOUT: a worker must not pay it (or log
+    it) on every commit of an outage, and must ring again once Redis is back."""
+    import redis
+
+    attempts = []
+    real_connect = redis.Connection.connect
+    monkeypatch.setattr(redis.Connection, "connect", lambda self: (attempts.append(1), real_connect(self))[1])
+    up = settings.REDIS_URL
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
+        for seq in range(50):
+            redisbell.ring(1, seq)
+    assert len(attempts) == 1, "one connect per back-off, not one per ring"
+    assert caplog.text.count("Redis unreachable") == 1
+    assert redisbell._retry_after == redisbell.RETRY_FIRST
+
+    redisbell._retry_at = 0.0  # the back-off has run out; still down: the wait doubles, quietly
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
+        redisbell.ring(1, 51)
+    assert len(attempts) == 2 and redisbell._retry_after == 2 * redisbell.RETRY_FIRST
+    assert "unreachable" not in caplog.text, "an outage is logged once, not at every retry"
+
+    settings.REDIS_URL = up  # Redis is back
+    redisbell._retry_at = 0.0
+
+    async def scenario():
+        rings: list = []
+        listener = listen(rings)
+        await asyncio.wait_for(listener.subscribed.wait(), 5)
+        with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
+            await asyncio.to_thread(redisbell.ring, 7, 52)
+        await heard(rings, 1)
+        listener.close()
+        return rings
+
+    assert asyncio.run(scenario()) == [(7, 52)]
+    assert "reachable again" in caplog.text and redisbell._retry_after == 0.0
 
 
 def test_a_ring_is_a_write_with_no_reply_and_survives_a_killed_connection():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Callable
 
 from django.conf import settings
@@ -22,6 +23,7 @@ from django.conf import settings
 log = logging.getLogger(__name__)
 
 SOCKET_TIMEOUT = 2.0  # a ring never holds a worker longer than this, even with Redis unreachable
+RETRY_FIRST, RETRY_MAX = 0.5, 5.0  # after a failed connect, rings are dropped this long (doubling)
 
 
 def enabled() -> bool:
@@ -33,21 +35,39 @@ def prefix() -> str:
 
 
 _client: tuple[int, object] | None = None  # (pid, a redis-py Connection with replies off)
+_retry_at, _retry_after = 0.0, 0.0  # while Redis cannot be reached: when to try again, and the wait
 
 
 def _connection():
     """This process's ringing connection, with replies switched off (CLIENT REPLY OFF): a ring is a
     write the worker never waits for (~15 us, against ~175 us for a PUBLISH that waits for its count
-    of listeners, which nothing reads). redis-py makes the connection (URL, auth, TLS, database)."""
-    global _client
+    of listeners, which nothing reads). redis-py makes the connection (URL, auth, TLS, database).
+    None while a failed connect is backing off."""
+    global _client, _retry_at, _retry_after
     if _client is None or _client[0] != os.getpid():  # a forked worker gets its own connection
+        if time.monotonic() < _retry_at:
+            return None
         import redis
 
         pool = redis.ConnectionPool.from_url(settings.REDIS_URL, socket_timeout=SOCKET_TIMEOUT,
                                              socket_connect_timeout=SOCKET_TIMEOUT)
         conn = pool.make_connection()
-        conn.connect()
-        conn.send_command("CLIENT", "REPLY", "OFF", check_health=False)
+        try:
+            conn.connect()
+            conn.send_command("CLIENT", "REPLY", "OFF", check_health=False)
+        except Exception:
+            # Unreachable: without a back-off every commit would wait up to SOCKET_TIMEOUT for it.
+            first = _retry_after == 0.0
+            _retry_after = min(_retry_after * 2, RETRY_MAX) if _retry_after else RETRY_FIRST
+            _retry_at = time.monotonic() + _retry_after
+            conn.disconnect()
+            (log.warning if first else log.debug)(
+                "event doorbell: Redis unreachable; rings are dropped for %.1f s (the feeds' poll delivers "
+                "the events)", _retry_after, exc_info=first)
+            return None
+        if _retry_after:
+            log.warning("event doorbell: Redis reachable again")
+        _retry_at, _retry_after = 0.0, 0.0
         _client = (os.getpid(), conn)
     return _client[1]
 
@@ -66,10 +86,13 @@ def _drain(conn) -> None:
 def ring(space_id: int, seq: int) -> None:
     """Tell every streaming process to look at space_id (call after the commit). Never raises, never
     waits for Redis's answer (a send into a connection that died is a lost ring: the feeds' poll
-    delivers it, and the next ring reconnects)."""
+    delivers it, and the next ring reconnects at once; a server that cannot be reached is tried again
+    after a back-off, so an outage costs a commit nothing)."""
     global _client
     try:
         conn = _connection()
+        if conn is None:
+            return
         conn.send_command("PUBLISH", f"{prefix()}{space_id}", seq, check_health=False)
         _drain(conn)
     except Exception:
