@@ -15,10 +15,28 @@ class ParseError(ValueError):
     pass
 
 
+def storable(value: object) -> object:
+    """A decoded JSON value with every string (keys too) as a database keeps it: NUL and lone
+    surrogates (which a model's "\\u0000" or "\\ud800" escape decodes to) become U+FFFD. Without it one
+    such reply crashed the whole pass on PostgreSQL, and every retry of it."""
+    if isinstance(value, str):
+        value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # via UTF-16: a split pair is joined, a lone half becomes U+FFFD
+            value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return value
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
+
+
 def extract_json_object(text: object) -> dict:
     if not isinstance(text, str):
         raise ParseError(f"model output is {type(text).__name__}, expected text")
-    stripped = text.strip()
+    stripped = storable(text).strip()  # a raw NUL inside a JSON string would not even decode
     if not stripped:
         raise ParseError("model output is empty")
     candidates = [m.group(1) for m in _FENCE.finditer(stripped)] + [stripped]
@@ -30,7 +48,7 @@ def extract_json_object(text: object) -> dict:
         except ValueError:
             value = None
         if isinstance(value, dict):
-            return value
+            return storable(value)
         # scan for an embedded object: try every '{' until one decodes to a dict
         for match in re.finditer(r"\{", candidate):
             try:
@@ -38,7 +56,7 @@ def extract_json_object(text: object) -> dict:
             except ValueError:
                 continue
             if isinstance(value, dict):
-                return value
+                return storable(value)
     preview = stripped[:120].replace("\n", " ")
     raise ParseError(f"no JSON object found in model output: {preview!r}")
 

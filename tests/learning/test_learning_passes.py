@@ -220,6 +220,33 @@ def test_distill_bad_output_or_write_failure_changes_nothing(source):
     assert not MinedItem.objects.filter(kind="distilled").exists()
 
 
+# --- what a model returns is kept, whatever characters it holds -----------------------------------
+
+# A raw NUL, a "\u0000" escape and a lone-surrogate escape: each made a pass raise on PostgreSQL (and
+# the surrogates on SQLite too), on every retry of the item.
+ODD = [("raw NUL", "Never\x00 push to main."), ("escaped NUL", "Never\\u0000 push to main."),
+       ("lone surrogate", "Never \\ud800 push to main.")]
+
+
+@pytest.mark.parametrize("label,lesson", ODD, ids=[label for label, _ in ODD])
+def test_a_reply_with_nul_or_a_lone_surrogate_is_stored_with_replacement_characters(source, label, lesson):
+    run = api.run_reflect(StaticSource(correction_items=[Correction("c", ["ops"], "never push to main")]),
+                          const('{"lessons": ["%s"]}' % lesson))
+    assert run.status == "ok", run.errors
+    (text,) = Reflection.objects.values_list("text", flat=True)
+    assert text == "Never\ufffd push to main." or text == "Never \ufffd push to main."
+
+    answer = '{"operations": [{"op": "add", "text": "%s"}], "rationale": "%s"}' % (lesson, lesson)
+    run = api.run_learn(complete=const(answer), auto_approve=True)
+    assert run.status == "ok" and run.stats["auto_approved"] == 1, run.errors
+    rule = Rule.objects.get(source=RuleSource.LEARNED)
+    assert "\ufffd" in rule.text and "\x00" not in rule.text
+
+    run = api.run_distill(source, const('{"notes": [{"name": "odd", "content": "%s"}]}' % lesson))
+    assert run.status == "ok", run.errors
+    assert "\ufffd" in source.memory[("alice", "odd")]
+
+
 # --- user rules are never touched by a pass ------------------------------------------------------
 
 def test_every_pass_leaves_user_rules_byte_identical(source):
