@@ -135,3 +135,17 @@ def test_full_operator_compaction_is_metered_and_keeps_the_unanswered_brief(spac
     turns = list(Session.objects.get(member=w1, ended_at__isnull=True).turns.values_list("role", "content"))
     assert turns[-1][0] == "user" and "two" in turns[-1][1]
     assert UsageDay.objects.get(member=w1).model_calls == 4
+
+
+def test_a_summary_holding_nul_or_a_lone_surrogate_is_kept_with_replacement_characters(space, scripted, monkeypatch):
+    """A vendor's summary is kept like any reply (veronica.errors.storable): a NUL failed the compaction
+    on PostgreSQL, and a lone surrogate on both databases, every time it was tried."""
+    w1 = w1_of(space)
+    Member.objects.filter(pk=w1.pk).update(model="openai:gpt-4.1")
+    provider = scripted(("list_dir", {}), "done", "- listed\x00 the dir \ud800 and stopped")
+    bus.send(space, "boss", "w1", "one")
+    runner.wake(w1.pk, "message")
+    monkeypatch.setattr(compaction, "get_provider", lambda spec: provider)
+    supervisor.compact(w1_of(space), "full", actor="op")
+    summary = Session.objects.get(member=w1, ended_at__isnull=True).turns.order_by("seq").first().content
+    assert summary.endswith("- listed\ufffd the dir \ufffd and stopped")

@@ -17,6 +17,7 @@ from veronica.agent.providers import Provider, get_provider, split_spec
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import RunContext
+from veronica.errors import storable
 from veronica.models import Member, Phase, Session, Turn, TurnRole
 
 KEEP_RECENT = 6
@@ -142,4 +143,4 @@ def _summarize(member: Member, ctx: RunContext, head: list[Turn], provider: Prov
     metering.record(ctx, member.model, metering.with_usage(reply, SUMMARY_SYSTEM, messages, []).usage, purpose="compaction")
     if reply.empty:
         raise ProviderError("the summarizing call returned an empty reply; the transcript was left as it was")
-    return "Summary of the earlier conversation:\n" + reply.text
+    return "Summary of the earlier conversation:\n" + storable(reply.text)  # kept like any reply
