@@ -44,6 +44,21 @@ def test_a_transient_error_after_the_first_turn_backs_off_and_the_rewake_finishe
     assert (w1.failures, w1.retry_at, w1.error_reason, w1.phase) == (0, None, "", "ready")
 
 
+def test_a_vendor_error_text_with_nul_or_a_lone_surrogate_is_recorded_and_retried(space, scripted, rung):
+    """The failure is recorded like any other (storable text): before, writing it raised, so the run
+    was never finished and the member waited for its lease to expire, again at every retry."""
+    w1 = w1_of(space)
+    scripted(ProviderError("upstream said bad\x00body \ud800", status=500, request_id="req\x00"), "goal done")
+    bus.send(space, "boss", "w1", "the goal")
+    assert runner.wake(w1.pk, "message") == "error"
+    w1.refresh_from_db()
+    assert w1.phase == "error" and w1.failures == 1 and not w1.lease_token
+    assert "bad\ufffdbody \ufffd" in w1.error_reason and "req\ufffd" in w1.error_reason
+    assert "bad\ufffdbody" in Run.objects.get(member=w1).error
+    backoff_over(w1)
+    assert runner.wake(w1.pk, "resume") == "done"
+
+
 def test_backoff_grows_exponentially_and_is_capped(settings):
     settings.RUN_RETRY_BASE_SECONDS, settings.RUN_RETRY_MAX_SECONDS = 10, 60
     delays = [failures.backoff_seconds(n) for n in range(1, 7)]

@@ -17,6 +17,7 @@ from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures, slot, wakes
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
+from veronica.errors import storable
 from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ def wake(member_id: int, source: str) -> str:
     except Exception as exc:  # one member's crash never touches another's run; retried with backoff
         log.exception("run of %s crashed", member.name)
         outcome, error = RunOutcome.ERROR, f"{type(exc).__name__}: {exc}"
+    error = storable(error)  # a vendor's error text with a NUL or a lone surrogate in it is still recorded
     try:
         slot.finish(lease, outcome, error, permanent=permanent)
     except LeaseLost:
