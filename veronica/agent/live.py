@@ -11,6 +11,7 @@ import time
 
 from veronica import events
 from veronica.agent.runctx import LeaseLost
+from veronica.errors import storable
 from veronica.models import Member, Phase
 
 EVERY = 0.25
@@ -44,13 +45,13 @@ class LiveSink:
         if not self.pending:
             return
         piece, self.pending = self.pending[:MAX_DELTA], ""
-        self.emit("agent.delta", offset=self.sent, text=piece)
+        self.emit("agent.delta", offset=self.sent, text=storable(piece))  # a vendor's raw text, kept
         self.sent += len(piece)
         self.last = self.clock()
 
     def retry(self, delay: float, reason: str) -> None:
         """The next attempt streams from the start: the console drops the preview it has."""
-        self.pending, self.sent = "", 0
+        self.pending, self.sent, reason = "", 0, storable(reason)
         detail = f"retrying in {delay:.0f} s: {reason}" if delay >= 1 else f"retrying: {reason}"
         self.emit("agent.retry", delay=delay, reason=reason, text=detail)
         self.ctx.phase(Phase.THINKING, detail[:60])

@@ -13,8 +13,10 @@ fails: the limit is too low for the work).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import re
 
 from django.db import transaction
 from django.db.models.functions import Now
@@ -28,6 +30,7 @@ from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall
 from veronica.agent.runctx import Cancelled, RunContext
 from veronica.agent.tools import Tool, ToolContext, ToolError, tools_for, truncate, workspace
+from veronica.agent.tools.mcp import NAME_LIMIT as MCP_NAME_LIMIT
 from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
 from veronica.errors import VeronicaError, storable
@@ -285,11 +288,24 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     return storable_reply(metering.with_usage(reply, system, messages, specs, chars=chars))
 
 
+CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")  # what every vendor takes back, and what the columns hold
+
+
 def storable_reply(reply: Reply) -> Reply:
     """The reply as it can be persisted: a NUL or an unpaired surrogate from the model becomes U+FFFD
-    (veronica.errors.storable) instead of failing the step's transaction on PostgreSQL."""
-    return dataclasses.replace(reply, text=storable(reply.text), tool_calls=[
-        ToolCall(id=storable(c.id), name=storable(c.name), args=storable(c.args)) for c in reply.tool_calls])
+    (veronica.errors.storable) instead of failing the step's transaction on PostgreSQL. A tool name
+    past the vendors' 64 characters (never a real tool: it gets "unknown tool") is cut there; a call id
+    that is empty, over 80 characters, of other characters or repeated within the reply is replaced by
+    one made from it, so each call's result pairs with its call, and is stored, whatever the model sent."""
+    calls, seen = [], set()
+    for i, c in enumerate(reply.tool_calls):
+        call_id = storable(c.id) if isinstance(c.id, str) else ""
+        if not CALL_ID.fullmatch(call_id) or call_id in seen:
+            call_id = "call_" + hashlib.sha1(f"{i}:{call_id}".encode("utf-8", "replace")).hexdigest()[:24]
+        seen.add(call_id)
+        name = storable(c.name)[:MCP_NAME_LIMIT] if isinstance(c.name, str) else ""
+        calls.append(ToolCall(id=call_id, name=name, args=storable(c.args)))
+    return dataclasses.replace(reply, text=storable(reply.text), tool_calls=calls)
 
 
 def stop_for_budget(member: Member, ctx: RunContext, tctx: ToolContext, reply: Reply) -> str:

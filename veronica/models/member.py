@@ -68,7 +68,7 @@ class Member(models.Model):
     membership = models.CharField(max_length=10, choices=Membership.choices, default=Membership.ACTIVE)
     run_status = models.CharField(max_length=10, choices=RunStatus.choices, default=RunStatus.IDLE)
     phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.READY)
-    phase_tool = models.CharField(max_length=60, blank=True)
+    phase_tool = models.CharField(max_length=64, blank=True)  # a tool's name (up to 64) or a short detail
     phase_since = models.DateTimeField(null=True, blank=True)
     current_task = models.ForeignKey("veronica.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # schedule: the live cron, where it came from, and the manifest's own value for a fresh register

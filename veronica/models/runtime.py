@@ -16,7 +16,7 @@ class Approval(models.Model):
 
     space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="approvals")
     member = models.ForeignKey("veronica.Member", on_delete=models.CASCADE, related_name="approvals")
-    tool_name = models.CharField(max_length=60)
+    tool_name = models.CharField(max_length=64)  # a vendor's tool-name limit (an MCP tool's name is up to 64)
     tool_args = models.JSONField(default=dict)
     tool_call_id = models.CharField(max_length=80, blank=True)
     status = models.CharField(max_length=10, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
@@ -82,7 +82,7 @@ class Turn(models.Model):
     content = models.TextField(blank=True)
     tool_calls = models.JSONField(default=list, blank=True)
     tool_call_id = models.CharField(max_length=80, blank=True)
-    tool_name = models.CharField(max_length=60, blank=True)
+    tool_name = models.CharField(max_length=64, blank=True)
     elided = models.BooleanField(default=False)
     mail_ids = models.JSONField(default=list, blank=True, help_text="Messages a brief carried; marked read once answered.")
     tokens = models.IntegerField(default=0)

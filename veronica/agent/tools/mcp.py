@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from veronica.agent.mcp_client import McpUnavailable, ServerSpec, manager
 from veronica.agent.tools.base import Tool, ToolContext, ToolError
+from veronica.errors import storable
 
 if TYPE_CHECKING:
     from veronica.models import McpServer, Member
@@ -74,9 +75,11 @@ def spec_of(server: "McpServer", workdir: str) -> ServerSpec:
 def _record(server: "McpServer", error: str, tools: list[dict] | None) -> None:
     from veronica.models import McpServer
 
-    fields = {"last_error": error[:2000], "checked_at": timezone.now()}
+    # A server's words are kept, not refused: one NUL or lone surrogate in a tool's name or in its
+    # stderr made this write raise, and with it every run of the member.
+    fields = {"last_error": storable(error[:2000]), "checked_at": timezone.now()}
     if tools is not None:
-        fields["tools_cached"] = tools
+        fields["tools_cached"] = storable(tools)
     McpServer.objects.filter(pk=server.pk).update(**fields)
 
 

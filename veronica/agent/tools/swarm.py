@@ -68,10 +68,15 @@ def _member_arg(ctx: ToolContext, args: dict, key: str, *, required: bool = True
     return recipients[0]
 
 
+MAX_DEPENDS_ON = 1000
+
+
 def task_create(ctx: ToolContext, args: dict) -> str:
     deps = args.get("depends_on") or []
-    if not isinstance(deps, list) or not all(isinstance(d, int) for d in deps):
+    if not isinstance(deps, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in deps):
         raise ToolError("depends_on must be a list of task ids (integers)")
+    if len(deps) > MAX_DEPENDS_ON or any(not 0 < d < 2 ** 63 for d in deps):  # a row id is a 64-bit integer
+        raise ToolError(f"depends_on must hold at most {MAX_DEPENDS_ON} task ids, each a positive task number")
     not_before = None
     if args.get("delay_minutes") is not None:
         not_before = timezone.now() + timedelta(minutes=arg_int(args, "delay_minutes", minimum=0, maximum=60 * 24 * 30))
