@@ -70,6 +70,29 @@ def stream_error(after: int = 1) -> dict:
     return {"kind": "stream_error", "after": after}
 
 
+def raw_calls(calls: list[dict], text: str = "", finish: str | None = None, usage: bool = True) -> dict:
+    """Tool calls exactly as given: each {"id": str|None, "name": str, "arguments": str (OpenAI, raw JSON text)
+    or "input": any (Anthropic)}; `finish` overrides finish_reason / stop_reason."""
+    return {"kind": "raw_calls", "calls": calls, "text": text, "finish": finish, "usage": usage}
+
+
+def cut(content: str = "The answer is cut off mid-sen", calls: list | None = None) -> dict:
+    """A 200 stream that ends cleanly (final chunk) after some text / tool-call deltas but with no
+    finish_reason / message_delta, no usage and no [DONE] / message_stop: a proxy or server that dropped off."""
+    return {"kind": "cut", "text": content, "calls": calls or []}
+
+
+def raw(body: bytes | str, status: int = 200, content_type: str = "text/html", headers: dict | None = None) -> dict:
+    """Any HTTP answer, byte for byte (an HTML error page from a proxy, an empty body, ...)."""
+    return {"kind": "raw", "body": body if isinstance(body, str) else body.decode("latin-1"), "status": status,
+            "content_type": content_type, "headers": headers or {}}
+
+
+def pings(seconds: float = 30, interval: float = 0.3, headers_only: bool = False) -> dict:
+    """A 200 event stream that sends only keep-alive comments/pings (or, headers_only, nothing at all)."""
+    return {"kind": "pings", "seconds": seconds, "interval": interval, "headers_only": headers_only}
+
+
 def empty() -> dict:
     return {"kind": "empty"}
 
@@ -248,6 +271,22 @@ class Handler(BaseHTTPRequestHandler):
                     extra["retry-after-ms"] = str(behaviour["retry_after_ms"])
                 self.send_json(behaviour["status"], vendor.error_body(behaviour["status"], behaviour["message"],
                                                                       behaviour.get("overflow", False)), extra)
+            elif behaviour["kind"] == "raw":
+                self.send_raw(behaviour["status"], behaviour["body"].encode("latin-1"), behaviour["content_type"],
+                              behaviour["headers"])
+            elif behaviour["kind"] == "pings":
+                self.start_stream()
+                deadline = time.monotonic() + behaviour["seconds"]
+                while time.monotonic() < deadline:
+                    self.pause(record, behaviour["interval"])
+                    if not behaviour["headers_only"]:
+                        if vendor.dialect == "anthropic":
+                            self.send_event(record, json.dumps({"type": "ping"}), "ping")
+                        else:
+                            raw = b": keep-alive\n\n"
+                            self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+                            self.wfile.flush()
+                self.end_stream()
             elif behaviour["kind"] == "hang":
                 self.wait_for_disconnect(record, behaviour["seconds"])
             elif behaviour["kind"] == "stream_error" and not (body or {}).get("stream"):

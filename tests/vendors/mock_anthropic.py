@@ -119,9 +119,18 @@ class MockAnthropic(MockVendor):
             blocks.append({"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:12]}", "name": behaviour["name"],
                            "input": behaviour["args"]})
             stop = "tool_use"
+        if kind == "cut":
+            blocks.append({"type": "text", "text": behaviour["text"]})
+        if kind == "raw_calls":
+            if behaviour.get("text"):
+                blocks.append({"type": "text", "text": behaviour["text"]})
+            for c in behaviour["calls"]:
+                blocks.append({"type": "tool_use", "id": c.get("id"), "name": c["name"], "input": c.get("input", {})})
+            stop = behaviour.get("finish") or "tool_use"
         if kind == "generate":
             blocks.append({"type": "text", "text": "".join(f"token{i} " for i in range(behaviour["chunks"]))})
         usage = self.usage_for(body, json.dumps(blocks) if blocks else "")
+        usage.update(behaviour.get("usage_override") or {})
         record.usage = usage
         with_usage = behaviour.get("usage", True)
         message = {"id": f"msg_{uuid.uuid4().hex[:12]}", "type": "message", "role": "assistant", "model": body.get("model", ""),
@@ -179,6 +188,9 @@ class MockAnthropic(MockVendor):
                     send("content_block_delta", {"type": "content_block_delta", "index": index,
                                                  "delta": {"type": "input_json_delta", "partial_json": part}})
             send("content_block_stop", {"type": "content_block_stop", "index": index})
+        if behaviour["kind"] == "cut":
+            handler.end_stream()
+            return
         delta_usage = {"output_tokens": usage["output_tokens"]} if usage else {"output_tokens": 0}
         send("message_delta", {"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
                                "usage": delta_usage})

@@ -84,11 +84,21 @@ class MockOpenAI(MockVendor):
             calls = [{"id": f"call_{uuid.uuid4().hex[:10]}", "type": "function",
                       "function": {"name": behaviour["name"], "arguments": json.dumps(behaviour["args"])}}]
             finish = "tool_calls"
+        elif kind == "cut":
+            content = behaviour["text"]
+            calls = [{"id": c.get("id") or f"call_{i}", "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", "{}")}}
+                     for i, c in enumerate(behaviour["calls"])]
+        elif kind == "raw_calls":
+            content = behaviour.get("text", "")
+            calls = [{"id": c.get("id"), "type": "function",
+                      "function": {"name": c["name"], "arguments": c.get("arguments", "{}")}} for c in behaviour["calls"]]
+            finish = behaviour.get("finish") or "tool_calls"
         elif kind == "max_tokens":
             content, finish = behaviour["text"], "length"
         elif kind == "generate":
             content = "".join(f"token{i} " for i in range(behaviour["chunks"]))
         usage = self.usage_for(body, content + json.dumps([c["function"] for c in calls]) if calls else content)
+        usage.update(behaviour.get("usage_override") or {})
         record.usage = usage
         with_usage = behaviour.get("usage", True)
         if not body.get("stream"):
@@ -143,6 +153,9 @@ class MockOpenAI(MockVendor):
                                                                "function": {"name": call["function"]["name"], "arguments": ""}}]}))
             for part in (args[:half], args[half:]):
                 handler.send_event(record, chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]}))
+        if behaviour["kind"] == "cut":
+            handler.end_stream()
+            return
         handler.send_event(record, chunk({}, finish))
         if usage is not None and (body.get("stream_options") or {}).get("include_usage"):
             handler.send_event(record, json.dumps({**base, "choices": [], "usage": usage}))

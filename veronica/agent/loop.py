@@ -13,10 +13,10 @@ fails: the limit is too low for the work).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import re
+import uuid
 
 from django.db import transaction
 from django.db.models.functions import Now
@@ -125,6 +125,11 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             if metering.record(ctx, member.model, reply.usage):  # nothing to keep: the brief stays unanswered
                 return stop_for_budget(member, ctx, tctx, reply)
             empties += 1
+            if empties > EMPTY_RETRIES and reply.finish_reason == "content_filter":
+                # Refused (Anthropic's stop_reason refusal, OpenAI's content_filter) each time it was
+                # asked: the same transcript is refused again, so park with the reason, never retry it.
+                raise ProviderError(f"the vendor refused to answer {empties} times in a row (content filter / "
+                                    "refusal); change the request or the model, then resume the member", permanent=True)
             if empties > EMPTY_RETRIES:
                 raise ProviderError(f"the model returned {empties} empty replies in a row (no text, no tool calls)")
             with ctx.fenced():
@@ -296,12 +301,12 @@ def storable_reply(reply: Reply) -> Reply:
     (veronica.errors.storable) instead of failing the step's transaction on PostgreSQL. A tool name
     past the vendors' 64 characters (never a real tool: it gets "unknown tool") is cut there; a call id
     that is empty, over 80 characters, of other characters or repeated within the reply is replaced by
-    one made from it, so each call's result pairs with its call, and is stored, whatever the model sent."""
+    a fresh one, so each call's result pairs with its call, and is stored, whatever the model sent."""
     calls, seen = [], set()
     for i, c in enumerate(reply.tool_calls):
         call_id = storable(c.id) if isinstance(c.id, str) else ""
         if not CALL_ID.fullmatch(call_id) or call_id in seen:
-            call_id = "call_" + hashlib.sha1(f"{i}:{call_id}".encode("utf-8", "replace")).hexdigest()[:24]
+            call_id = f"call_{uuid.uuid4().hex[:24]}"  # unique, not derived: a server repeating ids repeats them
         seen.add(call_id)
         name = storable(c.name)[:MCP_NAME_LIMIT] if isinstance(c.name, str) else ""
         calls.append(ToolCall(id=call_id, name=name, args=storable(c.args)))
@@ -330,11 +335,22 @@ def answer_turn(member: Member, log_: transcript.Log, reply: Reply) -> None:
         events.emit(member.space_id, "agent.text", member=member, text=reply.text[:2000], truncated=reply.truncated)
 
 
+UNPARSED = "_unparsed"  # a provider's key for arguments that were not one JSON object (the raw text)
+
+
+def unparsed_error(name: str, raw: object) -> str:
+    preview = str(raw)[:200]
+    return (f"error: the arguments of {name} were not one JSON object ({preview!r}); call {name} again with its "
+            "arguments as a single JSON object")
+
+
 @tracing.traced_tool  # an execute_tool span per call
 def run_tool(tool: Tool, tctx: ToolContext, args: dict, *, savepoint: bool = True):
     """Tool errors come back as text the model can read; they never crash the run. A tool that
     writes rows runs in a savepoint, so a failing one leaves nothing half-written; ask_operator's
     WaitForOperator is returned (not raised) so its question survives the savepoint."""
+    if UNPARSED in args:  # never run as if it had been called with no arguments
+        return unparsed_error(tool.name, args[UNPARSED])
     try:
         if not savepoint:
             return truncate(tool.fn(tctx, args))
@@ -359,6 +375,9 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
     if tool is None:
         with ctx.fenced():
             return persist_result(member, tctx, call, f"error: unknown tool '{call['name']}'; available: {', '.join(sorted(tools))}")
+    if UNPARSED in args:  # nothing to approve or run: the model is told at once
+        with ctx.fenced():
+            return persist_result(member, tctx, call, unparsed_error(tool.name, args[UNPARSED]))
     if not announced:
         if tool.needs_approval and permission_mode(ctx, member) == PermissionMode.DEFAULT:  # read per call
             return hold_for_approval(member, ctx, call)
@@ -420,8 +439,8 @@ def persist_result(member: Member, tctx: ToolContext, call: dict, result: str) -
 
 def hold_for_approval(member: Member, ctx: RunContext, call: dict) -> str:
     with ctx.fenced():
-        approval, created = Approval.objects.get_or_create(
-            member=member, tool_call_id=call["id"],
+        approval, created = Approval.objects.get_or_create(  # a consumed one is an earlier call that reused the id
+            member=member, tool_call_id=call["id"], consumed=False,
             defaults={"space_id": member.space_id, "tool_name": call["name"], "tool_args": call["args"]})
         if created:
             events.emit(member.space_id, "approval.requested", member=member, approval=approval.pk, tool=call["name"],
@@ -432,7 +451,9 @@ def hold_for_approval(member: Member, ctx: RunContext, call: dict) -> str:
 
 def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, call: dict) -> str | None:
     """A call left without a result: decided approval, answered question, or an interrupted call."""
-    approval = Approval.objects.filter(member=member, tool_call_id=call["id"]).first()
+    # Never a consumed one: its call has its result, so this is a later call under the same id (a server
+    # that numbers calls per reply): the old decision must not run it.
+    approval = Approval.objects.filter(member=member, tool_call_id=call["id"], consumed=False).first()
     if approval is not None:
         if approval.status == ApprovalStatus.PENDING:
             ctx.phase(Phase.WAITING_APPROVAL, call["name"])
@@ -460,7 +481,7 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
                 return persist_result(member, tctx, call, INTERRUPTED_APPROVED.format(tool=call["name"]))
         ctx.phase(Phase.EXECUTING, call["name"], step=True)
         return run_and_persist(member, ctx, tools, tctx, tool, call, args, consume=consume)
-    question = Question.objects.filter(member=member, tool_call_id=call["id"]).first()
+    question = Question.objects.filter(member=member, tool_call_id=call["id"], consumed=False).first()
     if question is not None:
         if question.answered_at is None:
             ctx.phase(Phase.WAITING_INPUT)

@@ -54,8 +54,12 @@ def backoff_seconds(failures: int) -> float:
     return min(base, settings.RUN_RETRY_MAX_SECONDS) * random.uniform(0.8, 1.0)
 
 
-def record(member: Member, reason: str, *, permanent: bool) -> None:
-    """Inside the failed run's fenced finish: count the failure, then back off or park."""
+RETRY_AFTER_CAP = 3600.0  # a vendor's Retry-After is honoured up to an hour
+
+
+def record(member: Member, reason: str, *, permanent: bool, retry_after: float | None = None) -> None:
+    """Inside the failed run's fenced finish: count the failure, then back off or park. A vendor's
+    Retry-After longer than the backoff is waited out (calling again sooner only meets the limit)."""
     count = member.failures + 1
     if permanent:
         Member.objects.filter(pk=member.pk).update(failures=count, retry_at=None, error_reason=reason[:2000], parked_config=CONFIG)
@@ -65,6 +69,8 @@ def record(member: Member, reason: str, *, permanent: bool) -> None:
         events.emit(member.space_id, "member.parked", member=member, reason=reason[:300])
         return
     delay = backoff_seconds(count)
+    if retry_after is not None and retry_after > delay:
+        delay = min(retry_after, RETRY_AFTER_CAP)
     Member.objects.filter(pk=member.pk).update(failures=count, retry_at=Now() + timedelta(seconds=delay),
                                                error_reason=f"{reason[:1900]} (failure {count}; retrying in {delay:.0f} s)")
     events.emit(member.space_id, "member.retry_scheduled", member=member, failures=count, delay=round(delay, 1), reason=reason[:300])

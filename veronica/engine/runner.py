@@ -67,7 +67,7 @@ def wake(member_id: int, source: str) -> str:
     traced = tracing.start_run(lease.member, lease.run, source)  # the run's root span (a no-op when tracing is off)
     from veronica.agent.loop import run_member
 
-    outcome, error, permanent = RunOutcome.DONE, "", False
+    outcome, error, permanent, retry_after = RunOutcome.DONE, "", False, None
     try:
         outcome = run_member(lease.member, lease)
     except LeaseLost:
@@ -78,13 +78,13 @@ def wake(member_id: int, source: str) -> str:
         outcome = RunOutcome.ABORTED
     except ProviderError as exc:
         log.warning("run of %s failed: %s (permanent=%s)", member.name, exc, exc.permanent)
-        outcome, error, permanent = RunOutcome.ERROR, describe(exc), exc.permanent
+        outcome, error, permanent, retry_after = RunOutcome.ERROR, describe(exc), exc.permanent, exc.retry_after
     except Exception as exc:  # one member's crash never touches another's run; retried with backoff
         log.exception("run of %s crashed", member.name)
         outcome, error = RunOutcome.ERROR, f"{type(exc).__name__}: {exc}"
     error = storable(error)  # a vendor's error text with a NUL or a lone surrogate in it is still recorded
     try:
-        slot.finish(lease, outcome, error, permanent=permanent)
+        slot.finish(lease, outcome, error, permanent=permanent, retry_after=retry_after)
     except LeaseLost:
         log.warning("run of %s lost its lease before it finished; the watchdog ended it", member.name)
         outcome = "lease-lost"

@@ -341,7 +341,8 @@ def unread_mail() -> Exists:
     return Exists(Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True))
 
 
-def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = False, settle: bool = True) -> None:
+def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = False, settle: bool = True,
+           retry_after: float | None = None) -> None:
     """End the Run row, settle the failure streak, release the slot: all under the lease, or
     nothing at all (LeaseLost) when the watchdog has already ended this run. settle=False (compaction)
     leaves the failure streak as it was."""
@@ -352,7 +353,7 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
             tokens=F("tokens") + lease.tokens)
         if outcome == RunOutcome.ERROR:
             write_phase(member, Phase.ERROR)
-            failures.record(member, error, permanent=permanent)
+            failures.record(member, error, permanent=permanent, retry_after=retry_after)
         elif outcome == RunOutcome.ABORTED:
             write_phase(member, Phase.READY)
         elif settle:

@@ -63,7 +63,7 @@ class AnthropicProvider:
 
         for m in messages:
             if m["role"] == "assistant":
-                if m.get("content"):
+                if (m.get("content") or "").strip():  # the API refuses a blank text block ("\n\n" before a tool_use)
                     push("assistant", {"type": "text", "text": m["content"]})
                 for c in m.get("tool_calls") or []:
                     push("assistant", {"type": "tool_use", "id": c["id"], "name": c["name"], "input": c["args"]})
@@ -89,13 +89,24 @@ class AnthropicProvider:
         def attempt(emit, aborted: threading.Event) -> Reply:
             if not self.cfg.stream:
                 return self.parse(client.messages.create(**body), estimate)
-            with client.messages.stream(**body) as stream:  # leaving the block closes the response
-                for event in stream:
-                    if aborted.is_set():
-                        return Reply()
-                    if event.type == "text" and event.text:
-                        emit(event.text)
-                return self.parse(stream.get_final_message(), estimate)
+            try:
+                with client.messages.stream(**body) as stream:  # leaving the block closes the response
+                    for event in stream:
+                        if aborted.is_set():
+                            return Reply()
+                        if event.type == "text" and event.text:
+                            emit(event.text)
+                    message = stream.get_final_message()
+            except (AssertionError, ValueError) as exc:
+                # The SDK's stream accumulator asserts on a body that is no event stream (an HTML page, an
+                # empty stream) and its JSON parser raises ValueError on a lone-surrogate escape in a
+                # tool's input: both are a malformed response (retried), not a crash of the run.
+                if type(exc).__module__.split(".")[0] in ("anthropic", "httpx2", "pydantic_core"):
+                    raise
+                raise sdk.Malformed(f"unreadable event stream ({type(exc).__name__}: {str(exc)[:200]})") from exc
+            if getattr(message, "stop_reason", None) is None:  # no message_delta / message_stop: cut mid-answer
+                raise sdk.Malformed("the event stream ended before the message did (no stop_reason)")
+            return self.parse(message, estimate)
 
         return sdk.call(attempt, vendor="anthropic", cfg=self.cfg, should_stop=should_stop, on_event=on_event,
                         input_estimate=estimate)

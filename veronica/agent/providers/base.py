@@ -41,6 +41,9 @@ class ToolCall:
     args: dict
 
 
+MAX_TOKENS_PER_CALL = 10_000_000  # per class: past any model's window, and inside the 32-bit counters
+
+
 @dataclass
 class Usage:
     input: int = 0
@@ -48,6 +51,17 @@ class Usage:
     cache_read: int = 0
     cache_write: int = 0
     estimated: bool = False
+
+    def __post_init__(self) -> None:
+        """A vendor's count is taken as a whole number in [0, MAX_TOKENS_PER_CALL]: a negative one
+        lowered the day's meter (the breaker never tripped), one past 2^31 failed the step's write."""
+        for name in ("input", "output", "cache_read", "cache_write"):
+            value = getattr(self, name)
+            try:
+                value = int(value or 0)
+            except (TypeError, ValueError, OverflowError):
+                value = 0
+            setattr(self, name, min(max(value, 0), MAX_TOKENS_PER_CALL))
 
     @property
     def total(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 
 from veronica.agent.providers import sdk
 from veronica.agent.providers.base import ProviderError, Reply, ToolCall, Usage
@@ -57,6 +58,8 @@ class OpenAIProvider:
         wire = [{"role": "system", "content": system}]
         for m in messages:
             if m["role"] == "assistant":
+                if not m.get("content") and not m.get("tool_calls"):
+                    continue  # e.g. a turn whose only call was cut at the token limit: the API refuses it empty
                 item = {"role": "assistant", "content": m.get("content") or None}
                 if m.get("tool_calls"):
                     item["tool_calls"] = [{"id": c["id"], "type": "function",
@@ -143,6 +146,8 @@ class StreamedReply:
     def reply(self, estimate: int) -> Reply:
         if not self.chunks:
             raise sdk.Malformed("the stream ended without a single chunk")
+        if not self.finish:  # cut mid-answer (no finish_reason): half an answer is no final answer
+            raise sdk.Malformed("the stream ended before its finish_reason")
         calls = [tool_call(c["id"], c["name"], c["arguments"], i) for i, (_, c) in enumerate(sorted(self.calls.items()))]
         text = "".join(self.text)
         return Reply(text=text, tool_calls=calls, finish_reason=FINISH.get(self.finish, ""),
@@ -152,9 +157,12 @@ class StreamedReply:
 def tool_call(call_id: str | None, name: str | None, arguments: str | None, index: int) -> ToolCall:
     try:
         args = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
+        args = None
+    if not isinstance(args, dict):  # cut, garbage, an array, a string, null: the loop answers with an error
         args = {"_unparsed": arguments or ""}
-    return ToolCall(id=call_id or f"call_{index}", name=name or "", args=args if isinstance(args, dict) else {})
+    # A server that sends no id gets a unique one (never call_<index>: the next reply would reuse it).
+    return ToolCall(id=call_id or f"call_{uuid.uuid4().hex[:24]}", name=name or "", args=args)
 
 
 def usage_of(usage, estimate: int, text: str, calls: list[ToolCall]) -> Usage:

@@ -27,7 +27,7 @@ from typing import Callable
 import httpcore2
 import httpx2
 
-from veronica.agent.providers.base import CancelCheck, Cancelled, EventSink, ProviderError, Usage
+from veronica.agent.providers.base import CancelCheck, Cancelled, EventSink, ProviderError, Reply, Usage
 
 POLL_SECONDS = 0.05
 MAX_INLINE_WAIT = 60.0  # a longer Retry-After is handed to the engine's re-wake backoff instead
@@ -284,14 +284,19 @@ def call(attempt: Attempt, *, vendor: str, cfg: CallConfig, should_stop: CancelC
          input_estimate: int):
     """Run the attempt with retries; the last error (or a permanent one) is raised as ProviderError."""
     last: ProviderError | None = None
+    spent = Usage()  # attempts that failed after streaming part of an answer: generated, so billed
     for n in range(cfg.max_retries + 1):
         if should_stop():
             raise Cancelled("cancelled before the model call")
         streamed = [0]
         try:
-            return run_attempt(attempt, should_stop=should_stop, on_event=on_event, streamed=streamed)
+            result = run_attempt(attempt, should_stop=should_stop, on_event=on_event, streamed=streamed)
+            if spent.output and isinstance(result, Reply):
+                result.usage = added(result.usage, spent)
+            return result
         except Cancelled as exc:  # what was generated before the hang-up is billed: say so
-            exc.usage = Usage(input=input_estimate, output=max(streamed[0] // 4, 1), estimated=True) if streamed[0] else None
+            now = Usage(input=input_estimate, output=max(streamed[0] // 4, 1), estimated=True) if streamed[0] else None
+            exc.usage = added(now, spent) if now is not None or spent.output else None
             raise
         except ProviderError:
             raise
@@ -300,7 +305,9 @@ def call(attempt: Attempt, *, vendor: str, cfg: CallConfig, should_stop: CancelC
                 raise
             last = classify(exc, vendor)
             if streamed[0]:  # the vendor generated (and billed) part of an answer before failing
-                last.usage = Usage(input=input_estimate, output=max(streamed[0] // 4, 1), estimated=True)
+                spent = added(spent, Usage(input=input_estimate, output=max(streamed[0] // 4, 1), estimated=True))
+            if spent.output:
+                last.usage = spent
             if last.permanent or n == cfg.max_retries:
                 break
             delay = last.retry_after if last.retry_after is not None else backoff_delay(n, cfg.backoff)
@@ -314,6 +321,12 @@ def call(attempt: Attempt, *, vendor: str, cfg: CallConfig, should_stop: CancelC
     if not last.permanent:
         last.args = (f"{last.args[0]} [gave up after {n + 1} attempt(s)]",)
     raise last
+
+
+def added(a: Usage | None, b: Usage) -> Usage:
+    a = a or Usage()
+    return Usage(input=a.input + b.input, output=a.output + b.output, cache_read=a.cache_read + b.cache_read,
+                 cache_write=a.cache_write + b.cache_write, estimated=a.estimated or b.estimated)
 
 
 def _is_vendor_failure(exc: BaseException) -> bool:
