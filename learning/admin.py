@@ -261,8 +261,8 @@ class ProposalAdmin(admin.ModelAdmin):
                 if raw:
                     try:
                         edited = json.loads(raw)
-                    except ValueError as exc:
-                        raise people.ReviewError(f"the edited operations are not valid JSON: {exc}") from None
+                    except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
+                        raise people.ReviewError(f"the edited operations are not valid JSON: {str(exc)[:200]}") from None
                 change = people.approve_proposal(proposal_id, actor=request.user, edited_ops=edited)
                 messages.success(request, f"Proposal #{proposal_id} approved (change #{change.pk}).")
             elif action == "reject":

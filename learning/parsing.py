@@ -62,10 +62,24 @@ def extract_json_object(text: object) -> dict:
     raise ParseError(f"no JSON object found in model output: {preview!r}")
 
 
+def unstorable(value: str) -> str:
+    """Why a person's text cannot be stored (NUL, a lone surrogate), or "": refused, not rewritten.
+    (What a model wrote is made storable() before it gets here.)"""
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (an unpaired surrogate)"
+    return ""
+
+
 def clean_text(value: object, *, field: str, max_chars: int, single_line: bool = True) -> str:
     """A model- or person-supplied text, whitespace-normalised and bounded."""
     if not isinstance(value, str):
         raise ParseError(f"{field} must be a string, got {type(value).__name__}")
+    if unstorable(value):
+        raise ParseError(f"{field} {unstorable(value)}")
     text = " ".join(value.split()) if single_line else value.strip()
     if not text:
         raise ParseError(f"{field} is empty")

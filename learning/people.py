@@ -14,6 +14,7 @@ from django.utils import timezone
 from . import store
 from .models import MAX_ACTIVE_RULES_PER_DOMAIN, ChangeAction, Domain, Proposal, ProposalStatus, Rule, RuleChange, RuleSource, people_write
 from .ops import OpError, apply_ops, normalize_ops, same_rules, snapshot_diff
+from .parsing import unstorable
 from .store import RuleInputError, actor_name, as_domain, clean_rule_text, in_scope
 
 
@@ -124,6 +125,8 @@ def approve_proposal(proposal_id: int, *, actor, edited_ops=None, scope=None) ->
 def reject_proposal(proposal_id: int, *, actor, reason: str = "", scope=None) -> Proposal:
     who = actor_name(actor)
     reason = (reason or "").strip()[:2000]
+    if unstorable(reason):
+        raise ReviewError(f"the reason {unstorable(reason)}")
     n = in_scope(Proposal.objects, scope).filter(pk=proposal_id, status=ProposalStatus.PENDING).update(
         status=ProposalStatus.REJECTED, decided_by=who, decided_at=timezone.now(), reason=reason
     )

@@ -30,6 +30,7 @@ from .models import (
     RuleSource,
     StoreState,
 )
+from .parsing import unstorable
 from .render import render_block
 
 _DOMAIN = re.compile(DOMAIN_PATTERN)
@@ -147,6 +148,8 @@ def clean_rule_text(text: object) -> str:
         raise RuleInputError("text", "is empty")
     if len(value) > MAX_RULE_CHARS:
         raise RuleInputError("text", f"is {len(value)} characters; the limit is {MAX_RULE_CHARS}")
+    if unstorable(value):
+        raise RuleInputError("text", unstorable(value))
     return value
 
 

@@ -7,7 +7,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.html import format_html
 
-from veronica import ledger, memory, notify, webhooks
+from veronica import ledger, mcp_servers, memory, notify, webhooks
 from veronica import skills as skill_verbs
 from veronica.engine import checks, retention, supervisor
 from veronica.errors import VeronicaError
@@ -456,11 +456,38 @@ class NotificationDeliveryAdmin(ReadOnlyAdmin):
         self.message_user(request, f"sent {result['sent']}, failed {result['failed']}", messages.SUCCESS)
 
 
+class McpServerForm(forms.ModelForm):
+    """The admin checks a server as the console and the manifest do (veronica.mcp_servers.check): a
+    NUL in the command failed the save on PostgreSQL, and a bad name or a command that is not a list
+    was stored and failed later, at every run of the member."""
+
+    class Meta:
+        model = McpServer
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        cfg = {"name": data.get("name")}
+        if data.get("transport") == "http":
+            cfg["url"] = data.get("url") or ""
+        else:
+            cfg["command"] = data.get("command")
+        if data.get("timeout") is not None:
+            cfg["timeout"] = data["timeout"]
+        try:
+            mcp_servers.check(cfg)
+        except VeronicaError as exc:
+            tail = (exc.field or "").rsplit(".", 1)[-1]
+            self.add_error(tail if tail in ("name", "command", "url", "timeout") else None, exc.message)
+        return data
+
+
 @admin.register(McpServer)
 class McpServerAdmin(admin.ModelAdmin):
     """Env values may be secrets: the list and the form show the keys only (edit them in the manifest
     or remove and re-add the server in the console)."""
 
+    form = McpServerForm
     list_display = ("name", "space", "member", "transport", "target", "timeout", "env_keys", "status")
     list_filter = ("space", "transport")
     fields = ("space", "member", "name", "transport", "command", "url", "env_keys", "timeout", "from_manifest",

@@ -21,7 +21,7 @@ from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
 from veronica.engine import checks, retention, supervisor, watchdogs
-from veronica.errors import VeronicaError, text_problem
+from veronica.errors import VeronicaError, storable, text_problem
 from veronica.models import AccessRole, PermissionMode, Role, Space
 
 # --- panels -----------------------------------------------------------------------------------------------
@@ -159,7 +159,9 @@ def refuse_unstorable(data) -> None:
 
 
 def form_error(request: HttpRequest, exc: VeronicaError) -> int:
-    messages.error(request, f"{exc.field + ': ' if exc.field else ''}{exc.message}")
+    # storable: the message may quote what was refused, e.g. an archive's file name that is not UTF-8
+    # (a lone surrogate), which no page can be encoded with
+    messages.error(request, storable(f"{exc.field + ': ' if exc.field else ''}{exc.message}"))
     return exc.status
 
 

@@ -24,7 +24,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from veronica import bus, events
-from veronica.errors import Conflict, NotFound, VeronicaError
+from veronica.errors import Conflict, NotFound, VeronicaError, check_tree, text_problem
 from veronica.models import Message, Space, WebhookDelivery
 
 SENDER = bus.WEBHOOK
@@ -158,6 +158,9 @@ def deliver(space: Space, delivery: Delivery, *, member_name: str | None = None)
     """Verify, refuse a replay, and send the mail through the bus (which wakes the recipient)."""
     verify(space, delivery)
     data = _payload(delivery.body)
+    check_tree(data, what="the body")  # before the delivery row: a NUL or lone surrogate is a 400, nothing written
+    if member_name is not None and text_problem(member_name):
+        raise VeronicaError(f"name {text_problem(member_name)}", field="name")
     if member_name is not None and not bus.live_members(space).filter(name=member_name).exists():
         raise NotFound(f"no member named '{member_name}' in space {space.slug}", field="member")  # after the signature: names stay private
     to = _target(data, member_name)
