@@ -187,3 +187,15 @@ def test_review_and_change_screens_have_no_inline_styles(admin_client, pending):
         page = admin_client.get(url).content.decode()
         assert inline_code(page) == [], url
         assert "learning/admin.css" in page, url
+
+
+# NUL in a reason or an edited rule, ops nested past the parser's depth: an error message, never a 500
+@pytest.mark.parametrize("data", [
+    {"action": "reject", "reason": "no\x00"},
+    {"action": "approve", "ops": json.dumps([{"op": "add", "text": "Never\u0000 push."}])},
+    {"action": "approve", "ops": "[" * 100_000},
+], ids=["reject reason NUL", "edited op text NUL", "edited ops too deep"])
+def test_a_bad_decision_leaves_the_proposal_pending(admin_client, pending, data):
+    response = admin_client.post(reverse("admin:learning_proposal_decide", args=[pending.pk]), data)
+    assert response.status_code < 500, response.status_code
+    assert Proposal.objects.get(pk=pending.pk).status == "pending"
