@@ -18,8 +18,8 @@ dropped afterwards; SQLite in a temp dir):
   same run (bench.wake_latency.measure_wake when it exists, else the adapter below);
 * stream_p99_ms_1 / _50: event committed in a worker -> arrival at 1 / 50 sockets (bench.stream_latency);
 * langgraph_step_ratio: Veronica's step / LangGraph's (also call to call) for the same fake model and
-  tool on the same database and durability, each LangGraph run paired with a Veronica run just before
-  it (the median of 2 x reps + 1 pairs' ratios; langgraph_paired_ms gives both sides' medians) (SqliteSaver at synchronous=NORMAL embedded, PostgresSaver
+  tool on the same database and durability, each LangGraph run paired with a Veronica run next to it,
+  in alternating order (the median of 2 x reps + 1 pairs' ratios; langgraph_paired_ms gives both sides' medians) (SqliteSaver at synchronous=NORMAL embedded, PostgresSaver
   hosted). The ratio uses LangGraph at durability="sync" (langgraph_step_ms): each step's checkpoint is
   written before the next step starts, as Veronica commits a step before its next model call. LangGraph
   1.x's `invoke` defaults to durability="async" (the checkpoint is written in a background thread while
@@ -249,9 +249,11 @@ def measure_stream(mode: str, sockets: list[int], reps: int) -> dict[int, dict]:
 def langgraph_step(mode: str, workdir: Path, reps: int, veronica=None) -> dict[str, float]:
     """LangGraph's step (ms) at durability "sync" (the fair one) and "async" (its default). veronica: a
     function returning Veronica's step (ms) on a 10-step run: each LangGraph run is then paired with one
-    of Veronica's right before it, and "ratio" is the median of the pairs' ratios, so that a host whose
+    of Veronica's next to it, and "ratio" is the median of the pairs' ratios, so that a host whose
     speed drifts over the minutes of the bench (a shared VM) does not favour the one measured when it
-    was fast."""
+    was fast. The pairs alternate the order (V LG, LG V, ...): on PostgreSQL a run that follows
+    LangGraph's checkpoint writes waits behind their flush (a Veronica step measured 5-7 ms before
+    the saver's first runs and 10-15 ms right after them), which a fixed order charged to one side."""
     from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
     from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import tool
@@ -292,7 +294,14 @@ def langgraph_step(mode: str, workdir: Path, reps: int, veronica=None) -> dict[s
         timed(saver)
         out = {"sync": median_of(reps, lambda: timed(saver, "sync")), "async": median_of(reps, lambda: timed(saver, "async"))}
         if veronica is not None:
-            pairs = [(veronica(), timed(saver, "sync")) for _ in range(2 * reps + 1)]
+            pairs = []
+            for i in range(2 * reps + 1):  # in alternating order: each side follows the other half the time
+                if i % 2 == 0:
+                    v = veronica()
+                    pairs.append((v, timed(saver, "sync")))
+                else:
+                    lg = timed(saver, "sync")
+                    pairs.append((veronica(), lg))
             out["ratio"] = statistics.median(v / lg for v, lg in pairs)
             out["paired_veronica"] = statistics.median(v for v, _ in pairs)
             out["paired_sync"] = statistics.median(lg for _, lg in pairs)
