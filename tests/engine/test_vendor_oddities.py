@@ -13,24 +13,23 @@ from veronica.engine import approvals, runner, supervisor
 from veronica.models import Approval, Member, Run, Turn, UsageDay
 
 
+def mock_vendor(cls, vendor: str, key: str, settings, monkeypatch):
+    """A started mock server as the vendor's endpoint, one retry with no real wait."""
+    with cls(api_key=key) as mock:
+        setattr(settings, f"{vendor}_BASE_URL", mock.base_url)
+        settings.MODEL_MAX_RETRIES, settings.MODEL_BACKOFF, settings.MODEL_TIMEOUT = 1, 0.01, 5.0
+        monkeypatch.setenv(f"{vendor}_API_KEY", key)
+        yield mock
+
+
 @pytest.fixture
 def openai_mock(settings, monkeypatch):
-    mock = MockOpenAI(api_key="sk").start()
-    settings.OPENAI_BASE_URL = mock.base_url
-    settings.MODEL_MAX_RETRIES, settings.MODEL_BACKOFF, settings.MODEL_TIMEOUT = 1, 0.01, 5.0
-    monkeypatch.setenv("OPENAI_API_KEY", "sk")
-    yield mock
-    mock.stop()
+    yield from mock_vendor(MockOpenAI, "OPENAI", "sk", settings, monkeypatch)
 
 
 @pytest.fixture
 def anthropic_mock(settings, monkeypatch):
-    mock = MockAnthropic(api_key="ak").start()
-    settings.ANTHROPIC_BASE_URL = mock.base_url
-    settings.MODEL_MAX_RETRIES, settings.MODEL_BACKOFF, settings.MODEL_TIMEOUT = 1, 0.01, 5.0
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "ak")
-    yield mock
-    mock.stop()
+    yield from mock_vendor(MockAnthropic, "ANTHROPIC", "ak", settings, monkeypatch)
 
 
 def w1_on(space, model):

@@ -101,8 +101,6 @@ class AnthropicProvider:
                 # The SDK's stream accumulator asserts on a body that is no event stream (an HTML page, an
                 # empty stream) and its JSON parser raises ValueError on a lone-surrogate escape in a
                 # tool's input: both are a malformed response (retried), not a crash of the run.
-                if type(exc).__module__.split(".")[0] in ("anthropic", "httpx2", "pydantic_core"):
-                    raise
                 raise sdk.Malformed(f"unreadable event stream ({type(exc).__name__}: {str(exc)[:200]})") from exc
             if getattr(message, "stop_reason", None) is None:  # no message_delta / message_stop: cut mid-answer
                 raise sdk.Malformed("the event stream ended before the message did (no stop_reason)")

@@ -101,7 +101,7 @@ class OpenAIProvider:
         if not choices or getattr(choices[0], "message", None) is None:
             raise sdk.Malformed(f"no choices in the reply: {str(completion)[:200]}")
         message = choices[0].message
-        calls = [tool_call(c.id, c.function.name, c.function.arguments, i) for i, c in enumerate(message.tool_calls or [])
+        calls = [tool_call(c.id, c.function.name, c.function.arguments) for c in (message.tool_calls or [])
                  if getattr(c, "function", None) is not None]
         text = message.content or ""
         return Reply(text=text, tool_calls=calls, finish_reason=FINISH.get(choices[0].finish_reason or "", ""),
@@ -148,13 +148,13 @@ class StreamedReply:
             raise sdk.Malformed("the stream ended without a single chunk")
         if not self.finish:  # cut mid-answer (no finish_reason): half an answer is no final answer
             raise sdk.Malformed("the stream ended before its finish_reason")
-        calls = [tool_call(c["id"], c["name"], c["arguments"], i) for i, (_, c) in enumerate(sorted(self.calls.items()))]
+        calls = [tool_call(c["id"], c["name"], c["arguments"]) for _, c in sorted(self.calls.items())]
         text = "".join(self.text)
         return Reply(text=text, tool_calls=calls, finish_reason=FINISH.get(self.finish, ""),
                      usage=usage_of(self.usage, estimate, text, calls))
 
 
-def tool_call(call_id: str | None, name: str | None, arguments: str | None, index: int) -> ToolCall:
+def tool_call(call_id: str | None, name: str | None, arguments: str | None) -> ToolCall:
     try:
         args = json.loads(arguments or "{}")
     except (json.JSONDecodeError, RecursionError):
