@@ -1,6 +1,8 @@
 """Errors every verb raises. Views map them to HTTP 400/404/409, tools to readable tool errors."""
 from __future__ import annotations
 
+import math
+
 
 class VeronicaError(Exception):
     """Bad input or an illegal move. `field` names what was wrong, when one field was."""
@@ -39,9 +41,9 @@ class IllegalTransition(Conflict):
 
 def storable(value):
     """A JSON-like value with every string (keys too) made storable: NUL and unpaired surrogates become
-    U+FFFD. For what a model or a tool produced, which is kept rather than refused (text_problem is
-    for input that can be refused): on PostgreSQL one NUL in a reply failed the whole step, every
-    retry of it, and parked the member."""
+    U+FFFD, a NaN or an Infinity (Python's json reads them) becomes null. For what a model or a tool
+    produced, which is kept rather than refused (text_problem is for input that can be refused): on
+    PostgreSQL one NUL in a reply failed the whole step, every retry of it, and parked the member."""
     if isinstance(value, str):
         if "\x00" in value:
             value = value.replace("\x00", "\ufffd")
@@ -54,6 +56,8 @@ def storable(value):
         return {storable(k): storable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [storable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # NaN and Infinity: Python's json reads them, PostgreSQL's json has no word for them
     return value
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -55,14 +56,23 @@ def clean_json(value: Any) -> Any:
 
 
 def storable(value: Any) -> Any:
-    """A JSON value as a database can keep it: PostgreSQL refuses NUL in text and in jsonb, so every
-    NUL (keys included) becomes U+FFFD. Only for what is kept, never for what is replayed."""
+    """A JSON value as a database can keep it: PostgreSQL refuses NUL in text and in jsonb and an
+    unpaired surrogate is not UTF-8, so each (keys included) becomes U+FFFD; its json has no NaN or
+    Infinity (which Python's json reads from a tool's output), so they become null. Only for what is
+    kept, never for what is replayed."""
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
+        value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # via UTF-16: a split pair is joined, a lone half becomes U+FFFD
+            value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return value
     if isinstance(value, dict):
         return {storable(k): storable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [storable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 

@@ -133,3 +133,15 @@ def test_call_ids_that_are_empty_repeated_or_odd_are_replaced_so_each_result_pai
     assert all(len(i) <= 80 for i in called)
     messages = transcript.to_messages(rows)
     assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == called
+
+
+# --- 3. numbers JSON has no word for --------------------------------------------------------------------
+
+def test_tool_arguments_with_nan_or_infinity_are_stored_as_null(space, scripted):
+    """Python's json.loads reads NaN and Infinity (what a vendor SDK parses arguments with); PostgreSQL's
+    json refuses them: the step's writes failed, every retry of it."""
+    args = {"path": "f.txt", "offset": float("nan"), "limit": float("inf"), "deep": [float("-inf"), 1.5]}
+    scripted(Reply(tool_calls=[ToolCall(id="c1", name="list_dir", args=args)], usage=Usage(input=100, output=10)), "done")
+    assert _wake_w1(space) == "done"
+    stored = Turn.objects.filter(role="assistant").exclude(tool_calls=[]).get().tool_calls[0]["args"]
+    assert stored == {"path": "f.txt", "offset": None, "limit": None, "deep": [None, 1.5]}
