@@ -9,8 +9,12 @@ class VeronicaConfig(AppConfig):
     def ready(self) -> None:
         from django_q.signals import post_spawn
 
-        from veronica import tracing
+        from waggle import guard as waggle_guard
+
+        from veronica import events, tracing
         from veronica.engine.warm import warm_worker
 
         tracing.configure()  # OTLP export only when OTEL_EXPORTER_OTLP_ENDPOINT is set
         post_spawn.connect(warm_worker, dispatch_uid="veronica.warm_worker")
+        # waggle's row of a step's tool call rides in the step's event statement (no round trip of its own)
+        waggle_guard.host_defers(events.defer_insert)

@@ -61,7 +61,7 @@ def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "
     body = require_text(body, "body", max_len=MAX_BODY)
     subject = require_text(subject, "subject", max_len=MAX_SUBJECT, allow_empty=True).strip()
     sender = live_members(space).filter(name=sender_name).first()
-    with transaction.atomic(), events.batch():  # the events in one statement at the commit
+    with events.transaction_batch():  # the events in one statement, with the commit
         recipients = resolve_recipients(space, to, sender_name)
         # Registered first, so it runs first after the commit: the wake is the work, the sockets' ring the view.
         wake_on_commit([m.pk for m in recipients or [] if m.membership == Membership.ACTIVE], wake_source)

@@ -12,9 +12,15 @@ at the end of the step's transaction in one statement that takes the whole block
 the commit; on PostgreSQL both are one statement (the UPDATE in a data-modifying CTE of the INSERT). The space row is then locked for those two statements and the commit only, not for the
 whole step: the members of one space no longer queue behind each other's steps, and seq stays gapless
 and in commit order. One ring per batch (the socket reads everything after what it has seen).
+
+On PostgreSQL that statement also carries the rows other code deferred to it (defer_insert: a step's
+turns, waggle's observation), each table's rows as one JSON parameter (json_to_recordset), and, when
+the batch is its own outermost transaction (transaction_batch), the COMMIT in the same pipeline: a
+read step is two round trips, its fence and this.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from contextlib import contextmanager
@@ -27,7 +33,7 @@ from django.db.models import F
 
 from veronica import doorbell, redisbell, tracing
 from veronica.models import Event, Member, Space
-from veronica.returning import inserted, insert_rows, insert_statement
+from veronica.returning import inserted, insert_rows, json_insert_statement
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +45,9 @@ def group_name(space_id: int) -> str:
 class _Batch:
     """The events of one transaction, written together just before it commits."""
 
-    def __init__(self) -> None:
+    def __init__(self, commit: bool = False) -> None:
         self.depth = len(connection.atomic_blocks)  # emits at exactly this depth are buffered
+        self.commit = commit  # the block's atomic ends with the batch (transaction_batch)
         self.pending: list[Event] = []
         self.deferred: list[tuple[type, list]] = []  # (model, new rows) written in the events' statement
 
@@ -49,6 +56,14 @@ class _Batch:
         # savepoint_ids[i] belongs to atomic_blocks[i + 1] (the outermost block has no savepoint)
         return len(connection.atomic_blocks) >= self.depth >= 1 and not any(connection.savepoint_ids[self.depth - 1:])
 
+    def commits_here(self) -> bool:
+        """PostgreSQL: this batch's block is the outermost transaction and will commit (no rollback is
+        due), so its last statement may carry the COMMIT in the same round trip (see _write_block_pg)."""
+        import psycopg
+
+        return (self.commit and self.depth == 1 and len(connection.atomic_blocks) == 1 and not connection.needs_rollback
+                and psycopg.capabilities.has_pipeline())
+
     def flush(self) -> None:
         by_space: dict[int, list[Event]] = {}
         for event in self.pending:
@@ -56,7 +71,8 @@ class _Batch:
         self.pending, deferred, self.deferred = [], self.deferred, []
         for space_id, rows in by_space.items():
             if connection.vendor == "postgresql":
-                last, deferred = _write_block_pg(space_id, rows, deferred), []
+                commit = len(by_space) == 1 and self.commits_here()
+                last, deferred = _write_block_pg(space_id, rows, deferred, commit=commit), []
             else:
                 with connection.cursor() as cur:
                     cur.execute(f"UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
@@ -74,36 +90,45 @@ _EVENT_COLUMNS = ("space_id", "kind", "member_id", "payload", "created_at")
 _PG_TYPES = {"space_id": "bigint", "kind": "text", "member_id": "bigint", "payload": "jsonb", "created_at": "timestamptz"}
 
 
-def _write_block_pg(space_id: int, rows: list[Event], deferred: list[tuple[type, list]] = ()) -> int:
+def _write_block_pg(space_id: int, rows: list[Event], deferred: list[tuple[type, list]] = (), *,
+                    commit: bool = False) -> int:
     """PostgreSQL: the seq block and the rows in ONE statement (a data-modifying CTE): the space row is
     locked by its UPDATE inside the statement, so the lock is held for this statement and the commit.
-    The deferred rows (defer_insert) are INSERTs of the same statement: a step's turns ride along."""
-    fields = {f.attname: f for f in Event._meta.concrete_fields}
+    The deferred rows (defer_insert) are INSERTs of the same statement: a step's turns ride along.
+
+    commit: this is the transaction's last statement and the transaction is the outermost one: the
+    statement and its COMMIT go to the server in one pipeline, one round trip instead of two. The
+    atomic block's own commit then finds the transaction ended (psycopg's commit is a no-op when idle),
+    and runs the on_commit hooks (the rings) after it as always. A failure of either raises here, in
+    the block: the atomic block rolls back (a no-op if the server already did) and re-raises."""
     heads, params = [], []
     for k, (model, new_rows) in enumerate(deferred):
-        insert, insert_params = insert_statement(model, new_rows)
+        insert, insert_params = json_insert_statement(model, new_rows)
         heads.append(f"d{k} AS ({insert}), ")
         params += insert_params
-    params += [len(rows), space_id, len(rows)]
-    values = []
-    for i, event in enumerate(rows):
-        params.append(i + 1)
-        for name in _EVENT_COLUMNS:
-            field = fields[name]
-            value = field.pre_save(event, add=True) if name == "created_at" else getattr(event, name)
-            params.append(field.get_db_prep_save(value, connection))
-        values.append("(%s::int, " + ", ".join(f"%s::{_PG_TYPES[c]}" for c in _EVENT_COLUMNS) + ")")
+    created = Event._meta.get_field("created_at")
+    records = [{"ord": i + 1, "space_id": event.space_id, "kind": event.kind, "member_id": event.member_id,
+                "payload": event.payload, "created_at": created.pre_save(event, add=True).isoformat()}
+               for i, event in enumerate(rows)]
+    # every event in one JSON parameter: the statement's text (and its prepared plan) is one per shape
+    params += [len(rows), space_id, len(rows), json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
     cols = ", ".join(_EVENT_COLUMNS)
     sql = (f"WITH {''.join(heads)}block AS (UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq), "
            f"e AS (INSERT INTO {Event._meta.db_table} (seq, {cols}) "
            f"SELECT block.event_seq - %s + v.ord, {', '.join('v.' + c for c in _EVENT_COLUMNS)} "
-           f"FROM block, (VALUES {', '.join(values)}) AS v(ord, {cols}) ORDER BY v.ord RETURNING id, seq) "
+           f"FROM block, json_to_recordset(%s::json) AS v(ord int, {', '.join(f'{c} {_PG_TYPES[c]}' for c in _EVENT_COLUMNS)}) "
+           f"ORDER BY v.ord RETURNING id, seq) "
            f"SELECT -1, id, seq FROM e" + "".join(f" UNION ALL SELECT {k}, id, 0 FROM d{k}" for k in range(len(deferred))))
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        if commit:
+            with connection.wrap_database_errors, connection.connection.pipeline():
+                cur.execute(sql, params)
+                connection.connection.commit()  # in the pipeline: COMMIT, then one sync for both
+        else:
+            cur.execute(sql, params)
         result = cur.fetchall()
     written = sorted((r[1:] for r in result if r[0] == -1), key=lambda r: r[1])
-    for k, (model, new_rows) in enumerate(deferred):  # one statement's ids come from the sequence in VALUES order
+    for k, (model, new_rows) in enumerate(deferred):  # one statement's ids come from the sequence in row order
         inserted(model, new_rows, sorted(r[1] for r in result if r[0] == k))
     if len(written) != len(rows):
         raise RuntimeError(f"space {space_id}: {len(written)} of {len(rows)} events written")
@@ -128,18 +153,27 @@ def defer_insert(model, rows: list) -> bool:
 
 
 @contextmanager
-def batch():
+def batch(*, _commit: bool = False):
     """Inside an atomic block: buffer this block's emits and write them at its end (see above).
     Emits from a nested savepoint are written at once, so a rolled-back savepoint takes them along."""
     if getattr(_batch, "current", None) is not None or not connection.in_atomic_block:
         yield
         return
-    current = _batch.current = _Batch()
+    current = _batch.current = _Batch(_commit)
     try:
         yield
         current.flush()
     finally:
         _batch.current = None
+
+
+@contextmanager
+def transaction_batch():
+    """transaction.atomic() and batch() ending together. When it is the outermost transaction (and
+    PostgreSQL), the batch's statement carries the COMMIT (see _write_block_pg): nothing can run
+    between the two, which a batch() inside a longer atomic block could not promise."""
+    with transaction.atomic(), batch(_commit=True):
+        yield
 
 
 def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: object) -> Event:

@@ -8,16 +8,31 @@ default psycopg cursor, which binds parameters client-side, sends; a connection 
 server sends the three as one pipeline). Any other statement run under the
 guard first opens the savepoint on its own, so whatever waggle runs there is contained. SQLite rolls
 back only the failing statement, and outside a transaction each statement is its own: no savepoint.
+
+A host that writes its own step in one last statement before the commit may take waggle's row into
+that statement instead (``host_defers``, e.g. veronica.events.defer_insert): no round trip at all. Only
+a row that cannot fail on its own data is handed over (the caller checks every value against its
+column first: lengths, ranges, text the database stores), and only while the savepoint is not open.
 """
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager, nullcontext
-from typing import Iterator
+from typing import Callable, Iterator
 
 from django.db import DatabaseError, connection
 
 NAME = "waggle_write"
+
+# The host's writer of new rows into its transaction's last statement: fn(model, rows) -> bool (False:
+# not taken, write them now). None: every row is written where it is recorded.
+_host_defer: Callable[[type, list], bool] | None = None
+
+
+def host_defers(fn: Callable[[type, list], bool] | None) -> None:
+    """Register (or, with None, drop) the host's deferred writer (see the module docstring)."""
+    global _host_defer
+    _host_defer = fn
 
 
 class Guard:
@@ -32,6 +47,12 @@ class Guard:
             execute(f"SAVEPOINT {NAME}", None, False, context)
             self.open = True
         return execute(sql, params, many, context)
+
+    def defer(self, model: type, rows: list) -> bool:
+        """Hand these new rows to the host's last statement; False when not taken (write them now). The
+        caller vouches that they cannot fail on their own data; nothing may read them back before
+        the host's transaction ends."""
+        return not self.open and _host_defer is not None and bool(_host_defer(model, rows))
 
     def execute(self, sql: str, params) -> None:
         """Run ``sql`` (one statement, no result) in the savepoint, in one round trip when the savepoint

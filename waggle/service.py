@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -134,21 +135,66 @@ def _record(space_key: str, session_key: str, member_key: str, call: Call, cfg: 
                       for k, v in call.args}
     else:
         args = args_json(call.args)
+    pin = _pins.get((space_key, session_key))
+    # The row may ride in the host's last statement only when nothing reads it back before the commit:
+    # the session is pinned and its ring synced (no read of ForageCall decides the next seq) and no
+    # inline sweep mines right after this call.
+    may_defer = pin is not None and pin.synced and not (cfg.mining and not cfg.sweep_async and seq % cfg.mine_period == 0)
     _insert_forage(ForageCall(space_key=space_key, session_key=session_key, member_key=clean_text(member_key or "")[:64],
                               seq=seq, tool=storable(call.tool[:200]), args=storable(args), mutates=call.mutates,
                               oversized=call.oversized, replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens,
-                              out_refs=storable([[list(path), value] for path, value in call.refs])))
+                              out_refs=storable([[list(path), value] for path, value in call.refs])), may_defer=may_defer)
     ring.record(call, seq=seq)
     return seq
+
+
+_BIG, _INT = 2 ** 63 - 1, 2 ** 31 - 1
+
+
+def _fits(row: ForageCall) -> bool:
+    """Every value fits its column (the checks PostgreSQL would make: lengths, ranges, text without NUL
+    that encodes as UTF-8, JSON without NaN), so an INSERT of this row cannot fail on its own data: it
+    may then leave its savepoint for the host's last statement. Checked, not assumed from storable()."""
+    texts = (row.space_key, row.session_key, row.member_key, row.tool, row.out_hash)
+    return (0 < len(row.space_key) <= 64 and 0 < len(row.session_key) <= 64 and len(row.member_key) <= 64
+            and len(row.tool) <= 200 and len(row.out_hash) <= 16 and 0 <= row.seq <= _BIG
+            and isinstance(row.est_tokens, int) and 0 <= row.est_tokens <= _INT
+            and all(isinstance(v, bool) for v in (row.mutates, row.oversized, row.replayed))
+            and all(isinstance(t, str) and _clean_text(t) for t in texts)
+            and _clean_json(row.args) and _clean_json(row.out_refs))
+
+
+def _clean_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
+def _clean_json(value: Any) -> bool:
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)  # ValueError: NaN, Infinity
+    except (TypeError, ValueError):
+        return False
+    return _clean_text(text) and not _JSON_NUL.search(text)
+
+
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # json's escape of a NUL (jsonb refuses it), not an escaped backslash's text
 
 
 _forage_sql: dict[str, tuple[str, list]] = {}
 
 
-def _insert_forage(row: ForageCall) -> None:
+def _insert_forage(row: ForageCall, *, may_defer: bool = False) -> None:
     """ForageCall.objects.create(), its INSERT written once per backend: one runs per tool call of every
     member, and the ORM's save path (compiling the statement each time) was most of what observing cost.
-    Values go through the fields' own pre_save / get_db_prep_save."""
+    Values go through the fields' own pre_save / get_db_prep_save. may_defer: nothing reads the row back
+    before the host's transaction ends, so the host's last statement may carry it (see waggle.guard)."""
+    guard = current_guard()
+    # storable JSON and _fits: the row cannot fail on its own data, so it needs no savepoint of its own
+    if guard is not None and may_defer and _fits(row) and guard.defer(ForageCall, [row]):
+        return
     cached = _forage_sql.get(connection.vendor)
     if cached is None:
         fields = [f for f in ForageCall._meta.concrete_fields if not f.primary_key]
@@ -161,7 +207,6 @@ def _insert_forage(row: ForageCall) -> None:
     for f, plain in fields:
         value = f.pre_save(row, True)
         params.append(value if plain and value is not None else f.get_db_prep_save(value, connection))
-    guard = current_guard()
     if guard is not None:
         guard.execute(sql, params)
         return

@@ -15,8 +15,8 @@ That fence statement is the step's only read of the member row: it also writes t
 asked for (`next_phase`) and reads back the cancel flag and the permission mode, so a step pays one
 statement for its lease, its phase, its suspend check and its permission gate. On PostgreSQL the model
 turn's fence also carries the call's usage meter (a second UPDATE in the same statement, applied only
-if the lease holds). The fence's events are batched (veronica.events.batch) and written just before
-its commit.
+if the lease holds). The fence's events are batched (veronica.events.transaction_batch) and written
+just before its commit, which rides the same round trip on PostgreSQL.
 """
 from __future__ import annotations
 
@@ -203,7 +203,7 @@ class RunLease:
         if self._depth:  # already inside this run's fence: one renew per transaction is enough
             yield
             return
-        with transaction.atomic(), events.batch():
+        with events.transaction_batch():
             self._fence()
             self._depth += 1
             try:
@@ -264,7 +264,7 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
     by_id = isinstance(member, int)
     member_id = member if by_id else member.pk
     token = uuid.uuid4().hex
-    with transaction.atomic(), events.batch():
+    with events.transaction_batch():
         if not _claim_update(member_id, token, source, held_ok, gates):
             return None
         # The Run row first: its started_at is the claim's, not one member read later.
