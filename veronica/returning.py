@@ -8,6 +8,7 @@ between executions are compiled as sentinels and bound by position.
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any, Callable
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -187,8 +188,8 @@ _json_cache: dict = {}
 
 
 def _json_columns(model):
-    """(column, field, kind) per concrete non-pk column, kind "as_is" | "json" | "datetime"; None when a
-    column's value has no plain JSON form (the caller then uses insert_statement)."""
+    """(the INSERT's SQL, [(field, kind)] per concrete non-pk column, kind "as_is" | "json" | "datetime"),
+    or None when a column's value has no plain JSON form (the caller then uses insert_statement)."""
     if model in _json_cache:
         return _json_cache[model]
     connection = connections[DEFAULT_DB_ALIAS]
@@ -219,8 +220,6 @@ def _json_columns(model):
 
 def json_rows(rows: list, cols) -> str:
     """The rows as one JSON array of objects keyed by column (what json_to_recordset reads), in order."""
-    import json
-
     out = []
     for i, obj in enumerate(rows):
         record = {"_ord": i}
