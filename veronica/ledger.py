@@ -195,7 +195,9 @@ def complete(task: Task, *, actor: str, result: str, failed: bool = False) -> Ta
 
 def dispatch_ready(space: Space | None = None) -> list[Task]:
     """Engine turn: ready engine-managed tasks with an assignee start, due pending ones become ready."""
-    now = timezone.now()
+    from veronica.engine import clock
+
+    now = clock.now()
     started: list[Task] = []
     due = Task.objects.filter(status=S.PENDING, not_before__lte=now)
     if space is not None:

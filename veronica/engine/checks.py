@@ -123,7 +123,9 @@ def _stale_claim_cutoff(space: Space, now) -> object:
 
 def recover() -> int:
     """Engine tick duty: re-enqueue verifying check tasks nobody holds (lost enqueue, dead worker)."""
-    now = timezone.now()
+    from veronica.engine import clock
+
+    now = clock.now()
     count = 0
     qs = Task.objects.filter(status=TaskStatus.VERIFYING, verify_policy=VerifyPolicy.CHECKS, updated_at__lt=now - RECOVER_AFTER)
     for task in qs.select_related("space"):
