@@ -185,6 +185,7 @@ class SpaceAdmin(VerbAdmin):
             if row.instance.pk and "user" in row.changed_data:  # a row moved to another user: the old one loses access
                 access.revoke(space, SpaceAccess.objects.get(pk=row.instance.pk).user.get_username(), actor=actor)
             access.grant(space, row.cleaned_data["user"].get_username(), row.cleaned_data["role"], actor=actor)
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []  # the history entry's lists
 
     @admin.display(description="webhook secret")
     def webhook_secret_masked(self, obj):
