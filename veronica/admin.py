@@ -616,9 +616,10 @@ class MemoryFileAdminForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        if data.get("member") and data.get("name"):
+        member = data.get("member") or (self.instance.member if self.instance.pk else None)  # read-only once saved
+        if member and data.get("name"):
             try:
-                memory.check(data["member"], data["name"], data.get("content") or "")
+                memory.check(member, data["name"], data.get("content") or "")
             except VeronicaError as exc:
                 raise forms.ValidationError({exc.field if exc.field in ("name", "content") else "__all__": exc.message}) from None
         return data
