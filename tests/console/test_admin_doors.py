@@ -14,7 +14,7 @@ from tests.console.helpers import call
 from veronica import access, ledger, skills
 from veronica.engine import supervisor
 from veronica.manifest import register
-from veronica.models import Event, Member, Message, Skill, Space, SpaceAccess, Task
+from veronica.models import Alarm, Event, Member, Message, Skill, Space, SpaceAccess, Task
 
 API = "/api/spaces/alpha"
 ACTOR_KEYS = {"actor", "by"}
@@ -233,3 +233,13 @@ def test_access_granted_at_any_door_emits_its_event(world, admin, owner, door):
         assert call(owner, "POST", f"{API}/access/", {"username": "ann", "role": "viewer"}).status_code == 201
     assert SpaceAccess.objects.get(space=world.space, user=ann).role == "viewer"
     assert trail(world.space, after) == [("access.granted", None, {"user": "ann", "role": "viewer", "created": True})]
+
+
+def test_a_verb_refusing_at_save_time_is_a_message_not_a_500(world, admin):
+    """The alarm form leaves the 366-day limit to alarms.set_alarm: the save rolls back and says why."""
+    w1 = supervisor.get_member(world.space, "w1")
+    response = admin.post(reverse("admin:veronica_alarm_add"), {"member": w1.pk, "fire_at_0": "2099-01-01", "fire_at_1": "09:00:00",
+                                                                "note": "far"}, follow=True)
+    assert response.status_code == 200
+    assert "at most 366 days ahead" in " ".join(str(m) for m in response.context["messages"])
+    assert not Alarm.objects.exists()
