@@ -13,6 +13,7 @@ from tests.admin_forms import form_data
 from tests.console.helpers import call
 from veronica import access, ledger, skills
 from veronica.engine import supervisor
+from veronica.errors import VeronicaError
 from veronica.manifest import register
 from veronica.models import Alarm, Event, Member, Message, Skill, Space, SpaceAccess, Task
 
@@ -243,3 +244,14 @@ def test_a_verb_refusing_at_save_time_is_a_message_not_a_500(world, admin):
     assert response.status_code == 200
     assert "at most 366 days ahead" in " ".join(str(m) for m in response.context["messages"])
     assert not Alarm.objects.exists()
+
+
+def test_update_member_checks_everything_first_and_a_no_op_emits_nothing(world):
+    w1, after = supervisor.get_member(world.space, "w1"), seq_of(world.space)
+    for bad, field in [({"max_iterations": 0}, "max_iterations"), ({"role": "leader"}, "role"), ({"name": "x"}, "name"),
+                       ({"persona": "ok", "model": "nope:x"}, "model")]:
+        with pytest.raises(VeronicaError) as refused:
+            supervisor.update_member(w1, actor="owner", **bad)
+        assert refused.value.field == field
+    supervisor.update_member(w1, actor="owner", persona=w1.persona, max_iterations=w1.max_iterations)
+    assert seq_of(world.space) == after and Member.objects.get(pk=w1.pk).persona == ""
