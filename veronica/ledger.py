@@ -146,13 +146,18 @@ def assignment_mail(task: Task, auto: bool) -> tuple[str, str]:
     return f"Task #{task.pk}: {task.title}{marker}", "\n".join(lines)
 
 
-def assign(task: Task, member: Member, *, actor: str, auto: bool = False) -> Task:
-    """Give a task to a member. A ready task starts now (mail wakes the assignee); a pending one
-    is engine-managed and dispatched by the tick once its dependencies and not-before allow."""
+def check_assign(task: Task, member: Member) -> None:
+    """What assign refuses, checked without writing (the admin form shows it as a field error)."""
     if member.space_id != task.space_id or member.removed_at is not None:
         raise VeronicaError(f"{member.name} is not a member of this space", field="assignee")
     if task.status in TERMINAL or (task.status in (S.RUNNING, S.VERIFYING) and task.assignee_id not in (None, member.pk)):
         raise IllegalTransition(f"task #{task.pk} is {task.status}; it cannot be (re)assigned now", field="task_id")
+
+
+def assign(task: Task, member: Member, *, actor: str, auto: bool = False) -> Task:
+    """Give a task to a member. A ready task starts now (mail wakes the assignee); a pending one
+    is engine-managed and dispatched by the tick once its dependencies and not-before allow."""
+    check_assign(task, member)
     with transaction.atomic():
         lock_member_first(member.pk)
         Task.objects.filter(pk=task.pk).update(assignee=member)

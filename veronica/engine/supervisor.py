@@ -332,6 +332,61 @@ def set_permission_mode(member: Member, mode: str, *, actor: str) -> Member:
     return _refresh(member)
 
 
+MAX_ITERATIONS = 200  # the manifest's limit
+EDITABLE = ("role", "persona", "when_to_use", "model", "budget_override", "rule_domains", "max_iterations")
+
+
+def clean_member_edit(member: Member, changes: dict) -> dict:
+    """The checks update_member applies, without writing (the admin form shows them as field errors)."""
+    from veronica.agent.providers import validate_model_spec
+
+    unknown = set(changes) - set(EDITABLE)
+    if unknown:
+        raise VeronicaError(f"cannot edit {', '.join(sorted(unknown))}; editable: {', '.join(EDITABLE)}", field=sorted(unknown)[0])
+    cleaned = dict(changes)
+    if "persona" in cleaned:
+        require_text(cleaned["persona"], "persona", max_len=MAX_PERSONA, allow_empty=True)
+    if "when_to_use" in cleaned:
+        cleaned["when_to_use"] = require_text(cleaned["when_to_use"], "when_to_use", max_len=MAX_WHEN_TO_USE, allow_empty=True).strip()
+    if "model" in cleaned:
+        validate_model_spec(cleaned["model"])
+    if cleaned.get("budget_override") is not None:
+        check_int(cleaned["budget_override"], "budget_override")
+    if "max_iterations" in cleaned:
+        check_int(cleaned["max_iterations"], "max_iterations", minimum=1, maximum=MAX_ITERATIONS)
+    if "rule_domains" in cleaned:
+        cleaned["rule_domains"] = check_domains(cleaned["rule_domains"])
+    if "role" in cleaned:
+        _check_role(member, cleaned["role"])
+    return cleaned
+
+
+def _check_role(member: Member, role: object) -> None:
+    if role not in Role.values:
+        raise VeronicaError(f"role must be one of {', '.join(Role.values)}", field="role")
+    if role == Role.LEADER and Member.objects.filter(space_id=member.space_id, role=Role.LEADER, removed_at__isnull=True
+                                                     ).exclude(pk=member.pk).exists():
+        raise Conflict("this space already has a leader; a space has at most one", field="role")
+
+
+def update_member(member: Member, *, actor: str, **changes: object) -> Member:
+    """Edit a member's configuration (persona, model, budget...); it applies at the next run boundary.
+    Only the fields that differ are written and named in the event; no difference, no write, no event."""
+    cleaned = clean_member_edit(member, changes)
+    current = _refresh(member)
+    changed = {k: v for k, v in cleaned.items() if getattr(current, k) != v}
+    if not changed:
+        return current
+    with transaction.atomic():
+        try:
+            if not Member.objects.filter(pk=member.pk, removed_at__isnull=True).update(**changed, reload_pending=True):
+                raise NotFound(f"member '{member.name}' is removed", field="member")
+        except IntegrityError:  # a leader added meanwhile: the partial unique index refused the second
+            raise Conflict("this space already has a leader; a space has at most one", field="role") from None
+        events.emit(member.space_id, "member.updated", member=member, actor=actor, fields=sorted(changed))
+    return _refresh(member)
+
+
 def reload_skills(member: Member | None = None, *, space: Space | None = None, actor: str) -> int:
     """Flag a re-read of the skills catalog; the prompt is rebuilt at each member's next run."""
     qs = Member.objects.filter(removed_at__isnull=True)

@@ -104,8 +104,7 @@ def thresholds_of(space: Space) -> dict:
     return {name: getattr(space, name) for name in THRESHOLDS}
 
 
-def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
-    """Change watchdog thresholds (minutes, 0 = off). Every value is checked before any is written."""
+def clean_thresholds(values: dict) -> dict[str, int]:
     from veronica.errors import VeronicaError
 
     cleaned = {}
@@ -119,6 +118,12 @@ def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
         if value is None or not 0 <= value <= THRESHOLD_MAX:
             raise VeronicaError(f"{name} must be a whole number of minutes from 0 (off) to {THRESHOLD_MAX}", field=name)
         cleaned[name] = value
+    return cleaned
+
+
+def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
+    """Change watchdog thresholds (minutes, 0 = off). Every value is checked before any is written."""
+    cleaned = clean_thresholds(values)
     with transaction.atomic():
         Space.objects.filter(pk=space.pk).update(**cleaned)
         for name, value in cleaned.items():
