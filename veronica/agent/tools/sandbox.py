@@ -97,7 +97,8 @@ def sweep(root: Path) -> None:
 
 # The launcher: a fresh cgroup named after its own pid, the limit, then exec the rest of argv in it,
 # so every process the command forks is counted from the first one on.
-JOIN = 'cg="$1/$$"; mkdir -p "$cg" && echo "$2" > "$cg/pids.max" && echo $$ > "$cg/cgroup.procs" || exit 125; shift 2; exec "$@"'
+JOIN = ('cg="$1/$$"; mkdir -p "$cg" && echo "$2" > "$cg/pids.max" && echo $$ > "$cg/cgroup.procs" '
+        '|| { echo "veronica: could not join the pids cgroup $cg" >&2; exit 125; }; shift 2; exec "$@"')
 
 
 def process_bound(limits: Limits) -> tuple[list[str], bool]:
@@ -149,7 +150,7 @@ def sandboxed(root: Path, command: str) -> tuple[list[str], str]:
         return ["/bin/sh", "-c", command], str(root)
     bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit")
     if bwrap is None or prlimit is None:
-        raise ToolError("commands need bubblewrap and prlimit to stay inside the workspace (apt-get install bubblewrap "
+        raise ToolError("a sandboxed command needs bubblewrap and prlimit to stay inside the workspace (apt-get install bubblewrap "
                         "util-linux); an operator may set VERONICA_COMMAND_SANDBOX=none to run commands unconfined")
     limits = Limits.from_settings()
     join, nproc = process_bound(limits)
