@@ -235,8 +235,9 @@ class RunLease:
 
         threading.Thread(target=target, name=f"step-{self.member.pk}", daemon=True).start()
         renewed = time.monotonic()
+        wait = min(CANCEL_POLL_SECONDS, settings.RUN_HEARTBEAT_SECONDS)
         try:
-            while not done.wait(CANCEL_POLL_SECONDS):
+            while not done.wait(wait):
                 if not stop.is_set() and self._stop_asked():
                     stop.set()
                 if time.monotonic() - renewed >= settings.RUN_HEARTBEAT_SECONDS:
