@@ -210,3 +210,15 @@ def test_a_stop_abandons_an_mcp_call_in_flight(space, sandbox):
     took, text = stopped_after(0.5, lambda: mcp_tools._caller(spec, "nap", True)(None, {"seconds": 20}))
     assert took < 1.5 and "cancelled" in text
     assert pid_before.dead
+
+
+def test_as_root_without_a_pids_cgroup_a_command_refuses_to_start_unless_the_limit_is_off(ctx, sandbox, monkeypatch, tmp_path):
+    """RLIMIT_NPROC does not count root's processes: without a cgroup the process limit cannot hold."""
+    from veronica.agent.tools import sandbox as box
+
+    monkeypatch.setattr(box, "PIDS_V1", tmp_path / "no-cgroup")
+    monkeypatch.setattr(box.os, "geteuid", lambda: 0)
+    with pytest.raises(ToolError, match="VERONICA_SANDBOX_PROCS=0"):
+        ws.run_command(ctx, {"command": "true"})
+    sandbox.SANDBOX_PROCS = 0
+    assert ws.run_command(ctx, {"command": "echo ran"}) == "exit 0\nran"
