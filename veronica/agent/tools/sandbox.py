@@ -86,13 +86,15 @@ def pids_root() -> Path | None:
 
 
 def sweep(root: Path) -> None:
-    """Remove the cgroups of commands that ended (rmdir refuses one that still has a process)."""
+    """Remove the cgroups of commands that ended (rmdir refuses one that still has a process). A
+    young one is left alone: its launcher may be between creating it and joining it."""
+    settled = time.time() - 60
     for child in root.iterdir():
-        if child.is_dir():
-            try:
+        try:
+            if child.is_dir() and child.stat().st_mtime < settled:
                 child.rmdir()
-            except OSError:
-                pass
+        except OSError:
+            pass
 
 
 # The launcher: a fresh cgroup named after its own pid, the limit, then exec the rest of argv in it,
