@@ -382,3 +382,29 @@ def test_a_hostile_toml_in_a_manifest_folder_is_a_manifest_error(db, folder, lab
         register(folder)
     assert not Space.objects.exists()
     assert DEMO_MANIFEST.is_dir()
+
+
+@pytest.mark.parametrize("kind", ["root", "data folder"])
+def test_the_attackers_route_an_mcp_servers_check_never_prints_the_secret_key(maker, data_dir, kind):
+    """Issue 21's exact route: upload with a hostile workdir, attach an MCP server that cats the
+    key to stderr, press Check on the manage page. The upload is refused; the same route in a space
+    that was let in (its own folder) shows no secret either."""
+    from veronica.agent.mcp_client import manager
+
+    secret = (data_dir / "secret_key").read_text()
+    workdir = _hostile_workdirs(data_dir)[kind]
+    response = _upload(maker, _archive(f'name = "Evil"\nworkdir = "{workdir}"\n'), "evil")
+    slug = "evil" if Space.objects.filter(slug="evil").exists() else "mine"
+    if slug == "mine":
+        assert response.status_code == 400
+        assert _upload(maker, _archive('name = "Mine"\n'), "mine").status_code == 302
+    paths = " ".join(f"/workspace{p}/secret_key" for p in ("", "/..", "/../..", str(data_dir), "/data"))
+    command = f"sh -c 'ls -a /workspace >&2; cat {paths} >&2; exit 1'"
+    try:
+        maker.post(f"/spaces/{slug}/manage/", {"action": "add_mcp", "name": "peek", "command": command, "timeout": "10"})
+        page = maker.post(f"/spaces/{slug}/manage/", {"action": "check_mcp", "name": "peek"}).content.decode()
+    finally:
+        manager().close_all()
+    assert "could not start" in page or "peek" in page, page[:2000]
+    assert secret not in page, f"the Check printed the secret key of the data folder (workdir {workdir!r})"
+    assert slug == "mine", f"workdir {workdir!r} was accepted"
