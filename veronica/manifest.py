@@ -37,6 +37,7 @@ SETTING_RANGES = {  # inclusive bounds a setting must fall in: the column's and 
     "spawn_cap": (0, 100), "stuck_run_minutes": (0, 525_600), "mailbox_backlog_minutes": (0, 525_600),
 }
 MAX_SKILL_BODY = 50000  # the skills verb's limit
+MAX_TOML_DEPTH = 100  # where a RecursionError from tomllib is looked for, to name the key
 NOTIFY_KEYS = {"webhook_url", "slack_url", "email"}
 MANIFEST_ACTOR = "manifest"  # Member.removed_by when a register removed it
 SPACE_KEYS = {"name", "slug", "workdir", "settings", "notify", "verify_checks", "mcp_servers"}
@@ -107,15 +108,20 @@ def _storable(path: Path, node: object, key: str = "") -> None:
         raise ManifestError(path, key, text_problem(node))
 
 
-def _long_integer(path: Path, text: str, exc: ValueError) -> ManifestError:
-    """Python refuses to read an integer of more digits than its int-str limit: name its line and key."""
-    limit = sys.get_int_max_str_digits()
-    found = re.search(r"[0-9_]{%d,}" % (limit + 1), text)
-    if found is None:
-        return ManifestError(path, "syntax", str(exc))
-    line = text.count("\n", 0, found.start()) + 1
-    key = re.match(r"\s*([A-Za-z0-9_.\"' -]+?)\s*=", text.split("\n")[line - 1])
-    return ManifestError(path, key.group(1).strip() if key else "syntax", f"line {line}: an integer of more than {limit} digits")
+def _where(path: Path, text: str, line: int | None, problem: str, exc: Exception) -> ManifestError:
+    """A value tomllib cannot take: the error names its key and line (the parser's own error has neither)."""
+    if line is None:
+        return ManifestError(path, "syntax", f"{problem} ({exc})")
+    key = re.match(r"\s*([A-Za-z0-9_.\"' -]+?)\s*=", text.split("\n")[line - 1][:200])  # a key, not a whole line
+    return ManifestError(path, key.group(1).strip() if key else "syntax", f"line {line}: {problem}")
+
+
+def _deep_line(text: str) -> int | None:
+    """The first line that opens MAX_TOML_DEPTH arrays or inline tables (a guess: brackets in strings count)."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.count("[") + line.count("{") >= MAX_TOML_DEPTH:
+            return number
+    return None
 
 
 def _toml(path: Path) -> dict:
@@ -124,10 +130,13 @@ def _toml(path: Path) -> dict:
         cfg = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(path, "syntax", str(exc)) from None
-    except RecursionError:  # tomllib recurses once per nested array or inline table
-        raise ManifestError(path, "syntax", "arrays or inline tables nested too deep") from None
-    except ValueError as exc:  # the int-str conversion limit (a 5,000-digit integer)
-        raise _long_integer(path, text, exc) from None
+    except RecursionError as exc:  # tomllib recurses once per nested array or inline table
+        raise _where(path, text, _deep_line(text), "arrays or inline tables nested too deep", exc) from None
+    except ValueError as exc:  # Python's int-str conversion limit (a 5,000-digit integer)
+        limit = sys.get_int_max_str_digits()
+        found = re.search(r"[0-9_]{%d,}" % (limit + 1), text)
+        line = text.count("\n", 0, found.start()) + 1 if found else None
+        raise _where(path, text, line, f"an integer of more than {limit} digits", exc) from None
     _storable(path, cfg)
     return cfg
 

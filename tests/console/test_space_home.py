@@ -352,8 +352,8 @@ DEEP_INLINE = "x = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n"
 HUGE_INT = "[settings]\nspawn_cap = " + "9" * 5000 + "\n"
 
 BAD_MANIFESTS = [
-    ("nested arrays", 'name = "x"\n' + DEEP, "space.toml: syntax: arrays or inline tables nested too deep"),
-    ("nested tables", 'name = "x"\n' + DEEP_INLINE, "space.toml: syntax: arrays or inline tables nested too deep"),
+    ("nested arrays", 'name = "x"\n' + DEEP, "space.toml: x: line 2: arrays or inline tables nested too deep"),
+    ("nested tables", 'name = "x"\n' + DEEP_INLINE, "space.toml: x: line 2: arrays or inline tables nested too deep"),
     ("5000-digit integer", 'name = "x"\n' + HUGE_INT, "space.toml: spawn_cap: line 3: an integer of more than 4300 digits"),
     ("blackboard_cap below the column's check", 'name = "x"\n[settings]\nblackboard_cap = 9\n',
      "space.toml: settings.blackboard_cap: is 9; it must be from 100 to 1000000"),
