@@ -22,7 +22,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tests.conftest import DEMO_MANIFEST, REPO
+from tests.conftest import REPO
 from veronica import portable
 from veronica.agent.tools import ToolContext
 from veronica.agent.tools import workspace as ws
@@ -381,7 +381,6 @@ def test_a_hostile_toml_in_a_manifest_folder_is_a_manifest_error(db, folder, lab
     with pytest.raises(ManifestError, match=r"member.toml: budget: line 2: an integer of more than 4300 digits"):
         register(folder)
     assert not Space.objects.exists()
-    assert DEMO_MANIFEST.is_dir()
 
 
 @pytest.mark.parametrize("kind", ["root", "data folder"])
