@@ -137,7 +137,8 @@ class SpaceAdmin(VerbAdmin):
     prepopulated_fields = {"slug": ("name",)}
     # the secret is never shown again after it is made: set or rotate it with the action
     exclude = ("webhook_secret", "webhook_rotated_at")
-    readonly_fields = ("event_seq", "created_at", "webhook_secret_masked", "webhook_rotated_at")
+    # where a space's files live is the server's decision (its own folder), never a form's
+    readonly_fields = ("workdir", "event_seq", "created_at", "webhook_secret_masked", "webhook_rotated_at")
     inlines = [MemberInline, AccessInline]
     actions = ["halt_all", "send_test_notification", "rotate_webhook_secret", "preview_retention", "purge_retention"]
 
@@ -154,6 +155,12 @@ class SpaceAdmin(VerbAdmin):
 
     def save_model(self, request, obj, form, change):
         if not change:  # no verb creates a bare space (register and the console's templates do more)
+            if not obj.workdir:  # a space added here works in its own folder, like one made on New space
+                from veronica.portable import home_of
+
+                workdir = home_of(obj.slug) / "workspace"
+                workdir.mkdir(parents=True, exist_ok=True)
+                obj.workdir = str(workdir)
             super().save_model(request, obj, form, change)
             return
         self._settings_through_verbs(request, Space.objects.get(pk=obj.pk), form)
