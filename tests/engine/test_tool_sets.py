@@ -9,22 +9,13 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from tests.engine.test_live_vendor import openai_mock  # noqa: F401 (a fixture)
 from tests.vendors import faults as f
-from tests.vendors.mock_openai import MockOpenAI
 from veronica import bus, portable
 from veronica.engine import runner, supervisor
 from veronica.errors import VeronicaError
 from veronica.manifest import register
 from veronica.models import Member
-
-
-@pytest.fixture
-def openai_mock(settings, monkeypatch):
-    with MockOpenAI(api_key="sk-test") as mock:
-        settings.OPENAI_BASE_URL = mock.base_url
-        settings.MODEL_BACKOFF = 0.01
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-        yield mock
 
 
 def offered(body: dict) -> list[str]:
