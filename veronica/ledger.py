@@ -197,9 +197,9 @@ def reassign(task: Task, member: Member, *, actor: str) -> Task:
     with transaction.atomic():
         if task.status == S.RUNNING:
             transition(task, S.READY, actor=actor, reason=f"reassigned from {previous.name} to {member.name}")
-            if previous.removed_at is None:
-                bus.send(task.space, actor, previous.name, f"Task #{task.pk} ({task.title}) was reassigned to {member.name}; "
-                         "stop working on it.", subject=f"Task #{task.pk} reassigned", task=task)
+        if previous is not None and previous.removed_at is None and task.status in (S.READY, S.BLOCKED) and task.started_at:
+            bus.send(task.space, actor, previous.name, f"Task #{task.pk} ({task.title}) was reassigned to {member.name}; "
+                     "stop working on it.", subject=f"Task #{task.pk} reassigned", task=task)
         assign(task, member, actor=actor)
     return task
 

@@ -357,3 +357,55 @@ def test_runtime_edits_survive_register_and_fresh_discards_them(door, world, tmp
 
 def _initial(member: Member) -> dict:
     return _initial_form(member)
+
+
+# --- bad input through the new doors: never a 500, the field named, nothing written ---------------------------
+
+NUL = "\x00"
+BAD_BODIES = [
+    ("POST", f"{API}/tasks/", {"title": f"x{NUL}"}, "title"),
+    ("POST", f"{API}/tasks/", {"title": 5}, "title"),
+    ("POST", f"{API}/tasks/", {"title": "x" * 201}, "title"),
+    ("POST", f"{API}/tasks/", {"title": "x", "spec": ["a"]}, "spec"),
+    ("POST", f"{API}/tasks/", {"title": "x", "spec": "s" * 20001}, "spec"),
+    ("POST", f"{API}/tasks/", {"title": "x", "assignee": 7}, "assignee"),
+    ("POST", f"{API}/tasks/", {"title": "x", "assignee": "n" * 61}, "assignee"),
+    ("POST", f"{API}/tasks/", {"title": "x", "depends_on": [True]}, "depends_on"),
+    ("POST", f"{API}/tasks/", {"title": "x", "depends_on": [2 ** 63]}, "depends_on"),
+    ("POST", f"{API}/tasks/", {"title": "x", "depends_on": {"a": 1}}, "depends_on"),
+    ("POST", f"{API}/tasks/", {"title": "x", "verify": ["auto"]}, "verify"),
+    ("POST", f"{API}/tasks/{{task}}/cancel/", {"reason": "r" * 2001}, "reason"),
+    ("POST", f"{API}/tasks/{{task}}/cancel/", {"reason": ["x"]}, "reason"),
+    ("POST", f"{API}/tasks/{{task}}/assign/", {"assignee": ["w1"]}, "assignee"),
+    ("POST", f"{API}/tasks/999999/assign/", {"assignee": "w1"}, "task_id"),
+    ("PATCH", f"{API}/members/w1/", {"persona": 5}, "persona"),
+    ("PATCH", f"{API}/members/w1/", {"role": "leader"}, "role"),
+    ("PATCH", f"{API}/members/w1/", {"max_iterations": True}, "max_iterations"),
+    ("PATCH", f"{API}/members/w1/", {"budget_override": 2 ** 40}, "budget_override"),
+    ("PATCH", f"{API}/members/w1/", {"rule_domains": "conduct"}, "rule_domains"),
+    ("PATCH", f"{API}/members/w1/", {"tools": ["read_file"] * 201}, "tools"),
+    ("PATCH", f"{API}/members/w1/", {"tools": [f"read{NUL}"]}, "tools[0]"),
+    ("PATCH", f"{API}/members/w1/", {"schedule": 5}, "schedule"),
+    ("PATCH", f"{API}/members/ghost/", {"persona": "x"}, "member"),
+    ("POST", f"{API}/members/", {"name": "w9", "tools": "read_file"}, "tools"),
+    ("POST", f"{API}/members/", {"name": "w9", "max_iterations": 500}, "max_iterations"),
+    ("POST", f"{API}/members/", {"name": "w9", "colour": "blue"}, "colour"),
+    ("POST", f"{API}/skills/", {"name": "Bad Name", "body": "x"}, "name"),
+    ("POST", f"{API}/skills/", {"name": "ok", "body": ""}, "body"),
+    ("POST", f"{API}/skills/", {"name": "ok", "body": 5}, "body"),
+    ("POST", f"{API}/members/w1/skills/", {"name": "ok", "body": "x", "description": "d" * 301}, "description"),
+    ("DELETE", f"{API}/skills/ghost/", None, "name"),
+    ("DELETE", f"{API}/members/w1/skills/ghost/", None, "name"),
+]
+
+
+@pytest.mark.parametrize("method, url, body, field", BAD_BODIES)
+def test_bad_input_to_the_cockpit_api_is_a_4xx_naming_the_field_and_writes_nothing(world, method, url, body, field):
+    from tests.bad_input import changed_tables, db_state
+
+    url = url.format(task=ledger.create_task(world.space, "boss", "existing").pk)
+    before = db_state()
+    response = call(world.client(world.owner), method, url, body)
+    assert 400 <= response.status_code < 500, response.content[:300]
+    assert response.json().get("field") == field, response.json()
+    assert not changed_tables(before, db_state())

@@ -106,8 +106,8 @@ def test_member_toml_declares_the_tool_set_and_export_import_carries_it(db, mani
 
 @pytest.mark.parametrize("line, needle", [
     ('tools = ["teleport"]\n', "member.toml: tools: tools: unknown tool 'teleport'"),
-    ('tools = "read_file"\n', "member.toml: tools"),
-    ('deferred_tools = ["task_create", 3]\n', "member.toml: deferred_tools"),
+    ('tools = "read_file"\n', "member.toml: tools: tools must be a list"),
+    ('deferred_tools = ["task_create", 3]\n', "member.toml: deferred_tools: deferred_tools must be a list"),
     ('tools = ["skill_publish"]\n', "leader-only"),
 ])
 def test_a_bad_tool_set_in_member_toml_names_file_and_field(db, manifest, line, needle):
@@ -116,3 +116,23 @@ def test_a_bad_tool_set_in_member_toml_names_file_and_field(db, manifest, line, 
     with pytest.raises(CommandError) as err:
         call_command("register", str(manifest))
     assert needle in str(err.value)
+
+
+def test_an_mcp_servers_tools_are_offered_by_name_or_by_server(space, settings):
+    from tests.engine.test_mcp import declare
+    from veronica.agent.mcp_client import manager
+    from veronica.agent.tools import tools_for
+
+    settings.COMMAND_SANDBOX = "none"  # the SDK test server needs the suite's virtualenv (see test_mcp)
+    try:
+        declare(space, "calc")
+        w1 = supervisor.edit_member(supervisor.get_member(space, "w1"), {"tools": ["read_file", "mcp__calc__add"]}, actor="op")
+        assert sorted(tools_for(w1)) == ["mcp__calc__add", "read_file"]
+        w1 = supervisor.edit_member(w1, {"tools": ["read_file"], "deferred_tools": ["mcp__calc__*"]}, actor="op")
+        offered_now = tools_for(w1)
+        assert {"mcp__calc__add", "mcp__calc__note", "read_file"} <= set(offered_now) and "write_file" not in offered_now
+        from veronica.agent.prompt import system_prompt
+
+        assert "- mcp__calc__add(a, b): " in system_prompt(w1, offered_now)
+    finally:
+        manager().close_all()

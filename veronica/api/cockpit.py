@@ -64,8 +64,7 @@ def task_action(space: Space, task_id: int, action: str, data, actor: str) -> Ta
             raise VeronicaError("assignee is required: a member's name or a role", field="assignee")
         ledger.reassign(task, member, actor=actor)
     elif action == "cancel":
-        reason = data.get("reason") or ""
-        ledger.cancel(task, actor=actor, reason=reason if isinstance(reason, str) else str(reason))
+        ledger.cancel(task, actor=actor, reason=data.get("reason") or "")  # the ledger checks its type and length
     elif action == "retry":
         ledger.retry(task, actor=actor, assignee=ledger.resolve_assignee(space, data.get("assignee")))
     else:

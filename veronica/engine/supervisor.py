@@ -234,8 +234,8 @@ def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor:
         clone = Member.objects.create(
             space=space, name=f"{base.name}-{seq}", role=Role.WORKER, persona=base.persona, when_to_use=base.when_to_use,
             model=base.model, permission_mode=base.permission_mode, rule_domains=base.rule_domains,
-            budget_override=base.budget_override, tools=base.tools, deferred_tools=base.deferred_tools, spawned_from=base, retire_policy=retire_policy, phase_since=timezone.now(),
-            origin=Origin.RUNTIME)
+            budget_override=base.budget_override, tools=base.tools, deferred_tools=base.deferred_tools, spawned_from=base,
+            retire_policy=retire_policy, phase_since=timezone.now(), origin=Origin.RUNTIME)
         for skill in Skill.objects.filter(member=base):
             Skill.objects.create(space=space, member=clone, name=skill.name, description=skill.description, body=skill.body)
         events.emit(space.pk, "member.spawned", member=clone, base=base.name, retire=retire_policy, actor=actor)

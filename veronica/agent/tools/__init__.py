@@ -100,7 +100,8 @@ def deferred_block(tools: dict[str, Tool], deferred: set[str]) -> str | None:
     lines = ["# Deferred tools", "These tools are available but not loaded; call one by name and its full schema "
              "is loaded from then on:"]
     for name in sorted(deferred):
-        tool = tools[name]
-        params = ", ".join(f"{p}{'' if p in tool.required else '?'}" for p in tool.params)
-        lines.append(f"- {name}({params}): {tool.description}")
+        schema = tools[name].spec()  # an MCP tool's comes from its server
+        required = schema["parameters"].get("required") or []
+        params = ", ".join(f"{p}{'' if p in required else '?'}" for p in schema["parameters"].get("properties") or {})
+        lines.append(f"- {name}({params}): {schema['description']}")
     return "\n".join(lines)
