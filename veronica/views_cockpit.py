@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -147,8 +147,6 @@ def member_edit(request: HttpRequest, slug: str, name: str) -> HttpResponse:
     try:
         member = supervisor.get_member(space, name)
     except VeronicaError:
-        from django.http import Http404
-
         raise Http404("no such member") from None
     if request.method == "GET":
         return _member_page(request, space, role, member, None, 200)

@@ -53,16 +53,11 @@ def create_task(space: Space, data, actor: str) -> Task:
 def task_action(space: Space, task_id: int, action: str, data, actor: str) -> Task:
     """assign / reassign / cancel / retry one task of the space."""
     task = ledger.get_task(space, task_id)
-    if action == "assign":
+    if action in ("assign", "reassign"):
         member = ledger.resolve_assignee(space, data.get("assignee"))
         if member is None:
             raise VeronicaError("assignee is required: a member's name or a role", field="assignee")
-        ledger.assign(task, member, actor=actor)
-    elif action == "reassign":
-        member = ledger.resolve_assignee(space, data.get("assignee"))
-        if member is None:
-            raise VeronicaError("assignee is required: a member's name or a role", field="assignee")
-        ledger.reassign(task, member, actor=actor)
+        (ledger.assign if action == "assign" else ledger.reassign)(task, member, actor=actor)
     elif action == "cancel":
         ledger.cancel(task, actor=actor, reason=data.get("reason") or "")  # the ledger checks its type and length
     elif action == "retry":
