@@ -238,6 +238,9 @@ def test_edit_a_member_writes_one_event_and_the_schedule_and_mode_through_their_
     before = seq(world.space)
     ok(door, member_move(world, door, "w1", **FULL))
     assert config(w1) == FULL_ROW
+    shown = world.client(world.viewer).get(f"{API}/members/w1/").json()  # the API shows the set as stored
+    assert (shown["tools"], shown["deferred_tools"], shown["max_iterations"], shown["persona"]) == (
+        FULL["tools"], FULL["deferred_tools"], 7, FULL["persona"])
     fields = ("budget_override", "deferred_tools", "max_iterations", "model", "persona", "rule_domains", "tools", "when_to_use")
     assert sorted(w1.runtime_fields) == list(fields) and w1.schedule_origin == w1.permission_origin == "runtime"
     assert events_since(world.space, before) == [

@@ -131,7 +131,7 @@ def member_detail(request: HttpRequest, slug: str, name: str) -> dict:
         return cockpit.member_patch(request, slug, name)
     if request.method == "GET":
         space, _ = _space(request, slug)
-        return sel.member_detail(supervisor.get_member(space, name))
+        return cockpit.member_config(supervisor.get_member(space, name))  # with the editable fields as stored
     space, _ = _space(request, slug, OWNER)
     removed = supervisor.remove_member(supervisor.get_member(space, name), actor=_actor(request))
     return {"name": removed.name, "removed_at": sel.iso(removed.removed_at)}
