@@ -43,7 +43,7 @@ MANIFEST_ACTOR = "manifest"  # Member.removed_by when a register removed it
 SPACE_KEYS = {"name", "slug", "workdir", "settings", "notify", "verify_checks", "mcp_servers"}
 OWN_WORKDIR = "workspace"  # a space's files: <its own folder>/workspace, beside its manifest copy
 MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations",
-               "mcp_servers"}
+               "mcp_servers", "tools", "deferred_tools"}
 
 
 class ManifestError(VeronicaError):
@@ -65,6 +65,8 @@ class MemberSpec:
     max_iterations: int = 24
     skills: dict[str, tuple[str, str]] = field(default_factory=dict)
     mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
+    tools: list[str] | None = None  # None: every tool of the role
+    deferred_tools: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -248,6 +250,7 @@ def _member(folder: Path) -> MemberSpec:
     if not isinstance(iterations, int) or isinstance(iterations, bool) or not 1 <= iterations <= 200:
         raise ManifestError(cfg_path, "max_iterations", "must be an integer from 1 to 200")
     when_to_use = _string(cfg_path, cfg, "when_to_use", max_len=supervisor.MAX_WHEN_TO_USE).strip()
+    tools, deferred = _checked(cfg_path, supervisor.check_tools, role, cfg.get("tools"), cfg.get("deferred_tools"))
     persona_path = folder / "persona.md"
     if not persona_path.is_file():
         raise ManifestError(persona_path, "file", "missing: every member needs a persona.md")
@@ -256,7 +259,8 @@ def _member(folder: Path) -> MemberSpec:
         raise ManifestError(persona_path, "persona", f"is {len(persona)} characters; the limit is {supervisor.MAX_PERSONA}")
     return MemberSpec(name=name, role=role, model=model, persona=persona, when_to_use=when_to_use, schedule=schedule,
                       permission_mode=mode, rule_domains=domains, budget=budget, max_iterations=iterations,
-                      skills=_skills(folder / "skills"), mcp_servers=_checked(cfg_path, mcp_servers.check_list, cfg.get("mcp_servers", [])))
+                      skills=_skills(folder / "skills"), mcp_servers=_checked(cfg_path, mcp_servers.check_list, cfg.get("mcp_servers", [])),
+                      tools=tools, deferred_tools=deferred)
 
 
 def _rule_domains(cfg_path: Path, domains: list[str]) -> list[str]:
@@ -508,7 +512,9 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str, *, fresh: bool, re
         member = live.get(ms.name) if ms.name in live and not live[ms.name].spawned_from_id else None
         fields = dict(role=ms.role, model=ms.model, persona=ms.persona, when_to_use=ms.when_to_use,
                       rule_domains=ms.rule_domains, budget_override=ms.budget, max_iterations=ms.max_iterations,
-                      origin=Origin.MANIFEST)
+                      tools=ms.tools, deferred_tools=ms.deferred_tools, origin=Origin.MANIFEST)
+        if member is not None:
+            _runtime_edits(member, fields, fresh=fresh, result=result)
         if member is not None and not fresh and member.permission_origin == Origin.RUNTIME:
             result.kept.append(f"{ms.name}: permission mode {member.permission_mode}")
         else:
@@ -537,6 +543,19 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str, *, fresh: bool, re
         for skill_name, (description, body) in ms.skills.items():
             Skill.objects.create(space=space, member=member, name=skill_name, description=description, body=body)
         mcp_servers.replace_from_manifest(space, member, ms.mcp_servers, actor=actor)
+
+
+def _runtime_edits(member: Member, fields: dict, *, fresh: bool, result: Registered) -> None:
+    """Fields edited at runtime (supervisor.edit_member) beat the manifest until a fresh register."""
+    edited = [f for f in member.runtime_fields or [] if f in fields]
+    for name in edited:
+        if fresh:
+            result.discarded.append(f"{member.name}: {name} (edited at runtime)")
+        else:
+            result.kept.append(f"{member.name}: {name} (edited at runtime)")
+            del fields[name]
+    if fresh:
+        fields["runtime_fields"] = []
 
 
 def _apply_rules(space: Space, spec: SpaceSpec, actor: str) -> None:

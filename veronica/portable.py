@@ -137,6 +137,10 @@ def _member_files(space: Space) -> dict[str, str]:
             cfg["schedule"] = m.schedule
         if m.budget_override is not None:
             cfg["budget"] = m.budget_override
+        if m.tools is not None:
+            cfg["tools"] = list(m.tools)
+        if m.deferred_tools:
+            cfg["deferred_tools"] = list(m.deferred_tools)
         servers = _mcp_entries(servers_of[m.pk])
         if servers:
             cfg["mcp_servers"] = servers
