@@ -365,6 +365,7 @@ TRUSTED_PROXY_COUNT = env_int("VERONICA_TRUSTED_PROXY_COUNT", 0, minimum=0, maxi
 AXES_CLIENT_IP_CALLABLE = "veronica.web_headers.client_ip"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_LOCKOUT_CALLABLE = "veronica.login.lockout_response"  # the same page, with Retry-After
 # django-csp: scripts and styles only from our own files (no inline script, handler or style
 # attribute anywhere in the console); the socket is same-origin, which CSP3's 'self' covers for ws(s).
 CONTENT_SECURITY_POLICY = {
