@@ -40,3 +40,56 @@ def test_the_lockout_page_says_when_to_retry(world, client, settings):
     locked = client.post("/login/", {"username": "viewer", "password": "right one"})
     assert locked.status_code == 429 and b"Too many failed logins" in locked.content
     assert locked["Retry-After"] == str(int(settings.AXES_COOLOFF_TIME * 3600))  # hours in the setting
+
+
+def admin_form_data(response) -> dict:
+    """What the admin change page would post back unchanged: the form's fields and every inline's."""
+    data = {}
+    forms = [response.context["adminform"].form]
+    for inline in response.context["inline_admin_formsets"]:
+        formset = inline.formset
+        forms += [formset.management_form, *formset.forms]
+    for form in forms:
+        for bound in form:
+            value = bound.value()
+            if value is None or value is False:
+                continue
+            data[bound.html_name] = "on" if value is True else value
+    return data
+
+
+@pytest.mark.parametrize("cap", ["1", "9", "99", "0", "-5", "1000001"])
+def test_the_admin_refuses_a_blackboard_cap_the_database_would_refuse_naming_the_field(world, cap):
+    world.staff.is_superuser = True
+    world.staff.save()
+    client = world.client(world.staff)
+    url = f"/admin/veronica/space/{world.space.pk}/change/"
+    data = {**admin_form_data(client.get(url)), "blackboard_cap": cap}
+    response = client.post(url, data)
+    assert response.status_code == 200, response.status_code
+    errors = response.context["adminform"].form.errors
+    assert "blackboard_cap" in errors and "between 100 and 1000000" in errors["blackboard_cap"][0], errors
+    world.space.refresh_from_db()
+    assert world.space.blackboard_cap == 8000
+
+
+def test_the_admin_saves_a_blackboard_cap_in_range(world):
+    world.staff.is_superuser = True
+    world.staff.save()
+    client = world.client(world.staff)
+    url = f"/admin/veronica/space/{world.space.pk}/change/"
+    response = client.post(url, {**admin_form_data(client.get(url)), "blackboard_cap": "100"})
+    assert response.status_code == 302, response.context["adminform"].form.errors if response.context else response
+    world.space.refresh_from_db()
+    assert world.space.blackboard_cap == 100
+
+
+def test_the_shared_cap_check_names_the_field_and_limits():
+    from veronica.blackboard import clean_cap
+    from veronica.errors import VeronicaError
+
+    for bad in (1, 9, 99, 1_000_001, "500", 3.5, True, None):
+        with pytest.raises(VeronicaError) as err:
+            clean_cap(bad)
+        assert err.value.field == "blackboard_cap" and "100" in str(err.value)
+    assert clean_cap(100) == 100 and clean_cap(1_000_000) == 1_000_000
