@@ -93,3 +93,31 @@ def test_the_shared_cap_check_names_the_field_and_limits():
             clean_cap(bad)
         assert err.value.field == "blackboard_cap" and "100" in str(err.value)
     assert clean_cap(100) == 100 and clean_cap(1_000_000) == 1_000_000
+
+
+EMBEDDED_INTERNAL = ["http://[2002:7f00:1::]/", "http://[2002:a9fe:a9fe::1]/latest/meta-data/", "http://[2002:c0a8:1::]:8080/",
+                     "http://[64:ff9b::7f00:1]/", "http://[64:ff9b::a9fe:a9fe]/", "http://[64:ff9b::a00:1]/",
+                     "http://[64:ff9b:1::808:808]/", "http://[::127.0.0.1]/"]
+
+
+@pytest.mark.parametrize("url", EMBEDDED_INTERNAL)
+def test_6to4_and_nat64_forms_of_internal_addresses_are_refused(world, settings, url):
+    from tests.console.helpers import call
+    from veronica.models import Space
+
+    settings.NOTIFY_ALLOW_HOSTS = []
+    response = call(world.client(world.owner), "PUT", "/api/spaces/alpha/notify/", {"webhook_url": url})
+    assert response.status_code == 400, (url, response.content)
+    assert response.json()["field"] == "webhook_url" and "internal address" in response.json()["error"]
+    assert Space.objects.get(pk=world.space.pk).notify_webhook_url == ""
+
+
+def test_6to4_and_nat64_forms_of_public_addresses_pass_and_the_allow_list_covers_the_embedded_address(settings):
+    import ipaddress
+
+    from veronica import outbound
+
+    for public in ("2002:808:808::1", "64:ff9b::808:808", "2606:4700::1111"):
+        assert not outbound.internal(ipaddress.ip_address(public)), public
+    settings.NOTIFY_ALLOW_HOSTS = ["127.0.0.1"]
+    assert outbound.checked_addresses("2002:7f00:1::", 80, "url", must_resolve=False) == [ipaddress.ip_address("2002:7f00:1::")]
