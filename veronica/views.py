@@ -122,7 +122,8 @@ def task_page(request: HttpRequest, slug: str, task_id: int) -> HttpResponse:
     if task is None:
         raise Http404("no such task")
     return render(request, "console/task.html", _context(
-        space, role, task=sel.task_row(task), attempts=checks.results_of(task), verify_checks=space.verify_checks, page="task"))
+        space, role, task=sel.task_row(task), attempts=sel.check_results(task, role), verify_checks=sel.configured_checks(space, role),
+        page="task"))
 
 
 @login_required

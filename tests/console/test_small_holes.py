@@ -121,3 +121,38 @@ def test_6to4_and_nat64_forms_of_public_addresses_pass_and_the_allow_list_covers
         assert not outbound.internal(ipaddress.ip_address(public)), public
     settings.NOTIFY_ALLOW_HOSTS = ["127.0.0.1"]
     assert outbound.checked_addresses("2002:7f00:1::", 80, "url", must_resolve=False) == [ipaddress.ip_address("2002:7f00:1::")]
+
+
+SECRET_COMMAND = "curl -H 'Authorization: Bearer sk-live-123' http://10.0.0.5/ci"
+
+
+@pytest.fixture
+def checked_task(world):
+    from veronica import ledger
+    from veronica.engine import checks
+    from veronica.models import TaskCheck
+
+    checks.configure(world.space, [{"name": "ci", "command": SECRET_COMMAND, "timeout": 30}], actor="test")
+    task = ledger.create_task(world.space, "boss", "a job")
+    TaskCheck.objects.create(task=task, space=world.space, name="ci", command=SECRET_COMMAND, exit_code=1, output="boom")
+    return task
+
+
+def test_viewers_do_not_see_verify_check_commands_on_the_task_page_or_api(world, checked_task):
+    client = world.client(world.viewer)
+    page = client.get(f"/spaces/alpha/tasks/{checked_task.pk}/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "sk-live-123" not in text and "10.0.0.5" not in text
+    assert 'data-check="ci"' in text and "boom" in text  # the verdict and output stay
+    api = client.get(f"/api/spaces/alpha/tasks/{checked_task.pk}/")
+    assert api.status_code == 200 and "sk-live-123" not in api.content.decode()
+    assert api.json()["check_results"][0]["checks"][0]["name"] == "ci"
+    assert client.get("/api/spaces/alpha/checks/").status_code == 403
+
+
+@pytest.mark.parametrize("who", ["operator", "owner"])
+def test_operators_and_owners_still_see_the_commands(world, checked_task, who):
+    client = world.client(getattr(world, who))
+    assert "sk-live-123" in client.get(f"/spaces/alpha/tasks/{checked_task.pk}/").content.decode()
+    assert client.get(f"/api/spaces/alpha/tasks/{checked_task.pk}/").json()["check_results"][0]["checks"][0]["command"] == SECRET_COMMAND

@@ -18,7 +18,7 @@ from veronica.errors import NotFound, VeronicaError
 from veronica.markdown import render_markdown
 from veronica.session_usage import with_session_usage
 from veronica.models import (
-    Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,
+    ROLE_RANK, AccessRole, Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,
     Turn, UsageDay,
 )
 
@@ -264,6 +264,22 @@ def _session_dict(session: dict | None) -> dict | None:
 
 
 # --- tasks, messages, events ---------------------------------------------------------------------------
+
+def check_results(task: Task, role: str) -> list[dict]:
+    """The task's check results; a viewer's copy leaves out each command (a command line may carry
+    a token or an internal address: it is for those who steer, like the checks' configuration)."""
+    attempts = checks.results_of(task)
+    if ROLE_RANK[role] < ROLE_RANK[AccessRole.OPERATOR]:
+        for attempt in attempts:
+            attempt["checks"] = [{k: v for k, v in c.items() if k != "command"} for c in attempt["checks"]]
+    return attempts
+
+
+def configured_checks(space: Space, role: str) -> list[dict]:
+    """The space's checks as the task page lists them: names and timeouts, commands from operator up."""
+    show = ROLE_RANK[role] >= ROLE_RANK[AccessRole.OPERATOR]
+    return [{"name": c["name"], "timeout": c["timeout"], **({"command": c["command"]} if show else {})} for c in space.verify_checks]
+
 
 def task_row(task: Task) -> dict:
     return {"id": task.pk, "title": task.title, "status": task.status, "assignee": task.assignee.name if task.assignee_id else None,

@@ -246,11 +246,11 @@ def tasks(request: HttpRequest, slug: str) -> dict:
 @endpoint("GET")
 def task_detail(request: HttpRequest, slug: str, task_id: int) -> dict:
     """One task with every verification's check results (the console's task page)."""
-    space, _ = _space(request, slug)
+    space, role = _space(request, slug)
     task = space.tasks.select_related("assignee").filter(pk=task_id).first()
     if task is None:
         raise NotFound(f"no task #{task_id} in space {slug}", field="task_id")
-    return {**sel.task_row(task), "check_results": checks.results_of(task)}
+    return {**sel.task_row(task), "check_results": sel.check_results(task, role)}
 
 
 @endpoint("GET", "POST")
