@@ -64,7 +64,8 @@ def me(request: HttpRequest) -> dict:
 
 def _token_row(token) -> dict:
     return {"id": token.pk, "name": token.name, "prefix": token.prefix, "created_at": sel.iso(token.created_at),
-            "last_used_at": sel.iso(token.last_used_at), "revoked_at": sel.iso(token.revoked_at)}
+            "last_used_at": sel.iso(token.last_used_at), "revoked_at": sel.iso(token.revoked_at),
+            "expires_at": sel.iso(token.expires_at), "read_only": token.read_only}
 
 
 @endpoint("GET", "POST")
@@ -74,7 +75,9 @@ def tokens(request: HttpRequest):
     if request.auth_by_token:
         # a leaked key must not be able to outlive its own revocation by minting a successor
         raise PermissionDenied("tokens are created from a logged-in session, not with another token")
-    token, key = access.create_token(request.user, text_field(json_body(request), "name"))
+    data = json_body(request)
+    token, key = access.create_token(request.user, text_field(data, "name"), expires_in_days=data.get("expires_in_days"),
+                                     read_only=data.get("read_only", False))
     return {**_token_row(token), "key": key, "note": "Store the key now; it is never shown again."}, 201
 
 
