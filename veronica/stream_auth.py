@@ -10,10 +10,11 @@ A socket opens with one of two credentials, never both:
 
 Credentials end while a socket is open: a token is revoked or expires, the user logs out (the
 session is flushed) or changes their password (the session's auth hash, or the token's password
-stamp, no longer matches), a user is disabled, access is revoked. `recheck()` tells, for all the sockets of a space in this process
-at once, which of them must close: CLOSE_CREDENTIALS_GONE (4401) or CLOSE_ACCESS_GONE (4404, as
-at connect: a space one may not see does not exist). At most three queries, whatever the number
-of sockets: users with their access, live tokens, live sessions.
+stamp, no longer matches), a user is disabled, access is revoked (a grant, or the staff
+permission that showed every space). `recheck()` tells, for all the sockets of a space in this
+process at once, which of them must close: CLOSE_CREDENTIALS_GONE (4401) or CLOSE_ACCESS_GONE
+(4404, as at connect: a space one may not see does not exist). At most three queries, whatever
+the number of sockets: users with their access, live tokens, live sessions.
 """
 from __future__ import annotations
 
