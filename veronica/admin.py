@@ -9,7 +9,7 @@ from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 
-from veronica import access, ledger, mcp_servers, memory, notify, webhooks
+from veronica import access, blackboard, ledger, mcp_servers, memory, notify, webhooks
 from veronica import skills as skill_verbs
 from veronica.engine import alarms, checks, retention, supervisor, watchdogs
 from veronica.errors import VeronicaError
@@ -106,6 +106,9 @@ class SpaceAdminForm(forms.ModelForm):
 
     def clean_verify_checks(self):
         return self._verb_clean("verify_checks", checks.clean_spec)
+
+    def clean_blackboard_cap(self):
+        return self._verb_clean("blackboard_cap", blackboard.clean_cap)
 
     def clean_notify_webhook_url(self):
         return self._verb_clean("notify_webhook_url", lambda v: notify.clean_url(v, "notify_webhook_url"))

@@ -3,6 +3,9 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
 from veronica import views, views_cockpit, views_improve, views_portable
+from veronica.login import AdminLoginForm, LoginForm
+
+admin.site.login_form = AdminLoginForm  # the username's length is checked before anything authenticates
 
 console = ([
     path("", views.home, name="home"),
@@ -29,7 +32,7 @@ console = ([
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True, authentication_form=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("password/", auth_views.PasswordChangeView.as_view(), name="password_change"),
     path("password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
