@@ -16,7 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, metrics as metrics_module, notify, run_trace, webhooks
+from veronica import access, metrics as metrics_module, notify, run_trace, views_cockpit, webhooks
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
@@ -63,6 +63,7 @@ def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
         "skills": lambda: {"skills": sel.skills_of(member())},
         "memory": lambda: {"memory": sel.memory_of(member())},
         "schedule": lambda: {"schedule": sel.schedule_of(member())},
+        **views_cockpit.member_panels(member),
     }
 
 

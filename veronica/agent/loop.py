@@ -21,7 +21,7 @@ import uuid
 from django.db import transaction
 from django.db.models.functions import Now
 
-from veronica import bus, events, tracing
+from veronica import bus, chat, events, tracing
 from veronica.agent import compaction, metering, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
@@ -333,6 +333,8 @@ def answer_turn(member: Member, log_: transcript.Log, reply: Reply) -> None:
         log_.marked.add(brief.pk)
     if reply.text:
         events.emit(member.space_id, "agent.text", member=member, text=reply.text[:2000], truncated=reply.truncated)
+    if reply.text and not reply.tool_calls and not reply.truncated:  # a final answer: the operator's mail gets it
+        chat.record_reply(member, brief, reply.text)
 
 
 UNPARSED = "_unparsed"  # a provider's key for arguments that were not one JSON object (the raw text)

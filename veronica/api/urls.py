@@ -1,6 +1,6 @@
 from django.urls import path
 
-from veronica.api import views
+from veronica.api import cockpit, views
 
 app_name = "api"
 
@@ -16,6 +16,9 @@ urlpatterns = [
     path(S, views.space_detail, name="space"),
     path(S + "usage/", views.usage, name="usage"),
     path(S + "halt/", views.halt, name="halt"),
+    path(S + "resume/", cockpit.resume_all, name="resume-all"),
+    path(S + "name/", cockpit.space_name, name="space-name"),
+    path(S + "budget/", cockpit.space_budget, name="space-budget"),
     path(S + "members/", views.members, name="members"),
     path(M, views.member_detail, name="member"),
     path(M + "transcript/", views.transcript, name="transcript"),
@@ -24,6 +27,9 @@ urlpatterns = [
     path(M + "memory/<str:file>/", views.member_memory_file, name="member-memory-file"),
     path(M + "schedule/", views.member_schedule, name="member-schedule"),
     path(M + "webhook/", views.webhook, name="member-webhook"),
+    path(M + "chat/", cockpit.member_chat, name="member-chat"),
+    path(M + "budget/", cockpit.member_budget, name="member-budget"),
+    path(M + "budget/reset/", cockpit.member_budget_reset, name="member-budget-reset"),
     path(M + "<str:action>/", views.member_action, name="member-action"),
     path(S + "tasks/", views.tasks, name="tasks"),
     path(S + "tasks/<int:task_id>/", views.task_detail, name="task"),

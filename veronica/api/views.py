@@ -53,7 +53,9 @@ ENDPOINTS = [
 
 @endpoint("GET")
 def index(request: HttpRequest) -> dict:
-    return {"endpoints": ENDPOINTS, "auth": "session (CSRF on writes) or 'Authorization: Bearer <token>'",
+    from veronica.api import cockpit
+
+    return {"endpoints": ENDPOINTS + cockpit.ENDPOINTS, "auth": "session (CSRF on writes) or 'Authorization: Bearer <token>'",
             "errors": '{"error": "...", "field": "..."} with 400 / 401 / 403 / 404 / 405 / 409'}
 
 

@@ -147,6 +147,8 @@ class UsageDay(models.Model):
     model_calls = models.IntegerField(default=0)
     estimated_calls = models.IntegerField(default=0, help_text="Calls whose usage the vendor did not report (estimated).")
     tripped = models.BooleanField(default=False, help_text="The budget breaker tripped; no more runs today.")
+    budget_offset = models.BigIntegerField(default=0, help_text=(
+        "Tokens already used when an owner reset the day: the member's own budget counts from there."))
 
     class Meta:
         ordering = ["-day"]
