@@ -18,12 +18,14 @@ REPLY_SUBJECT_MAX = bus.MAX_SUBJECT
 CUT_NOTE = "\n\n[reply cut at {limit} characters; the whole text is in the transcript]"
 
 
-def record_reply(member: Member, brief: Turn | None, text: str) -> Message | None:
-    """Callers hold the run's fence. The reply to the operator's mail the brief carried, if any."""
+def record_reply(member: Member, brief: Turn | None, text: str, *, asked: list[Message] | None = None) -> Message | None:
+    """Callers hold the run's fence. The reply to the operator's mail the brief carried, if any.
+    asked: that mail when the run already knows it (its brief's unread), so no query finds it."""
     if brief is None or not brief.mail_ids or not text.strip():
         return None
-    asked = (Message.objects.filter(pk__in=brief.mail_ids, recipient=member, sender_name=bus.OPERATOR)
-             .order_by("-id").only("pk", "subject").first())
+    if asked is None:
+        asked = list(Message.objects.filter(pk__in=brief.mail_ids, recipient=member, sender_name=bus.OPERATOR).only("pk", "subject"))
+    asked = max(asked, key=lambda m: m.pk, default=None)
     if asked is None:
         return None
     if Message.objects.filter(sender=member, recipient_name=bus.OPERATOR, pk__gt=asked.pk).exists():

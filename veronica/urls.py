@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
-from veronica import views, views_improve, views_portable
+from veronica import views, views_cockpit, views_improve, views_portable
 
 console = ([
     path("", views.home, name="home"),
@@ -19,6 +19,7 @@ console = ([
     path("spaces/<slug:slug>/panels/<str:panel>/", views.space_panel, name="space-panel"),
     path("spaces/<slug:slug>/tasks/<int:task_id>/", views.task_page, name="task"),
     path("spaces/<slug:slug>/members/<str:name>/", views.member_page, name="member"),
+    path("spaces/<slug:slug>/members/<str:name>/prompt/", views_cockpit.prompt_page, name="prompt"),
     path("spaces/<slug:slug>/members/<str:name>/panels/<str:panel>/", views.member_panel, name="member-panel"),
 ], "console")
 

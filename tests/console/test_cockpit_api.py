@@ -169,3 +169,23 @@ def test_chat_thread_selector_pages_backwards(world):
         bus.send(world.space, bus.OPERATOR, "w1", f"m{i}")
     page = chat.conversation(supervisor.get_member(world.space, "w1"), limit=2)
     assert [m["body"] for m in page["messages"]] == ["m3", "m4"] and page["next_before"]
+
+
+# --- 22.5 the prompt inspector ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("role", ["viewer", "operator", "owner"])
+def test_every_role_may_inspect_the_prompt_and_a_stranger_may_not(world, role):
+    Member.objects.filter(space=world.space, name="w1").update(persona="Inspect me.")
+    body = world.client(getattr(world, role)).get(f"{API}/members/w1/prompt/").json()
+    assert body["system_parts"][0] == {"part": "persona", "text": "Inspect me."} and body["call"] == "next"
+    assert world.client(world.stranger).get(f"{API}/members/w1/prompt/").status_code == 404
+    page = world.client(getattr(world, role)).get("/spaces/alpha/members/w1/prompt/")
+    assert page.status_code == 200 and "Inspect me." in page.content.decode()
+
+
+@pytest.mark.parametrize("query,status,field", [("?call=x", 400, "call"), ("?call=0", 400, "call"), ("?call=99999", 404, "call"),
+                                                ("?call=99999999999999999999", 400, "call")])
+def test_a_bad_call_is_refused_naming_the_field(world, query, status, field):
+    response = world.client(world.viewer).get(f"{API}/members/w1/prompt/{query}")
+    assert (response.status_code, response.json()["field"]) == (status, field)
+    assert world.client(world.viewer).get(f"/spaces/alpha/members/w1/prompt/{query}").status_code in (400, 404)

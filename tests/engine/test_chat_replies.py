@@ -44,3 +44,14 @@ def test_a_run_that_lost_its_lease_records_no_reply(space, scripted):
     provider.on_call = lambda n: take_over(w1.pk)
     assert runner.wake(w1.pk, "message") == "lease-lost"
     assert not Message.objects.filter(recipient_name=bus.OPERATOR).exists()
+
+
+def test_a_reply_after_a_failed_run_answers_the_operators_mail_of_the_folded_brief(space, scripted):
+    from veronica.agent.providers.base import ProviderError
+
+    scripted(ProviderError("vendor hiccup"), "the answer at last")
+    asked = bus.send(space, bus.OPERATOR, "w1", "a question")[0]
+    assert runner.wake(w1_of(space).pk, "message") == "error"
+    supervisor.resume(w1_of(space), actor="test")  # un-parks the backoff: the retry runs now
+    assert runner.wake(w1_of(space).pk, "resume") == "done"
+    assert Message.objects.get(recipient_name=bus.OPERATOR).reply_to_id == asked.pk

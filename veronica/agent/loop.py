@@ -106,9 +106,13 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             events.emit(member.space_id, "member.briefed", member=member, source=ctx.source, unread=len(unread))
         if unanswered_brief:
             log_ = tctx.log = transcript.Log(session, rows)
+        else:  # the operator's mail this brief carries, known without a query (chat.record_reply)
+            log_.operator_mail = [m for m in unread if m.sender_name == bus.OPERATOR]
 
     provider = get_provider(member.model)
     system = system_prompt(member)
+    if hasattr(ctx, "system_prompt"):  # the engine's lease keeps it for the Run row (the prompt inspector)
+        ctx.system_prompt = system
     specs = [t.spec() for t in tools.values()]
     fixed_chars = len(system) + len(json.dumps(specs))  # what estimate_tokens adds to the messages
     limit = compaction.threshold(member.model)
@@ -334,7 +338,7 @@ def answer_turn(member: Member, log_: transcript.Log, reply: Reply) -> None:
     if reply.text:
         events.emit(member.space_id, "agent.text", member=member, text=reply.text[:2000], truncated=reply.truncated)
     if reply.text and not reply.tool_calls and not reply.truncated:  # a final answer: the operator's mail gets it
-        chat.record_reply(member, brief, reply.text)
+        chat.record_reply(member, brief, reply.text, asked=getattr(log_, "operator_mail", None))
 
 
 UNPARSED = "_unparsed"  # a provider's key for arguments that were not one JSON object (the raw text)

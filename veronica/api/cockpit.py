@@ -17,6 +17,7 @@ ENDPOINTS = [
     "POST /api/spaces/<slug>/resume/", "PUT(owner) /api/spaces/<slug>/name/",
     "GET|PUT(owner) /api/spaces/<slug>/members/<name>/budget/", "POST(owner) /api/spaces/<slug>/members/<name>/budget/reset/",
     "GET|PUT(owner) /api/spaces/<slug>/budget/",
+    "GET /api/spaces/<slug>/members/<name>/prompt/?call=<assistant turn id>",
 ]
 
 
@@ -81,3 +82,18 @@ def space_budget(request: HttpRequest, slug: str) -> dict:
         reopened = budget.set_space_limits(space, json_body(request), actor=_actor(request))
         return {**_space_budget(space), "reopened": reopened}
     return _space_budget(space)
+
+
+# --- the prompt inspector --------------------------------------------------------------------------------
+
+@endpoint("GET")
+def member_prompt(request: HttpRequest, slug: str, name: str) -> dict:
+    """The next model call's system prompt and messages (or, with ?call=, a past one's), tokens per part.
+    Viewers too: every part is already on pages a viewer reads (persona, skills, memory, rules,
+    blackboard, transcript)."""
+    from veronica import prompt_inspector
+
+    space, _ = _space(request, slug)
+    member = supervisor.get_member(space, name)
+    call = sel.int_param(request.GET, "call", None, minimum=1, maximum=2**63 - 1)
+    return prompt_inspector.next_call(member) if call is None else prompt_inspector.past_call(member, call)

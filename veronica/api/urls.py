@@ -29,6 +29,7 @@ urlpatterns = [
     path(M + "webhook/", views.webhook, name="member-webhook"),
     path(M + "chat/", cockpit.member_chat, name="member-chat"),
     path(M + "budget/", cockpit.member_budget, name="member-budget"),
+    path(M + "prompt/", cockpit.member_prompt, name="member-prompt"),
     path(M + "budget/reset/", cockpit.member_budget_reset, name="member-budget-reset"),
     path(M + "<str:action>/", views.member_action, name="member-action"),
     path(S + "tasks/", views.tasks, name="tasks"),

@@ -118,6 +118,9 @@ class Run(models.Model):
     model_calls = models.IntegerField(default=0)
     tokens = models.IntegerField(default=0)
     error = models.TextField(blank=True)
+    # Built once at the run's start and sent with each of its model calls (the prompt inspector shows
+    # it for past calls); written with the run's end, in the same statement; retention purges it with the run.
+    system_prompt = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-id"]
