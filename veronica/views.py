@@ -31,7 +31,8 @@ def _space_panels(space: Space) -> dict[str, Callable[[], dict]]:
     return {
         "roster": lambda: {"members": sel.roster(space)},
         "tasks": lambda: {"board": sel.task_board(space)},
-        "approvals": lambda: {"approvals": _with_args_json(sel.approvals(space)), "questions": sel.questions(space)},
+        "approvals": lambda: {"approvals": _with_args_json(sel.approvals(space)), "questions": sel.questions(space),
+                              "approval_rules": views_cockpit.approval_rules(space)},
         "blackboard": lambda: {"board": sel.blackboard(space)},
         "messages": lambda: {"messages": list(reversed(sel.messages(space, limit=30)["messages"]))},
         "usage": lambda: {"usage": sel.usage_panel(space), "waggle": _bars(sel.waggle_saved(space))},

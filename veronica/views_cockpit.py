@@ -10,7 +10,7 @@ from django.shortcuts import render
 
 from veronica import access, chat
 from veronica.api import selectors as sel
-from veronica.engine import budget
+from veronica.engine import approvals, budget
 from veronica.errors import VeronicaError
 
 
@@ -19,7 +19,12 @@ def member_panels(member: Callable) -> dict[str, Callable[[], dict]]:
     return {
         "chat": lambda: {"chat": chat.conversation(member(), limit=30)},
         "budget": lambda: {"budget": budget.budget_state(member())},
+        "approval_rules": lambda: {"approval_rules": approvals.rules_of(member().space, member=member())},
     }
+
+
+def approval_rules(space) -> list[dict]:
+    return approvals.rules_of(space)
 
 
 @login_required

@@ -129,6 +129,7 @@
       const p = ev.payload || {};
       if (/^message\./.test(k) && (p.sender === memberName || p.to === memberName)) out.push("chat");
       if ((mine && /^(budget\.|member\.budget|model\.called|ops\.alert)/.test(k)) || /^space\.budget/.test(k)) out.push("budget");
+      if (mine && /^approval\.rule/.test(k)) out.push("approval_rules");
     }
     return out;
   }

@@ -189,3 +189,58 @@ def test_a_bad_call_is_refused_naming_the_field(world, query, status, field):
     response = world.client(world.viewer).get(f"{API}/members/w1/prompt/{query}")
     assert (response.status_code, response.json()["field"]) == (status, field)
     assert world.client(world.viewer).get(f"/spaces/alpha/members/w1/prompt/{query}").status_code in (400, 404)
+
+
+# --- 22.7 approvals: always for this tool on this member ---------------------------------------------------
+
+@pytest.mark.parametrize("role,status", [("viewer", 403), ("operator", 200), ("owner", 200)])
+def test_approve_always_adds_a_rule_for_operators(world, role, status):
+    from tests.console.helpers import pending_approval
+    from veronica.models import ApprovalRule
+
+    held = pending_approval(world.space, tool="write_file")
+    response = call(world.client(getattr(world, role)), "POST", f"{API}/approvals/{held.pk}/approve/", {"always": True})
+    assert response.status_code == status
+    assert ApprovalRule.objects.filter(member__name="w1", tool_name="write_file").count() == (status == 200)
+    rules = world.client(world.viewer).get(f"{API}/approval-rules/").json()["rules"]
+    assert [(r["member"], r["tool"]) for r in rules] == ([("w1", "write_file")] if status == 200 else [])
+
+
+@pytest.mark.parametrize("role,status", [("viewer", 403), ("operator", 200), ("owner", 200)])
+def test_revoking_a_rule_is_for_operators_and_owners_and_it_stays_listed_as_revoked(world, role, status):
+    from veronica.engine import approvals
+
+    rule = approvals.allow_always(supervisor.get_member(world.space, "w1"), "write_file", user=world.operator)
+    response = call(world.client(getattr(world, role)), "DELETE", f"{API}/approval-rules/{rule.pk}/")
+    assert response.status_code == status
+    live = world.client(world.viewer).get(f"{API}/approval-rules/").json()["rules"]
+    every = world.client(world.viewer).get(f"{API}/approval-rules/?all=1").json()["rules"]
+    assert len(live) == (status != 200) and len(every) == 1
+    if status == 200:
+        assert every[0]["revoked_by"] == role
+        assert call(world.client(world.owner), "DELETE", f"{API}/approval-rules/{rule.pk}/").status_code == 409
+    assert world.client(world.stranger).get(f"{API}/approval-rules/").status_code == 404
+
+
+@pytest.mark.parametrize("body,field", [({"always": "yes"}, "always"), ({"member": "w1"}, "tool"), ({"tool": "x"}, "member"),
+                                        ({"member": "nobody", "tool": "x"}, "member")])
+def test_bad_approval_rule_input_is_refused_naming_the_field(world, body, field):
+    from tests.console.helpers import pending_approval
+
+    op = world.client(world.operator)
+    if "always" in body:
+        response = call(op, "POST", f"{API}/approvals/{pending_approval(world.space).pk}/approve/", body)
+    else:
+        response = call(op, "POST", f"{API}/approval-rules/", body)
+    assert response.status_code in (400, 404) and response.json()["field"] == field
+
+
+def test_the_space_and_member_pages_show_the_rules_with_revoke_for_operators_only(world):
+    from veronica.engine import approvals
+
+    approvals.allow_always(supervisor.get_member(world.space, "w1"), "write_file", user=world.operator)
+    for url in ("/spaces/alpha/", "/spaces/alpha/members/w1/"):
+        op_page = world.client(world.operator).get(url).content.decode()
+        viewer_page = world.client(world.viewer).get(url).content.decode()
+        assert "data-approval-rule=" in op_page and "Revoke" in op_page
+        assert "data-approval-rule=" in viewer_page and "/approval-rules/" not in viewer_page

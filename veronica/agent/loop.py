@@ -33,6 +33,7 @@ from veronica.agent.tools import Tool, ToolContext, ToolError, tools_for, trunca
 from veronica.agent.tools.mcp import NAME_LIMIT as MCP_NAME_LIMIT
 from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
+from veronica.engine import approvals as approval_verbs
 from veronica.errors import VeronicaError, storable
 from veronica.models import Approval, ApprovalStatus, Member, Phase, PermissionMode, Question, RunOutcome, TurnRole
 
@@ -207,7 +208,7 @@ def fusable(ctx: RunContext, tools: dict[str, Tool], name: str) -> bool:
         return True  # an unknown tool's error result
     if tool.name in UNFUSED_VERBS or escapes_the_fence(tool) and tool.name not in FUSED_LOCAL_TOOLS:
         return False
-    return not (tool.needs_approval and permission_mode(ctx, ctx.member) == PermissionMode.DEFAULT)
+    return not held_by_gate(ctx, tool)
 
 
 def stopping(ctx: RunContext) -> bool:
@@ -263,9 +264,17 @@ def permission_mode(ctx: RunContext, member: Member) -> str:
     return mode
 
 
+def held_by_gate(ctx: RunContext, tool: Tool) -> bool:
+    """The permission gate: in `default` mode a mutating call waits for an operator, unless a rule
+    always allows this tool for this member (read per call: a revoke holds the very next one)."""
+    if not tool.needs_approval or permission_mode(ctx, ctx.member) != PermissionMode.DEFAULT:
+        return False
+    return not approval_verbs.always_allowed(ctx.member, tool.name)
+
+
 def announceable(ctx: RunContext, tools: dict[str, Tool], name: str) -> bool:
     tool = tools.get(name)
-    return tool is not None and not (tool.needs_approval and permission_mode(ctx, ctx.member) == PermissionMode.DEFAULT)
+    return tool is not None and not held_by_gate(ctx, tool)
 
 
 def announce(member: Member, ctx: RunContext, tools: dict[str, Tool], call) -> bool:
@@ -385,7 +394,7 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
         with ctx.fenced():
             return persist_result(member, tctx, call, unparsed_error(tool.name, args[UNPARSED]))
     if not announced:
-        if tool.needs_approval and permission_mode(ctx, member) == PermissionMode.DEFAULT:  # read per call
+        if held_by_gate(ctx, tool):  # read per call
             return hold_for_approval(member, ctx, call)
         with ctx.fenced():
             ctx.phase(Phase.EXECUTING, tool.name)
@@ -439,7 +448,7 @@ def persist_result(member: Member, tctx: ToolContext, call: dict, result: str) -
     else:
         transcript.append(tctx.session, TurnRole.TOOL, result, **fields)
     events.emit(member.space_id, "tool.result", member=member, tool=call["name"], ok=not result.startswith("error:"),
-                chars=len(result), preview=result[:200])
+                chars=len(result), preview=result[:200], call=call["id"])  # call: the run trace finds the whole result
     return None
 
 
@@ -450,7 +459,7 @@ def hold_for_approval(member: Member, ctx: RunContext, call: dict) -> str:
             defaults={"space_id": member.space_id, "tool_name": call["name"], "tool_args": call["args"]})
         if created:
             events.emit(member.space_id, "approval.requested", member=member, approval=approval.pk, tool=call["name"],
-                        args=_short(call["args"]))
+                        args=_short(call["args"]), run=ctx.run.pk)  # the run trace links a chain's runs by these
         ctx.phase(Phase.WAITING_APPROVAL, call["name"])
     return WAITING
 
@@ -467,8 +476,10 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
 
         tracing.event("approval.resolved", approval=approval.pk, tool=call["name"], status=approval.status)
 
-        def consume() -> None:
+        def consume() -> None:  # inside the fence that persists the call's result
             Approval.objects.filter(pk=approval.pk).update(consumed=True)
+            events.emit(member.space_id, "approval.resolved", member=member, approval=approval.pk, tool=call["name"],
+                        status=approval.status, run=ctx.run.pk)
         if approval.status == ApprovalStatus.DENIED:
             reason = approval.reason or "no reason given"
             with ctx.fenced():

@@ -18,6 +18,8 @@ ENDPOINTS = [
     "GET|PUT(owner) /api/spaces/<slug>/members/<name>/budget/", "POST(owner) /api/spaces/<slug>/members/<name>/budget/reset/",
     "GET|PUT(owner) /api/spaces/<slug>/budget/",
     "GET /api/spaces/<slug>/members/<name>/prompt/?call=<assistant turn id>",
+    "POST /api/spaces/<slug>/approvals/<id>/approve/ {\"always\": true}: and always for this tool on this member",
+    "GET|POST /api/spaces/<slug>/approval-rules/?member=&all=1", "DELETE /api/spaces/<slug>/approval-rules/<id>/",
 ]
 
 
@@ -97,3 +99,29 @@ def member_prompt(request: HttpRequest, slug: str, name: str) -> dict:
     member = supervisor.get_member(space, name)
     call = sel.int_param(request.GET, "call", None, minimum=1, maximum=2**63 - 1)
     return prompt_inspector.next_call(member) if call is None else prompt_inspector.past_call(member, call)
+
+
+# --- standing approvals: "always for this tool on this member" ---------------------------------------------
+
+@endpoint("GET", "POST")
+def approval_rules(request: HttpRequest, slug: str):
+    """GET: the live rules (?all=1: revoked ones too; ?member=). POST {"member", "tool"}: add one (operators,
+    who may also switch a member to bypass, a wider grant)."""
+    from veronica.engine import approvals
+
+    space, _ = _space(request, slug)
+    if request.method == "POST":
+        data = json_body(request)
+        member = supervisor.get_member(space, text_field(data, "member"))
+        return approvals.rule_row(approvals.allow_always(member, text_field(data, "tool"), user=request.user)), 201
+    who = request.GET.get("member")
+    member = supervisor.get_member(space, who) if who else None
+    return {"rules": approvals.rules_of(space, member=member, live_only=request.GET.get("all") not in ("1", "true"))}
+
+
+@endpoint("DELETE")
+def approval_rule(request: HttpRequest, slug: str, rule_id: int) -> dict:
+    from veronica.engine import approvals
+
+    space, _ = _space(request, slug)
+    return approvals.rule_row(approvals.revoke_rule(approvals.get_rule(space, rule_id), user=request.user))

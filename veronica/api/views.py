@@ -300,7 +300,7 @@ def approval_decide(request: HttpRequest, slug: str, approval_id: int, decision:
     data = json_body(request)
     approval = approval_verbs.get_approval(space, approval_id)
     decided = approval_verbs.decide(approval, approve=decision == "approve", user=request.user,
-                                    reason=text_field(data, "reason", required=False))
+                                    reason=text_field(data, "reason", required=False), always=data.get("always", False))
     return sel.approval_row(decided)
 
 

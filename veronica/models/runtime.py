@@ -37,6 +37,28 @@ class Approval(models.Model):
         return f"{self.member} → {self.tool_name} ({self.status})"
 
 
+class ApprovalRule(models.Model):
+    """'Always for this tool on this member': the permission gate lets such calls run without holding
+    them (veronica.engine.approvals). Revoking keeps the row (who allowed what, and until when)."""
+
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="approval_rules")
+    member = models.ForeignKey("veronica.Member", on_delete=models.CASCADE, related_name="approval_rules")
+    tool_name = models.CharField(max_length=64)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    from_approval = models.ForeignKey(Approval, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["member", "tool_name"], condition=Q(revoked_at__isnull=True),
+                                               name="approval_rule_one_live")]
+
+    def __str__(self) -> str:
+        return f"always {self.tool_name} for {self.member}"
+
+
 class Question(models.Model):
     """ask_operator: a member waits for an operator's answer."""
 
