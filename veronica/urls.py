@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 
 from veronica import views, views_cockpit, views_improve, views_portable
 
@@ -33,5 +34,6 @@ urlpatterns = [
     path("api/", include("veronica.api.urls")),
     re_path(r"^api/(?P<rest>.*)$", views.api_not_found),
     re_path(r"^static/(?P<path>.*)$", views.static_file),
+    path("favicon.ico", RedirectView.as_view(url="/static/favicon.svg", permanent=True)),  # pages without the <link> (admin)
     path("", include(console)),
 ]

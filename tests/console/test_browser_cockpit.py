@@ -67,7 +67,7 @@ def test_a_tripped_budget_is_reopened_by_a_reset_and_by_a_raise(login, live_worl
     page.fill("#budget-form input[name=budget_override]", "1000")
     page.click("#budget-form button[type=submit]")
     expect(page.locator("[data-budget-open]")).to_be_visible()
-    expect(page.locator("[data-budget]")).to_contain_text(re.compile(r"Budget\s*1000"))
+    expect(page.locator("[data-budget]")).to_contain_text(re.compile(r"Budget\s*1,000"))
     assert not budget.is_tripped(supervisor.get_member(live_world.space, "w2"))
 
 
