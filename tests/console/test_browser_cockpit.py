@@ -79,4 +79,4 @@ def test_the_prompt_inspector_shows_an_edited_persona_and_the_windows_share(logi
     page.click("#prompt-link")
     expect(page.locator('[data-system-part="persona"]')).to_contain_text("Answer in haiku only.")
     expect(page.locator('#prompt-parts tr[data-part="persona"]')).to_contain_text("8")  # 33 chars: 8 tokens
-    expect(page.locator("#prompt-share")).to_contain_text(re.compile(r"of \d+ tokens \([0-9.]+%\)"))
+    expect(page.locator("#prompt-share")).to_contain_text(re.compile(r"of [0-9,]+ tokens \([0-9.]+%\)"))
