@@ -80,3 +80,19 @@ def test_the_prompt_inspector_shows_an_edited_persona_and_the_windows_share(logi
     expect(page.locator('[data-system-part="persona"]')).to_contain_text("Answer in haiku only.")
     expect(page.locator('#prompt-parts tr[data-part="persona"]')).to_contain_text("8")  # 33 chars: 8 tokens
     expect(page.locator("#prompt-share")).to_contain_text(re.compile(r"of [0-9,]+ tokens \([0-9.]+%\)"))
+
+
+def test_raising_the_space_ceiling_on_the_usage_page_reopens_the_day(login, live_world):
+    from veronica.models import Space
+
+    Space.objects.filter(pk=live_world.space.pk).update(daily_token_ceiling=300)
+    w1 = supervisor.get_member(live_world.space, "w1")
+    budget.meter(w1, input_tokens=500, output_tokens=0)
+    assert budget.check_breaker(w1)
+    page = login(live_world.owner)
+    page.goto("/spaces/alpha/usage/")
+    page.click("details.budget-limits summary")
+    page.fill("#space-budget-form input[name=daily_token_ceiling]", "5000")
+    page.click("#space-budget-form button[type=submit]")
+    expect(page.locator("#usage-totals")).to_contain_text("5,000 tokens")  # the page reloads with the new ceiling
+    assert not budget.is_tripped(w1)
