@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",  # intcomma: token counts with thousands separators in the console
     "channels",
     "veronica",  # before django_q: its `qcluster` command (with the engine ticker) overrides q2's
     "django_q",
@@ -74,6 +75,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            "builtins": ["django.contrib.humanize.templatetags.humanize"],  # |intcomma in every template
         },
     },
 ]

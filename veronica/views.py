@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, metrics as metrics_module, notify, run_trace, webhooks
+from veronica import access, metrics as metrics_module, notify, run_trace, views_steer, webhooks
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
@@ -32,7 +32,8 @@ def _space_panels(space: Space) -> dict[str, Callable[[], dict]]:
     return {
         "roster": lambda: {"members": sel.roster(space)},
         "tasks": lambda: {"board": sel.task_board(space)},
-        "approvals": lambda: {"approvals": _with_args_json(sel.approvals(space)), "questions": sel.questions(space)},
+        "approvals": lambda: {"approvals": _with_args_json(sel.approvals(space)), "questions": sel.questions(space),
+                              "approval_rules": views_steer.approval_rules(space)},
         "blackboard": lambda: {"board": sel.blackboard(space)},
         "messages": lambda: {"messages": list(reversed(sel.messages(space, limit=30)["messages"]))},
         "usage": lambda: {"usage": sel.usage_panel(space), "waggle": _bars(sel.waggle_saved(space))},
@@ -64,6 +65,7 @@ def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
         "skills": lambda: {"skills": sel.skills_of(member())},
         "memory": lambda: {"memory": sel.memory_of(member())},
         "schedule": lambda: {"schedule": sel.schedule_of(member())},
+        **views_steer.member_panels(member),
     }
 
 

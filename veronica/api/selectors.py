@@ -317,7 +317,7 @@ def task_board(space: Space, per_column: int = 50) -> list[dict]:
 def message_row(m: Message) -> dict:
     return {"id": m.pk, "sender": m.sender_name, "to": m.recipient_name, "subject": m.subject, "body": m.body,
             "html": render_markdown(m.body), "task": m.task_id, "broadcast": m.broadcast, "read_at": iso(m.read_at),
-            "created_at": iso(m.created_at)}
+            "created_at": iso(m.created_at), "reply_to": m.reply_to_id}
 
 
 def messages(space: Space, *, member: str | None = None, before: int | None = None, limit: int = 50) -> dict:

@@ -57,7 +57,9 @@ ENDPOINTS = [
 
 @endpoint("GET")
 def index(request: HttpRequest) -> dict:
-    return {"endpoints": ENDPOINTS, "auth": "session (CSRF on writes) or 'Authorization: Bearer <token>'",
+    from veronica.api import steer
+
+    return {"endpoints": ENDPOINTS + steer.ENDPOINTS, "auth": "session (CSRF on writes) or 'Authorization: Bearer <token>'",
             "errors": '{"error": "...", "field": "..."} with 400 / 401 / 403 / 404 / 405 / 409'}
 
 
@@ -302,7 +304,7 @@ def approval_decide(request: HttpRequest, slug: str, approval_id: int, decision:
     data = json_body(request)
     approval = approval_verbs.get_approval(space, approval_id)
     decided = approval_verbs.decide(approval, approve=decision == "approve", user=request.user,
-                                    reason=text_field(data, "reason", required=False))
+                                    reason=text_field(data, "reason", required=False), always=data.get("always", False))
     return sel.approval_row(decided)
 
 
