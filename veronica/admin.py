@@ -506,8 +506,18 @@ class TaskAdmin(VerbAdmin):
         # the ledger moves a task; only the assignee has a verb here (ledger.assign: a ready task starts)
         return [name for name in self.get_fields(request, obj) if name != "assignee"]
 
+    actions = ["cancel_tasks", "retry_tasks"]
+
     def has_delete_permission(self, request, obj=None):
         return False  # no verb deletes a task (cancel it; retention purges closed ones)
+
+    @admin.action(description="Cancel selected tasks (their assignees are told)")
+    def cancel_tasks(self, request, queryset):
+        _run_verb(self, request, queryset.select_related("assignee", "space"), ledger.cancel, "cancelled")
+
+    @admin.action(description="Retry selected failed tasks (started again with their assignee)")
+    def retry_tasks(self, request, queryset):
+        _run_verb(self, request, queryset.select_related("assignee", "space"), ledger.retry, "retried")
 
     def save_related(self, request, form, formsets, change):
         if change:
