@@ -67,8 +67,8 @@ def wake_brief(member: Member, source: str, unread: list[Message]) -> str:
     if tasks:
         lines.append("\n## Your open tasks")
         lines += [f"- #{t.pk} [{t.status}] {t.title}" for t in tasks]
-    board = blackboard.read(member.space)
-    if board.content:
-        lines.append(f"\n## Blackboard (updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n{board.content}")
+    board, content = blackboard.for_members(member.space)
+    if content:
+        lines.append(f"\n## Blackboard (updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n{content}")
     return "\n".join(lines)
 
