@@ -189,8 +189,7 @@ class MemberAdmin(admin.ModelAdmin):
         return (*self.readonly_fields, "name", "space") if obj is not None else self.readonly_fields
 
     def save_model(self, request, obj, form, change):
-        if change:  # field edits (persona, model...) apply at the next run boundary
-            obj.reload_pending = True
+        if change:  # field edits (persona, model...) apply at the next run boundary: the prompt is built per run
             super().save_model(request, obj, form, change)
             self._schedule_through_verb(request, obj, form)
             return

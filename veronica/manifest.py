@@ -385,7 +385,6 @@ def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "
         for skill_name, (description, body) in spec.shared_skills.items():
             Skill.objects.create(space=space, name=skill_name, description=description, body=body)
         mcp_servers.replace_from_manifest(space, None, spec.mcp_servers, actor=actor)
-        Member.objects.filter(space=space, removed_at__isnull=True).update(reload_pending=True)
         _apply_rules(space, spec, actor)
         events.emit(space.pk, "space.registered", actor=actor, created=created, mode=result.mode,
                     members=[m.name for m in spec.members], kept=result.kept[:50], discarded=result.discarded[:50])

@@ -247,7 +247,6 @@ X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 
 # --- veronica --------------------------------------------------------------------------------
-WORKSPACES_DIR = env_path("VERONICA_WORKSPACES_DIR", DATA_DIR / "workspaces")
 # run_command is confined with bubblewrap ("bwrap"); "none" runs commands unconfined (opt-in).
 COMMAND_SANDBOX = env_choice("VERONICA_COMMAND_SANDBOX", ("bwrap", "none"), "bwrap")
 # Simulated model latency for the offline provider (tests and benchmarks only; 0 in normal use).
