@@ -11,6 +11,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 from django.db import connection
 
@@ -26,8 +27,9 @@ def worker_env(**extra: str) -> dict[str, str]:
     if connection.vendor == "sqlite":
         env["VERONICA_SQLITE_PATH"] = str(db["NAME"])
     else:
-        user = db.get("USER") or "postgres"
-        env["DATABASE_URL"] = f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+        user = quote(db.get("USER") or "postgres", safe="")
+        password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
+        env["DATABASE_URL"] = f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
     env["VERONICA_Q_NAME"] = Conf.CLUSTER_NAME
     env.update(extra)
     return env
