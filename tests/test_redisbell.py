@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 import pytest
 from django.conf import settings
@@ -20,6 +21,14 @@ async def heard(rings: list, count: int, timeout: float = 5.0) -> list:
     while len(rings) < count and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     return rings
+
+
+@pytest.fixture(autouse=True)
+def own_channels(settings):
+    """Pub/sub channels are server-wide (no database number): a prefix of this test's own, so it hears
+    no other deployment or test run on the same Redis, and they hear nothing of it."""
+    settings.CHANNEL_PREFIX = f"vt-{uuid.uuid4().hex[:8]}"
+    yield settings.CHANNEL_PREFIX
 
 
 def listen(rings: list):
@@ -56,21 +65,20 @@ def test_a_ring_reaches_the_subscribed_loop():
     assert asyncio.run(scenario()) == [(7, 41), (8, 42)]
 
 
-def test_another_deployments_prefix_is_not_heard(settings):
+def test_another_deployments_prefix_is_not_heard(settings, own_channels):
     async def scenario():
         rings: list = []
         listener = listen(rings)
         await asyncio.wait_for(listener.subscribed.wait(), 5)
-        settings.CHANNEL_PREFIX = "someone-else"
+        settings.CHANNEL_PREFIX = f"{own_channels}-someone-else"
         redisbell._client = None
         await asyncio.to_thread(redisbell.ring, 7, 1)
-        settings.CHANNEL_PREFIX = "veronica"
+        settings.CHANNEL_PREFIX = own_channels
         await asyncio.to_thread(redisbell.ring, 7, 2)
         await heard(rings, 2, timeout=1.0)
         listener.close()
         return rings
 
-    settings.CHANNEL_PREFIX = "veronica"
     assert asyncio.run(scenario()) == [(7, 2)]
 
 
