@@ -14,8 +14,13 @@ one started in its place; then the stream drains. Printed per mode:
   the kill to that member's next run starting (split into kill -> lease expired, and lease expired
   -> running again: the re-wake and a free worker). The goal is <= lease + 5 s.
 
+`--skew SECONDS` runs every qcluster group with its wall clock shifted (only what Python reads:
+tests/skewed_clock on its PYTHONPATH; the database and this measuring process keep true time), so
+a host clock ahead (> 0) or behind (< 0) can be compared with the control at the same load. The
+1-minute load average is printed beside the figures.
+
 Usage: .venv/bin/python bench/recovery.py [--modes embedded,hosted] [--groups 3] [--members 8]
-       [--messages 120] [--kill-every 4] [--lease 10]
+       [--messages 120] [--kill-every 4] [--lease 10] [--skew SECONDS]
 The last line is one JSON object with those figures per mode.
 Each mode uses its own data folder, PostgreSQL database and queue name, and drops them afterwards.
 """
@@ -118,6 +123,8 @@ def child(args) -> dict:
                VERONICA_OFFLINE_DELAY_MS=str(args.delay_ms), VERONICA_Q_STOP_GRACE="5", LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "WARNING"))
     log_dir = Path(os.environ["VERONICA_DATA_DIR"])
     serial = iter(range(10**6))
+    if args.skew:  # the hosts' clocks are wrong, not the measurer's
+        env = {**env, "PYTHONPATH": str(REPO / "tests" / "skewed_clock"), "VERONICA_TEST_CLOCK_SKEW": str(args.skew)}
     groups = [Group(env, args.workers, log_dir, next(serial)) for _ in range(args.groups)]
     time.sleep(3)
     rng = random.Random(7)
@@ -274,6 +281,7 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=int, default=150, help="offline model latency per call")
     parser.add_argument("--drain-timeout", type=float, default=90)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/5")
+    parser.add_argument("--skew", type=float, default=0, help="seconds the groups' wall clocks run ahead (< 0: behind)")
     parser.add_argument("--keep", action="store_true", help="keep the embedded data folder and the groups' logs")
     parser.add_argument("--child")
     args = parser.parse_args()
@@ -285,12 +293,13 @@ def main() -> None:
         return
     print(f"recovery under SIGKILL: {args.groups} qcluster groups x {args.workers} workers, {args.members} members, "
           f"{args.messages} messages over {args.stream_seconds:.0f}s, one group killed every {args.kill_every:.0f}s, "
-          f"lease {args.lease}s, tick {args.tick}s\n")
+          f"lease {args.lease}s, tick {args.tick}s, host clock skew {args.skew:+.0f}s\n")
     summary = {}
     for mode in args.modes.split(","):
         r = spawn(mode, args)
         summary[mode] = {key: r[key] for key in ("sent", "read", "lost", "unfinished", "duplicates", "overlaps", "stuck",
                                                  "killed_runs", "p50", "p99", "max", "lease", "load")}
+        summary[mode]["skew"] = args.skew
         fmt = lambda v: "-" if v is None else f"{v:5.1f}s"  # noqa: E731
         print(f"[{mode}]  drained after {r['drained_after']:.0f}s, {r['runs']} runs, {r['kills']} kills")
         print(f"  messages sent {r['sent']}  read {r['read']}  lost {r['lost']}   tasks read but never finished {r['unfinished']}"

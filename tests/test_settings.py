@@ -162,3 +162,11 @@ def test_every_variable_in_the_readme_configuration_table_is_read_by_the_code():
 
     ours = [k for k in knobs if not hasattr(global_settings, k) and not k.startswith("AXES_")]  # Django and axes read theirs
     assert sorted(k for k in ours if not re.search(rf"\b{k}\b", elsewhere) and len(re.findall(rf"\b{k}\b", settings_py)) < 2) == []
+
+
+@pytest.mark.parametrize("name, raw", [("VERONICA_SANDBOX_PROCS", "-1"), ("VERONICA_SANDBOX_MEMORY_MB", "lots"),
+                                       ("VERONICA_SANDBOX_CPU_SECONDS", "1.5"), ("VERONICA_SANDBOX_FILE_MB", "-5"),
+                                       ("VERONICA_SANDBOX_TMP_MB", "0")])
+def test_sandbox_limits_are_validated_at_start_up(tmp_path, name, raw):
+    result = _manage(["check"], **{name: raw, "VERONICA_DATA_DIR": str(tmp_path)})
+    assert result.returncode != 0 and name in result.stderr

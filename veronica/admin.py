@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
+from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 
-from veronica import ledger, mcp_servers, memory, notify, webhooks
+from veronica import access, ledger, mcp_servers, memory, notify, webhooks
 from veronica import skills as skill_verbs
-from veronica.engine import checks, retention, supervisor
+from veronica.engine import alarms, checks, retention, supervisor, watchdogs
 from veronica.errors import VeronicaError
 from veronica.markdown import render_markdown
 from veronica.models import (
@@ -20,6 +22,32 @@ from veronica.models import (
 
 def _actor(request) -> str:
     return f"admin:{request.user.get_username()}"
+
+
+def _form_error(form: forms.ModelForm, exc: VeronicaError, fallback: str | None = None) -> None:
+    """A verb's refusal as a form error on the field it names (or the form, when it names none shown)."""
+    field = exc.field if exc.field in form.fields else fallback
+    form.add_error(field if field in form.fields else None, exc.message)
+
+
+class VerbAdmin(admin.ModelAdmin):
+    """Saves go through verbs, whose checks the forms run first. Should a verb still refuse at save time
+    (a race: a leader added meanwhile), the save rolls back and the form comes back with the reason,
+    never a 500."""
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except (VeronicaError, IntegrityError) as exc:
+            self.message_user(request, getattr(exc, "message", None) or f"refused by the database: {exc}", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+    def delete_view(self, request, object_id, extra_context=None):
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except VeronicaError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
 
 
 def _run_verb(modeladmin, request, queryset, verb, label: str) -> None:
@@ -35,22 +63,36 @@ def _run_verb(modeladmin, request, queryset, verb, label: str) -> None:
 
 
 class MemberInline(admin.TabularInline):
+    """Shown, never edited here: a member's edits go through its own page (the verbs)."""
     model = Member
     fields = ("name", "role", "model", "membership", "run_status", "phase", "permission_mode", "schedule", "removed_at")
-    readonly_fields = ("membership", "run_status", "phase", "removed_at")
+    readonly_fields = fields
     extra = 0
     show_change_link = True
     can_delete = False
 
+    def has_add_permission(self, request, obj=None):
+        return False
+
 
 class AccessInline(admin.TabularInline):
+    """Saved through access.grant / access.revoke (SpaceAdmin.save_formset), like the console's access page."""
     model = SpaceAccess
     extra = 0
     autocomplete_fields = ("user",)
 
+    def get_readonly_fields(self, request, obj=None):
+        return ()
+
+
+# Space settings that have a verb; on a saved space every other field is shown read-only.
+WATCHDOG_FIELDS = watchdogs.THRESHOLDS
+NOTIFY_FIELDS = ("notify_webhook_url", "notify_slack_url", "notify_emails")
+SPACE_VERB_FIELDS = ("retention_days", *WATCHDOG_FIELDS, "verify_checks", *NOTIFY_FIELDS)
+
 
 class SpaceAdminForm(forms.ModelForm):
-    """The notifier and checks go through the verbs' validators (http/https only, named checks)."""
+    """Settings go through the verbs' validators, so a bad value is a field error naming the limit."""
 
     class Meta:
         model = Space
@@ -74,23 +116,83 @@ class SpaceAdminForm(forms.ModelForm):
     def clean_notify_emails(self):
         return self._verb_clean("notify_emails", lambda v: notify.clean_emails(v, "notify_emails"))
 
+    def clean_retention_days(self):
+        return self._verb_clean("retention_days", retention.clean_days)
+
+    def clean(self):
+        data = super().clean()
+        given = {k: data[k] for k in WATCHDOG_FIELDS if k in self.changed_data and data.get(k) is not None}
+        try:
+            watchdogs.clean_thresholds(given)
+        except VeronicaError as exc:
+            _form_error(self, exc)
+        return data
+
 
 @admin.register(Space)
-class SpaceAdmin(admin.ModelAdmin):
+class SpaceAdmin(VerbAdmin):
     form = SpaceAdminForm
     list_display = ("name", "slug", "workdir", "member_count", "open_tasks", "event_seq")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
     # the secret is never shown again after it is made: set or rotate it with the action
     exclude = ("webhook_secret", "webhook_rotated_at")
-    readonly_fields = ("event_seq", "created_at", "webhook_secret_masked", "webhook_rotated_at")
+    # where a space's files live is the server's decision (its own folder), never a form's
+    readonly_fields = ("workdir", "event_seq", "created_at", "webhook_secret_masked", "webhook_rotated_at")
     inlines = [MemberInline, AccessInline]
     actions = ["halt_all", "send_test_notification", "rotate_webhook_secret", "preview_retention", "purge_retention"]
 
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return self.readonly_fields
+        # no verb edits these on a saved space (the manifest and register own them): shown, not edited
+        others = [f.name for f in Space._meta.concrete_fields if f.editable and f.name not in SPACE_VERB_FIELDS
+                  and f.name not in ("id", *self.exclude)]
+        return (*self.readonly_fields, *others)
+
+    def get_prepopulated_fields(self, request, obj=None):
+        return self.prepopulated_fields if obj is None else {}
+
     def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        if "verify_checks" in form.changed_data:  # through the checks verb, like the console and the API (its event too)
-            checks.configure(obj, form.cleaned_data["verify_checks"], actor=_actor(request))
+        if not change:  # no verb creates a bare space (register and the console's templates do more)
+            if not obj.workdir:  # a space added here works in its own folder, like one made on New space
+                from veronica.portable import home_of
+
+                workdir = home_of(obj.slug) / "workspace"
+                workdir.mkdir(parents=True, exist_ok=True)
+                obj.workdir = str(workdir)
+            super().save_model(request, obj, form, change)
+            return
+        self._settings_through_verbs(request, Space.objects.get(pk=obj.pk), form)
+        obj.refresh_from_db()
+
+    def _settings_through_verbs(self, request, space: Space, form) -> None:
+        """Each changed group through the verb the console and the API call (its checks, its event)."""
+        changed, data, actor = set(form.changed_data), form.cleaned_data, _actor(request)
+        if "retention_days" in changed:
+            retention.set_retention_days(space, data["retention_days"], actor=actor)
+        if changed & set(WATCHDOG_FIELDS):
+            watchdogs.set_thresholds(space, {k: data[k] for k in WATCHDOG_FIELDS if k in changed}, actor=actor)
+        if "verify_checks" in changed:
+            checks.configure(space, data["verify_checks"], actor=actor)
+        if changed & set(NOTIFY_FIELDS):
+            notify.configure(space, webhook_url=data["notify_webhook_url"], slack_url=data["notify_slack_url"],
+                             emails=data["notify_emails"], actor=actor)
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not SpaceAccess:
+            return super().save_formset(request, form, formset, change)
+        space, actor = form.instance, _actor(request)
+        for row in formset.deleted_forms:
+            if row.instance.pk:
+                access.revoke(space, row.instance.user.get_username(), actor=actor)
+        for row in formset.forms:
+            if row in formset.deleted_forms or not row.has_changed() or not row.cleaned_data.get("user"):
+                continue
+            if row.instance.pk and "user" in row.changed_data:  # a row moved to another user: the old one loses access
+                access.revoke(space, SpaceAccess.objects.get(pk=row.instance.pk).user.get_username(), actor=actor)
+            access.grant(space, row.cleaned_data["user"].get_username(), row.cleaned_data["role"], actor=actor)
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []  # the history entry's lists
 
     @admin.display(description="webhook secret")
     def webhook_secret_masked(self, obj):
@@ -142,6 +244,12 @@ def _purge_line(counts: dict[str, int], space: Space) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in counts.items()) + f" (older than {space.retention_days} days)"
 
 
+# What the add form asks (add_member's parameters) and what a saved member's form edits (a verb each).
+MEMBER_ADD_FIELDS = ("space", "name", "role", "persona", "when_to_use", "model", "permission_mode", "schedule",
+                     "rule_domains", "budget_override")
+MEMBER_EDIT_FIELDS = (*supervisor.EDITABLE, "permission_mode", "schedule")
+
+
 class MemberAdminForm(forms.ModelForm):
     class Meta:
         model = Member
@@ -149,49 +257,62 @@ class MemberAdminForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        if self.instance.pk is None and data.get("space"):
-            try:  # the same checks as the verb, shown as form errors
-                supervisor.validate_new_member(data["space"], data.get("name", ""), role=data.get("role", ""),
-                                               model=data.get("model", ""), permission_mode=data.get("permission_mode", ""),
-                                               schedule=data.get("schedule", ""), rule_domains=data.get("rule_domains") or [],
-                                               persona=data.get("persona", ""), when_to_use=data.get("when_to_use", ""),
-                                               budget_override=data.get("budget_override"))
-            except VeronicaError as exc:
-                raise forms.ValidationError({exc.field if exc.field in self.fields else None: exc.message}) from None
-        else:
-            try:  # an edit writes the row directly: the checks a stored value must pass
-                if data.get("schedule"):
-                    data["schedule"] = supervisor.validate_cron(data["schedule"])
-                data["rule_domains"] = supervisor.check_domains(data.get("rule_domains") or [])
-                if data.get("budget_override") is not None:
-                    supervisor.check_int(data["budget_override"], "budget_override")
-            except VeronicaError as exc:
-                raise forms.ValidationError({exc.field if exc.field in self.fields else None: exc.message}) from None
+        try:
+            if self.instance.pk is None:
+                if data.get("space"):  # the same checks as the verb, shown as form errors
+                    supervisor.validate_new_member(
+                        data["space"], data.get("name", ""), role=data.get("role", ""), model=data.get("model", ""),
+                        permission_mode=data.get("permission_mode", ""), schedule=data.get("schedule", ""),
+                        rule_domains=data.get("rule_domains") or [], persona=data.get("persona", ""),
+                        when_to_use=data.get("when_to_use", ""), budget_override=data.get("budget_override"))
+            else:
+                self._clean_edit(data)
+        except VeronicaError as exc:
+            _form_error(self, exc)
         return data
+
+    def _clean_edit(self, data: dict) -> None:
+        edits = {k: data[k] for k in supervisor.EDITABLE if k in self.changed_data and k in data}
+        if "rule_domains" in edits:
+            edits["rule_domains"] = edits["rule_domains"] or []
+        data.update(supervisor.clean_member_edit(self.instance, edits))
+        if data.get("schedule") and "schedule" in self.changed_data:
+            data["schedule"] = supervisor.validate_cron(data["schedule"])
+
+    def _post_clean(self):
+        # a saved member's row is written by the verbs only: no model validation of stale engine state,
+        # and the constraints (one leader, unique name) were checked above with the verbs' messages
+        if self.instance.pk is None:
+            super()._post_clean()
 
 
 @admin.register(Member)
-class MemberAdmin(admin.ModelAdmin):
+class MemberAdmin(VerbAdmin):
     form = MemberAdminForm
     list_display = ("name", "space", "role", "model", "membership", "run_status", "display_phase", "permission_mode", "schedule")
     list_filter = ("space", "role", "membership", "run_status", "permission_mode")
     list_select_related = ("space",)
     search_fields = ("name", "space__name")
-    readonly_fields = ("run_status", "phase", "phase_tool", "phase_since", "lease_token", "lease_expires_at", "cancel_requested",
-                       "membership", "removed_at", "spawned_from", "clone_seq", "schedule_origin", "schedule_set_at",
-                       "schedule_tombstone", "schedule_next_at", "permission_origin", "origin", "removed_by", "created_at",
-                       # engine state (the failure model, the watchdogs): shown, never edited by hand
-                       "failures", "retry_at", "error_reason", "parked_config", "stuck_alerted_at", "backlog_alerted_at")
-    actions = ["freeze", "unfreeze", "suspend", "resume"]
+    actions = ["freeze", "unfreeze", "suspend", "resume", "remove"]
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return MEMBER_ADD_FIELDS
+        return [f.name for f in Member._meta.concrete_fields if f.name != "id"]
 
     def get_readonly_fields(self, request, obj=None):
-        # a rename would bypass the name rules (reserved engine names) and orphan mail addressed by name
-        return (*self.readonly_fields, "name", "space") if obj is not None else self.readonly_fields
+        if obj is None:
+            return ()
+        # engine state, identity and provenance: shown, never edited by hand (no verb writes them from here)
+        return [f.name for f in Member._meta.concrete_fields if f.name not in (*MEMBER_EDIT_FIELDS, "id")]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a member is removed (kept for its history) with the "remove" action: supervisor.remove_member
 
     def save_model(self, request, obj, form, change):
-        if change:  # field edits (persona, model...) apply at the next run boundary: the prompt is built per run
-            super().save_model(request, obj, form, change)
-            self._schedule_through_verb(request, obj, form)
+        if change:
+            self._edit_through_verbs(request, Member.objects.get(pk=obj.pk), form)
+            obj.refresh_from_db()
             return
         # a new member goes through the verb: name rules, one leader, the event
         created = supervisor.add_member(obj.space, obj.name, role=obj.role, persona=obj.persona, when_to_use=obj.when_to_use,
@@ -199,14 +320,19 @@ class MemberAdmin(admin.ModelAdmin):
                                         rule_domains=obj.rule_domains, budget_override=obj.budget_override, actor=_actor(request))
         obj.pk = created.pk
 
-    def _schedule_through_verb(self, request, obj, form) -> None:
-        """A schedule edit arms the next firing and records the origin, like the API and the tool."""
-        if "schedule" not in form.changed_data:
-            return
-        if obj.schedule:
-            supervisor.set_schedule(obj, obj.schedule, actor=_actor(request))
-        else:
-            supervisor.clear_schedule(obj, actor=_actor(request))
+    def _edit_through_verbs(self, request, member: Member, form) -> None:
+        """Each changed field through the verb the console and the API call: the same row, origin and event."""
+        changed, data, actor = set(form.changed_data), form.cleaned_data, _actor(request)
+        edits = {k: data[k] for k in supervisor.EDITABLE if k in changed}
+        if edits:  # persona, model, budget...: applied at the next run boundary
+            supervisor.update_member(member, actor=actor, **edits)
+        if "permission_mode" in changed:  # origin runtime: a restart register keeps it
+            supervisor.set_permission_mode(member, data["permission_mode"], actor=actor)
+        if "schedule" in changed:  # arms the next firing, records the origin (a blank writes the tombstone)
+            if data["schedule"]:
+                supervisor.set_schedule(member, data["schedule"], actor=actor)
+            else:
+                supervisor.clear_schedule(member, actor=actor)
 
     @admin.action(description="Freeze selected members")
     def freeze(self, request, queryset):
@@ -223,6 +349,10 @@ class MemberAdmin(admin.ModelAdmin):
     @admin.action(description="Resume selected members")
     def resume(self, request, queryset):
         _run_verb(self, request, queryset, supervisor.resume, "resumed")
+
+    @admin.action(description="Remove selected members (kept with their history)")
+    def remove(self, request, queryset):
+        _run_verb(self, request, queryset.filter(removed_at__isnull=True), supervisor.remove_member, "removed")
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -256,29 +386,66 @@ class EventAdmin(ReadOnlyAdmin):
     search_fields = ("kind",)
 
 
+class SkillAdminForm(forms.ModelForm):
+    class Meta:
+        model = Skill
+        fields = ("space", "member", "name", "description", "body")
+
+    def clean(self):
+        data = super().clean()
+        space = data.get("space", self.instance.space if self.instance.pk else None)
+        member = data.get("member", self.instance.member if self.instance.pk else None)
+        try:
+            name, data["body"], data["description"] = skill_verbs.clean_skill(data.get("name", ""), data.get("body", ""),
+                                                                              data.get("description", ""))
+        except VeronicaError as exc:
+            _form_error(self, exc)
+            return data
+        data["name"] = name
+        if member is not None and space is not None and member.space_id != space.pk:
+            self.add_error("member", f"{member.name} is not a member of {space.slug}")
+        elif space is not None and (self.instance.pk is None or name != self.instance.name) and \
+                Skill.objects.filter(space=space, member=member, name=name).exists():
+            self.add_error("name", f"a skill named '{name}' already exists here")
+        return data
+
+
 @admin.register(Skill)
-class SkillAdmin(admin.ModelAdmin):
+class SkillAdmin(VerbAdmin):
+    form = SkillAdminForm
     list_display = ("name", "space", "member", "scope", "updated_at")
     list_filter = ("space",)
     list_select_related = ("space", "member")
-    readonly_fields = ("preview",)
     fields = ("space", "member", "name", "description", "body", "preview")
+
+    def get_readonly_fields(self, request, obj=None):
+        # the scope is the skill's identity: move one by adding it there and removing it here
+        return ("preview",) if obj is None else ("space", "member", "preview")
 
     @admin.display(description="rendered preview (sanitized)")
     def preview(self, obj):
         return format_html('<div class="skill-preview">{}</div>', render_markdown(obj.body)) if obj and obj.pk else "-"
 
     def save_model(self, request, obj, form, change):
-        # Through the verb, so members reload at their next run and an event is emitted.
-        try:
+        """Through the verbs, so members reload at their next run and an event is emitted; a rename
+        is the old name removed and the new one added, in one transaction."""
+        if change and not form.has_changed():
+            return
+        actor = _actor(request)
+        with transaction.atomic():
+            if change and "name" in form.changed_data:
+                skill_verbs.remove_skill(obj.space, form.initial["name"], member=obj.member, actor=actor)
             skill = skill_verbs.add_skill(obj.space, obj.name, obj.body, member=obj.member, description=obj.description,
-                                          overwrite=True, actor=_actor(request))
-            obj.pk = skill.pk
-        except VeronicaError as exc:
-            self.message_user(request, exc.message, messages.ERROR)
+                                          overwrite=change and "name" not in form.changed_data, actor=actor)
+        obj.pk = skill.pk
 
     def delete_model(self, request, obj):
         skill_verbs.remove_skill(obj.space, obj.name, member=obj.member, actor=_actor(request))
+
+    def delete_queryset(self, request, queryset):
+        """The bulk "delete selected" action: one remove_skill (and its skill.removed) per skill."""
+        for skill in queryset.select_related("space", "member"):
+            skill_verbs.remove_skill(skill.space, skill.name, member=skill.member, actor=_actor(request))
 
 
 class TaskCheckInline(admin.TabularInline):
@@ -292,6 +459,9 @@ class TaskCheckInline(admin.TabularInline):
         return False
 
 
+TASK_ADD_FIELDS = ("space", "title", "spec", "assignee", "depends_on", "not_before", "engine_managed", "verify_policy")
+
+
 class TaskAdminForm(forms.ModelForm):
     class Meta:
         model = Task
@@ -299,24 +469,51 @@ class TaskAdminForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        space = data.get("space")
-        if self.instance.pk is None and data.get("verify_policy") == "checks" and space is not None and not space.verify_checks:
-            raise forms.ValidationError({"verify_policy": "this space configures no verify_checks; a checks task would wait forever"})
+        if self.instance.pk is None:
+            space = data.get("space")
+            if data.get("verify_policy") == "checks" and space is not None and not space.verify_checks:
+                self.add_error("verify_policy", "this space configures no verify_checks; a checks task would wait forever")
+            return data
+        if "assignee" in self.changed_data:  # the ledger's assign checks, as field errors
+            if data.get("assignee") is None:
+                self.add_error("assignee", "a task cannot be unassigned; assign it to another member")
+            else:
+                try:
+                    ledger.check_assign(self.instance, data["assignee"])
+                except VeronicaError as exc:
+                    _form_error(self, exc, fallback="assignee")
         return data
+
+    def _post_clean(self):
+        if self.instance.pk is None:  # a saved task is written by the ledger only
+            super()._post_clean()
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(VerbAdmin):
     form = TaskAdminForm
-
-    def get_inlines(self, request, obj):
-        return [TaskCheckInline] if obj is not None else []  # evidence exists only for a saved task
     list_display = ("id", "title", "space", "status", "assignee", "creator_name", "engine_managed", "updated_at")
     list_filter = ("status", "space", "verify_policy", "engine_managed")
     list_select_related = ("space", "assignee")
     search_fields = ("title", "spec")
-    readonly_fields = ("status", "started_at", "finished_at", "created_at", "updated_at", "check_evidence", "check_claimed_at")
     filter_horizontal = ("depends_on",)
+
+    def get_inlines(self, request, obj):
+        return [TaskCheckInline] if obj is not None else []  # evidence exists only for a saved task
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return TASK_ADD_FIELDS
+        return [f.name for f in (*Task._meta.concrete_fields, *Task._meta.many_to_many) if f.name != "id"]
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return ()
+        # the ledger moves a task; only the assignee has a verb here (ledger.assign: a ready task starts)
+        return [name for name in self.get_fields(request, obj) if name != "assignee"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # no verb deletes a task (cancel it; retention purges closed ones)
 
     def save_related(self, request, form, formsets, change):
         if change:
@@ -324,7 +521,10 @@ class TaskAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change:
-            super().save_model(request, obj, form, change)
+            if "assignee" in form.changed_data:  # mail and dispatch exactly as the ledger's assign does
+                task = Task.objects.select_related("assignee", "space").get(pk=obj.pk)
+                ledger.assign(task, form.cleaned_data["assignee"], actor=_actor(request))
+            obj.refresh_from_db()
             return
         # a new task goes through the ledger: initial status from its dependencies, assignment mail
         task = ledger.create_task(obj.space, _actor(request), obj.title, spec=obj.spec, assignee=obj.assignee,
@@ -360,17 +560,54 @@ class RunAdmin(ReadOnlyAdmin):
     list_select_related = ("member",)
 
 
+class AlarmAdminForm(forms.ModelForm):
+    class Meta:
+        model = Alarm
+        fields = ("member", "fire_at", "note")
+
+
 @admin.register(Alarm)
-class AlarmAdmin(admin.ModelAdmin):
+class AlarmAdmin(VerbAdmin):
+    """Set through alarms.set_alarm (its django-q schedule and event); a set alarm is shown, not edited."""
+    form = AlarmAdminForm
     list_display = ("id", "space", "member", "fire_at", "fired_at", "created_by")
     list_select_related = ("space", "member")
 
+    def get_fields(self, request, obj=None):
+        return AlarmAdminForm.Meta.fields if obj is None else ("space", "member", "fire_at", "note", "created_by", "fired_at",
+                                                               "created_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if obj is None else self.get_fields(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # no verb cancels an alarm
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.pk = alarms.set_alarm(obj.member, obj.fire_at, obj.note, created_by=_actor(request)[:60]).pk
+
 
 @admin.register(SpaceAccess)
-class SpaceAccessAdmin(admin.ModelAdmin):
+class SpaceAccessAdmin(VerbAdmin):
+    """Granted and revoked through access.grant / access.revoke, like the console's access page."""
     list_display = ("user", "space", "role")
     list_filter = ("role", "space")
     list_select_related = ("user", "space")
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if obj is None else ("user", "space")
+
+    def save_model(self, request, obj, form, change):
+        if form.has_changed():
+            obj.pk = access.grant(obj.space, obj.user.get_username(), obj.role, actor=_actor(request)).pk
+
+    def delete_model(self, request, obj):
+        access.revoke(obj.space, obj.user.get_username(), actor=_actor(request))
+
+    def delete_queryset(self, request, queryset):
+        _run_verb(self, request, queryset.select_related("space", "user"),
+                  lambda row, actor: access.revoke(row.space, row.user.get_username(), actor=actor), "revoked")
 
 
 @admin.register(ApiToken)
@@ -386,22 +623,26 @@ class MemoryFileAdminForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        if data.get("member") and data.get("name"):
+        member = data.get("member") or (self.instance.member if self.instance.pk else None)  # read-only once saved
+        if member and data.get("name"):
             try:
-                memory.check(data["member"], data["name"], data.get("content") or "")
+                memory.check(member, data["name"], data.get("content") or "")
             except VeronicaError as exc:
                 raise forms.ValidationError({exc.field if exc.field in ("name", "content") else "__all__": exc.message}) from None
         return data
 
 
 @admin.register(MemoryFile)
-class MemoryFileAdmin(admin.ModelAdmin):
+class MemoryFileAdmin(VerbAdmin):
     form = MemoryFileAdminForm
     list_display = ("name", "member", "space_name", "size", "updated_at")
     list_filter = ("member__space",)
     list_select_related = ("member__space",)
     search_fields = ("name", "content", "member__name")
     readonly_fields = ("preview",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("preview",) if obj is None else ("member", "preview")  # a file belongs to one member
 
     @admin.display(description="space")
     def space_name(self, obj):
@@ -417,6 +658,8 @@ class MemoryFileAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         # through the verb (caps, name rules, the event the member page listens for)
+        if change and not form.has_changed():
+            return
         if change and "name" in form.changed_data:
             memory.delete(obj.member, form.initial["name"], actor=_actor(request))
         row = memory.write(obj.member, obj.name, obj.content, actor=_actor(request))
@@ -424,6 +667,10 @@ class MemoryFileAdmin(admin.ModelAdmin):
 
     def delete_model(self, request, obj):
         memory.delete(obj.member, obj.name, actor=_actor(request))
+
+    def delete_queryset(self, request, queryset):
+        for row in queryset.select_related("member"):
+            memory.delete(row.member, row.name, actor=_actor(request))
 
 
 @admin.register(WebhookDelivery)
@@ -466,6 +713,8 @@ class McpServerForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
+        if self.instance.pk is not None:  # a declared server is read-only here
+            return data
         cfg = {"name": data.get("name")}
         if data.get("transport") == "http":
             cfg["url"] = data.get("url") or ""
@@ -478,13 +727,20 @@ class McpServerForm(forms.ModelForm):
         except VeronicaError as exc:
             tail = (exc.field or "").rsplit(".", 1)[-1]
             self.add_error(tail if tail in ("name", "command", "url", "timeout") else None, exc.message)
+            return data
+        space, member = data.get("space"), data.get("member")
+        if space is not None and member is not None and member.space_id != space.pk:
+            self.add_error("member", f"{member.name} is not a member of {space.slug}")
+        elif space is not None and McpServer.objects.filter(space=space, member=member, name=data.get("name")).exists():
+            self.add_error("name", f"an MCP server named '{data.get('name')}' is already declared here")
         return data
 
 
 @admin.register(McpServer)
-class McpServerAdmin(admin.ModelAdmin):
+class McpServerAdmin(VerbAdmin):
     """Env values may be secrets: the list and the form show the keys only (edit them in the manifest
-    or remove and re-add the server in the console)."""
+    or remove and re-add the server in the console). Added and removed through veronica.mcp_servers;
+    a declared server is shown read-only (no verb edits one in place)."""
 
     form = McpServerForm
     list_display = ("name", "space", "member", "transport", "target", "timeout", "env_keys", "status")
@@ -492,6 +748,22 @@ class McpServerAdmin(admin.ModelAdmin):
     fields = ("space", "member", "name", "transport", "command", "url", "env_keys", "timeout", "from_manifest",
               "last_error", "tools_cached", "checked_at")
     readonly_fields = ("env_keys", "from_manifest", "last_error", "tools_cached", "checked_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.readonly_fields if obj is None else self.fields
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            cfg = mcp_servers.check({"name": obj.name, "timeout": obj.timeout,
+                                     **({"url": obj.url} if obj.transport == "http" else {"command": obj.command})})
+            obj.pk = mcp_servers.add(obj.space, cfg, member=obj.member, actor=_actor(request)).pk
+
+    def delete_model(self, request, obj):
+        mcp_servers.remove(obj.space, obj.name, member=obj.member, actor=_actor(request))
+
+    def delete_queryset(self, request, queryset):
+        for server in queryset.select_related("space", "member"):
+            mcp_servers.remove(server.space, server.name, member=server.member, actor=_actor(request))
 
     @admin.display(description="env")
     def env_keys(self, obj) -> str:

@@ -191,7 +191,9 @@ def deliver(ids: list[int]) -> dict:
 
 def retry_due() -> int:
     """Engine tick duty: attempt every pending row whose next attempt is due."""
-    ids = list(NotificationDelivery.objects.filter(status=DeliveryStatus.PENDING, next_at__lte=timezone.now())
+    from veronica.engine import clock
+
+    ids = list(NotificationDelivery.objects.filter(status=DeliveryStatus.PENDING, next_at__lte=clock.now())
                .order_by("next_at").values_list("pk", flat=True)[:200])
     if not ids:
         return 0

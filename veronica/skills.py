@@ -13,13 +13,19 @@ NAME_MAX, DESCRIPTION_MAX = column_limit(Skill, "name"), column_limit(Skill, "de
 NAME_RE = re.compile(rf"^[a-z0-9][a-z0-9_-]{{0,{NAME_MAX - 1}}}$")
 
 
-def add_skill(space: Space, name: str, body: str, *, member: Member | None = None, description: str = "",
-              overwrite: bool = False, actor: str = "operator") -> Skill:
+def clean_skill(name: object, body: object, description: object = "") -> tuple[str, str, str]:
+    """add_skill's checks without the write (the admin form shows them as field errors)."""
     name = require_text(name, "name", max_len=NAME_MAX).lower()
     if not NAME_RE.match(name):
         raise VeronicaError(f"name must be lowercase letters, digits, '-' or '_' (at most {NAME_MAX})", field="name")
     body = require_text(body, "body", max_len=50000)
     description = require_text(description, "description", max_len=DESCRIPTION_MAX, allow_empty=True).strip()
+    return name, body, description
+
+
+def add_skill(space: Space, name: str, body: str, *, member: Member | None = None, description: str = "",
+              overwrite: bool = False, actor: str = "operator") -> Skill:
+    name, body, description = clean_skill(name, body, description)
     with transaction.atomic():
         existing = Skill.objects.filter(space=space, member=member, name=name).first()
         if existing and not overwrite:

@@ -109,7 +109,12 @@ def test_suspend_stops_a_long_run_within_one_step(tmp_path):
         supervisor.suspend(w1, actor="test")
         run = wait_for(lambda: Run.objects.filter(member=w1, ended_at__isnull=False).first(), 15, message="run aborted")
         stopped_after = time.monotonic() - asked
-    assert run.outcome == RunOutcome.ABORTED and run.model_calls == 0
+    assert run.outcome == RunOutcome.ABORTED and run.model_calls == 0 and run.tokens == 0
+    from veronica.models import Event, UsageDay
+
+    billed = list(UsageDay.objects.filter(member=w1).values_list("input_tokens", "output_tokens"))
+    assert sum(i + o for i, o in billed) == 0, f"an aborted call that produced nothing is billed nothing: {billed}"
+    assert not Event.objects.filter(member=w1, kind="model.called").exists()
     assert stopped_after < 5, f"the model call was not aborted promptly ({stopped_after:.1f}s)"
     assert unread(w1) == 1, "unread work stays unread after a suspend"
     w1.refresh_from_db()

@@ -40,7 +40,7 @@ def fake_cluster(plan: str, state: Path, workers: int = 2, **env: str):
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "tests/engine/fake_cluster.py"], cwd=REPO, start_new_session=True,
                                 env=worker_env(VERONICA_Q_WORKERS=str(workers), VERONICA_FAKE_PLAN=plan, LOG_LEVEL="INFO",
-                                               VERONICA_FAKE_STATE=str(state), VERONICA_COMMAND_SANDBOX="none", **env),
+                                               VERONICA_FAKE_STATE=str(state), **{"VERONICA_COMMAND_SANDBOX": "none", **env}),
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until_running(proc, log_path)

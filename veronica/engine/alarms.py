@@ -42,5 +42,7 @@ def fire(alarm_id: int) -> bool:
 
 
 def fire_due() -> int:
-    due = Alarm.objects.filter(fired_at__isnull=True, fire_at__lte=timezone.now()).values_list("pk", flat=True)
+    from veronica.engine import clock
+
+    due = Alarm.objects.filter(fired_at__isnull=True, fire_at__lte=clock.now()).values_list("pk", flat=True)
     return sum(fire(pk) for pk in list(due))

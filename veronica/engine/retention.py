@@ -182,14 +182,19 @@ def preview(space: Space) -> dict:
             "distill_grace_days": settings.RETENTION_DISTILL_GRACE_DAYS}
 
 
-def set_retention_days(space: Space, raw: object, *, actor: str) -> int:
-    """Owners set the window; 0 keeps everything. The error names the field and the range."""
+def clean_days(raw: object) -> int:
     try:
         days = int(str(raw).strip())
     except ValueError:
         raise VeronicaError(f"retention_days must be an integer between 0 and {MAX_RETENTION_DAYS}", field="retention_days") from None
     if not 0 <= days <= MAX_RETENTION_DAYS:
         raise VeronicaError(f"retention_days is {days}; it must be between 0 and {MAX_RETENTION_DAYS}", field="retention_days")
+    return days
+
+
+def set_retention_days(space: Space, raw: object, *, actor: str) -> int:
+    """Owners set the window; 0 keeps everything. The error names the field and the range."""
+    days = clean_days(raw)
     with transaction.atomic():
         Space.objects.filter(pk=space.pk).update(retention_days=days)
         events.emit(space.pk, "space.retention_set", days=days, by=actor)

@@ -8,6 +8,7 @@ the run sees the slot only through the RunContext protocol of veronica.agent.run
 from __future__ import annotations
 
 import logging
+import time
 
 from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Exists, OuterRef
@@ -46,7 +47,12 @@ def wake(member_id: int, source: str) -> str:
     backing off, breaker not tripped, work to do), so the run starts one statement after the wake."""
     mail = source in MAIL_SOURCES
     gates = ("breaker", "mail") if mail else ("breaker",)
-    lease = first_claim(member_id, source, gates)
+    if time.monotonic() < _database_down_until:
+        return hand_back(member_id, source)
+    try:
+        lease = first_claim(member_id, source, gates)
+    except (OperationalError, InterfaceError) as exc:
+        return cut_off(member_id, source, exc)
     if lease is None:
         why, flagged = why_not_claimed(member_id, mail)
         if flagged and wakes.drop_flag(member_id):
@@ -93,6 +99,33 @@ def wake(member_id: int, source: str) -> str:
 
 
 NOTHING_TO_DO = "nothing-to-do"
+
+
+# A worker that cannot reach the database hands its wakes back to the broker (at its head, for a
+# host that can) instead of failing each one on a connect timeout; for OUTAGE_SECONDS after a failed
+# claim it does not try the database again, and it pauses BOUNCE_PAUSE after each hand-back so a
+# cut-off host does not spin on the wakes it keeps fetching.
+OUTAGE_SECONDS = 5.0
+BOUNCE_PAUSE = 0.2
+_database_down_until = 0.0
+
+
+def cut_off(member_id: int, source: str, exc: Exception) -> str:
+    global _database_down_until
+    _database_down_until = time.monotonic() + OUTAGE_SECONDS
+    log.warning("wake of member %s: the database is unreachable (%s: %s); handing the wake back", member_id,
+                type(exc).__name__, str(exc).strip()[:200])
+    try:
+        connections[Member.objects.db].close()
+    except Exception:
+        pass
+    return hand_back(member_id, source)
+
+
+def hand_back(member_id: int, source: str) -> str:
+    wakes.enqueue_wake(member_id, source, front=True, owe=False)
+    time.sleep(BOUNCE_PAUSE)
+    return "handed-back"
 
 
 def first_claim(member_id: int, source: str, gates: tuple[str, ...]) -> slot.RunLease | None:

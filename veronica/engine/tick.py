@@ -11,10 +11,9 @@ from datetime import timedelta
 
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef, Q
-from django.utils import timezone
 
 from veronica import bus, events, ledger
-from veronica.engine import alarms, failures, leases, retention, supervisor, watchdogs
+from veronica.engine import alarms, clock, failures, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.errors import Conflict, NotFound
@@ -31,7 +30,7 @@ SWEEP_AFTER = timedelta(seconds=15)
 
 def fire_cron() -> list[int]:
     """Due schedules: advance next_at with a conditional update (one firing per slot), then wake."""
-    now = timezone.now()
+    now = clock.now()
     fired = []
     for member in Member.objects.filter(schedule_next_at__lte=now, removed_at__isnull=True).exclude(schedule=""):
         following = supervisor.next_fire(member.schedule, now)
@@ -48,7 +47,7 @@ def fire_cron() -> list[int]:
 def sweep_unread() -> list[int]:
     """Re-wake every idle active member whose unread mail, or an operator's decision on its held call,
     no wake has come for (the decision's own wake may be lost too). Coalesces harmlessly."""
-    cutoff = timezone.now() - SWEEP_AFTER
+    cutoff = clock.now() - SWEEP_AFTER  # the database's clock: mail is stamped by many hosts
     unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True, created_at__lt=cutoff)
     decided = Approval.objects.filter(member=OuterRef("pk"), consumed=False, decided_at__lt=cutoff).exclude(status=ApprovalStatus.PENDING)
     answered = Question.objects.filter(member=OuterRef("pk"), consumed=False, answered_at__lt=cutoff)
@@ -66,7 +65,7 @@ def sweep_unread() -> list[int]:
 def stale_tasks() -> int:
     """Running tasks older than their space's threshold: one reminder to the leader per task.
     One select over running, unreminded tasks (none when idle), thresholds read through the join."""
-    now = timezone.now()
+    now = clock.now()
     count = 0
     running = Task.objects.filter(status=TaskStatus.RUNNING, stale_notified_at__isnull=True, started_at__isnull=False,
                                   space__stale_task_minutes__gt=0).select_related("space")
@@ -124,14 +123,15 @@ def tick() -> dict:
     """Run every duty. One duty's bug never starves the others; a database error ends the pass
     (the ticker logs it and retries next period)."""
     summary = {}
-    for name, duty in DUTIES:
-        try:
-            summary[name] = duty()
-        except DatabaseError:
-            raise
-        except Exception:
-            log.exception("engine tick: %s failed", name)
-            summary[name] = -1
+    with clock.ticking():  # one reading of the database's clock for every duty of this pass
+        for name, duty in DUTIES:
+            try:
+                summary[name] = duty()
+            except DatabaseError:
+                raise
+            except Exception:
+                log.exception("engine tick: %s failed", name)
+                summary[name] = -1
     if any(summary.values()):
         log.info("engine tick: %s", summary)
     return summary

@@ -21,9 +21,7 @@ import uuid
 
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.utils import timezone
-
-from veronica.engine import leases
+from veronica.engine import clock, leases
 
 log = logging.getLogger(__name__)
 ROLE = "engine-ticker"
@@ -49,7 +47,7 @@ class Ticker(threading.Thread):
         self.holder = holder or holder_id()
         self.leading = False
         self.failures = 0
-        self.next_expiry = None
+        self.expiry_deadline: float | None = None  # time.monotonic() when the soonest run lease runs out
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -66,10 +64,12 @@ class Ticker(threading.Thread):
     def pause(self, spent: float) -> float:
         """Until the next beat: one period, or less when a run lease runs out sooner (the
         holder then expires it right away; the host clock only times the wait, the database's
-        clock still decides)."""
+        clock still decides). The lease's time left is measured on the database's clock when the tick
+        read it, then counted down on this host's monotonic clock: a host whose wall clock is wrong
+        neither spins (ahead) nor oversleeps (behind)."""
         wait = self.period - spent
-        if self.leading and self.next_expiry is not None:
-            wait = min(wait, (self.next_expiry - timezone.now()).total_seconds() + 0.05)
+        if self.leading and self.expiry_deadline is not None:
+            wait = min(wait, self.expiry_deadline - time.monotonic() + 0.05)
         return max(0.05, wait)
 
     def beat(self) -> dict | None:
@@ -88,8 +88,11 @@ class Ticker(threading.Thread):
             if not self.leading:
                 log.info("engine ticker %s is the active ticker", self.holder)
             self.leading = True
-            summary = tick.tick()
-            self.next_expiry = leases.next_expiry()
+            read_at = time.monotonic()
+            with clock.ticking() as db_time:
+                summary = tick.tick()
+                soonest = leases.next_expiry()
+            self.expiry_deadline = None if soonest is None else read_at + (soonest - db_time).total_seconds()
             self._recovered()
             return summary
         except Exception as exc:

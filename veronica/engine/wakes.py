@@ -41,23 +41,41 @@ MAIL_SOURCES = ("message", "task", "alarm")  # rung through the wake-queued flag
 STALE_SECONDS = 15.0
 
 
-def enqueue_wake(member_id: int, source: str) -> bool:
-    """Put one wake on the broker now (False when the broker refused it). A lost wake is recovered
-    by the engine tick's sweep."""
+def enqueue_wake(member_id: int, source: str, *, front: bool = False, owe: bool = True) -> bool:
+    """Put one wake on the broker now (False when the broker refused it). A refused wake is owed:
+    the engine tick rings it again at its next pass (owe_ring), so mail sent while the broker was
+    down waits one tick after it is back, not the unread sweep's SWEEP_AFTER."""
     from django_q.tasks import async_task
 
     if source not in SOURCES:
         raise ValueError(f"unknown wake source {source!r}")
     # A resume is recovery (a dead run's member, a decided approval, a retry whose backoff ran out):
     # it goes to the head of Redis's list, so the next free worker takes it rather than the
-    # doorbells queued behind busy members.
-    options = {"task_name": f"wake-{member_id}-{source}", "broker": wake_broker(front=source == "resume")}
+    # doorbells queued behind busy members. So does a wake a worker cut off from the database hands back.
+    options = {"task_name": f"wake-{member_id}-{source}", "broker": wake_broker(front=front or source == "resume")}
     try:
         async_task("veronica.engine.runner.wake", member_id, source, q_options=options)
     except Exception:
-        log.warning("could not enqueue wake for member %s (%s); the sweep will recover it", member_id, source, exc_info=True)
+        log.warning("could not enqueue wake for member %s (%s); the engine tick rings it again", member_id, source, exc_info=True)
+        if owe:  # (not when the database is known to be down as well: the sweep is the backstop then)
+            owe_ring(member_id)
         return False
     return True
+
+
+def owe_ring(member_id: int) -> None:
+    """A wake the broker refused is owed: a retry due now (unless a failure streak is backing off,
+    whose own retry time stands), which the tick's due_retries rings every pass until a run takes
+    the slot. Best effort: when the database is down too, the unread sweep is the backstop."""
+    from veronica.models import Member
+
+    try:
+        # Now() + 0 s, not Now(): on SQLite a bare Now() is stored in another text form than the
+        # datetimes Django writes, and due_retries' conditional update compares retry_at for equality.
+        due_now = ExpressionWrapper(Now() + Value(timedelta(0)), output_field=DateTimeField())
+        Member.objects.filter(pk=member_id, failures=0).update(retry_at=due_now)
+    except Exception:
+        log.warning("could not record the owed wake of member %s", member_id, exc_info=True)
 
 
 _brokers: dict[tuple[int, str, bool], object] = {}

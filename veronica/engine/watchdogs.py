@@ -18,10 +18,9 @@ from datetime import timedelta
 from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from veronica import bus, events, notify
-from veronica.engine import checks
+from veronica.engine import checks, clock
 from veronica.models import Member, Membership, Message, Phase, Role, Space
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ MIN_THRESHOLD = timedelta(minutes=1)
 
 def stuck_runs() -> int:
     """Members holding a live lease that started no model or tool call for the space's stuck_run_minutes."""
-    now = timezone.now()
+    now = clock.now()
     # the episode ends when the lease is released or the phase moves on
     Member.objects.filter(stuck_alerted_at__isnull=False).filter(Q(lease_token="") | Q(phase_since__gt=F("stuck_alerted_at"))).update(
         stuck_alerted_at=None)
@@ -68,7 +67,7 @@ def stuck_runs() -> int:
         with transaction.atomic():
             if not Member.objects.filter(pk=member.pk, stuck_alerted_at__isnull=True).exclude(lease_token="").update(stuck_alerted_at=now):
                 continue
-            minutes = int((now - member.phase_since).total_seconds() // 60)
+            minutes = round((now - member.phase_since).total_seconds() / 60)  # the database clock reads in ms: 44.999 is 45
             body = (f"{member.name} has been in phase {member.display_phase} for {minutes} minutes while holding its run lease, "
                     f"with no new model or tool call (threshold {space.stuck_run_minutes} min). Cancel or suspend it if it does not move.")
             _alert(space, member, "stuck run", body)
@@ -82,7 +81,7 @@ def _oldest_unread():
 
 def mailbox_backlog() -> int:
     """Members with unread mail older than the space's mailbox_backlog_minutes."""
-    now = timezone.now()
+    now = clock.now()
     # the episode ends when no unread mail is older than the threshold any more
     for member in Member.objects.filter(backlog_alerted_at__isnull=False).annotate(oldest=_oldest_unread()).select_related("space"):
         minutes = member.space.mailbox_backlog_minutes
@@ -114,8 +113,7 @@ def thresholds_of(space: Space) -> dict:
     return {name: getattr(space, name) for name in THRESHOLDS}
 
 
-def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
-    """Change watchdog thresholds (minutes, 0 = off). Every value is checked before any is written."""
+def clean_thresholds(values: dict) -> dict[str, int]:
     from veronica.errors import VeronicaError
 
     cleaned = {}
@@ -129,6 +127,12 @@ def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
         if value is None or not 0 <= value <= THRESHOLD_MAX:
             raise VeronicaError(f"{name} must be a whole number of minutes from 0 (off) to {THRESHOLD_MAX}", field=name)
         cleaned[name] = value
+    return cleaned
+
+
+def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
+    """Change watchdog thresholds (minutes, 0 = off). Every value is checked before any is written."""
+    cleaned = clean_thresholds(values)
     with transaction.atomic():
         Space.objects.filter(pk=space.pk).update(**cleaned)
         for name, value in cleaned.items():

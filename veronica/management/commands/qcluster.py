@@ -16,7 +16,7 @@ import signal
 import threading
 
 from django.conf import settings
-from django.db import connections
+from django.db import DatabaseError, connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as Q2Command
 
@@ -62,6 +62,30 @@ def kill_tree() -> None:
             pass
 
 
+STARTUP_BACKOFF_MAX = 10.0
+
+
+def ensure_schedules_patiently(stopping: threading.Event) -> bool:
+    """The schedules, retried with back-off while the database refuses (SQLite's write lock held by
+    a stalled process, PostgreSQL restarting): a worker host that starts during an outage waits for
+    it instead of crashing. False when a stop signal came first."""
+    delay, failures = 0.5, 0
+    while not stopping.is_set():
+        try:
+            ensure_schedules()
+            if failures:
+                log.warning("qcluster start-up: the database answered after %d failed attempts", failures)
+            return True
+        except DatabaseError as exc:
+            failures += 1
+            connections.close_all()
+            log.warning("qcluster start-up: the database refused (%s: %s); retry %d in %.1fs", type(exc).__name__,
+                        str(exc).strip()[:200], failures, delay)
+            stopping.wait(delay)
+            delay = min(delay * 2, STARTUP_BACKOFF_MAX)
+    return False
+
+
 class Command(Q2Command):
     help = "Start the django-q2 cluster with Veronica's engine ticker (schedules ensured, bounded stop)."
 
@@ -69,8 +93,6 @@ class Command(Q2Command):
         settings.SECRET_KEY  # q2 signs tasks with it: fail now, not in a worker
         if options.get("cluster_name"):
             os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
-        ensure_schedules()
-        connections.close_all()  # never hand our socket to the forked sentinel and workers
         cluster = Cluster()
         ticker = Ticker()
         stopping = threading.Event()
@@ -96,6 +118,9 @@ class Command(Q2Command):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        if not ensure_schedules_patiently(stopping):
+            return
+        connections.close_all()  # never hand our socket to the forked sentinel and workers
         cluster.start()
         if options.get("run_once", False) or stopping.is_set():
             cluster.stop()
