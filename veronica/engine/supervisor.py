@@ -315,32 +315,6 @@ def set_permission_mode(member: Member, mode: str, *, actor: str) -> Member:
 
 
 MAX_ITERATIONS = 200  # the manifest's limit
-EDITABLE = ("role", "persona", "when_to_use", "model", "budget_override", "rule_domains", "max_iterations")
-
-
-def clean_member_edit(member: Member, changes: dict) -> dict:
-    """The checks update_member applies, without writing (the admin form shows them as field errors)."""
-    from veronica.agent.providers import validate_model_spec
-
-    unknown = set(changes) - set(EDITABLE)
-    if unknown:
-        raise VeronicaError(f"cannot edit {', '.join(sorted(unknown))}; editable: {', '.join(EDITABLE)}", field=sorted(unknown)[0])
-    cleaned = dict(changes)
-    if "persona" in cleaned:
-        require_text(cleaned["persona"], "persona", max_len=MAX_PERSONA, allow_empty=True)
-    if "when_to_use" in cleaned:
-        cleaned["when_to_use"] = require_text(cleaned["when_to_use"], "when_to_use", max_len=MAX_WHEN_TO_USE, allow_empty=True).strip()
-    if "model" in cleaned:
-        validate_model_spec(cleaned["model"])
-    if cleaned.get("budget_override") is not None:
-        check_int(cleaned["budget_override"], "budget_override")
-    if "max_iterations" in cleaned:
-        check_int(cleaned["max_iterations"], "max_iterations", minimum=1, maximum=MAX_ITERATIONS)
-    if "rule_domains" in cleaned:
-        cleaned["rule_domains"] = check_domains(cleaned["rule_domains"])
-    if "role" in cleaned:
-        _check_role(member, cleaned["role"])
-    return cleaned
 
 
 def _check_role(member: Member, role: object) -> None:
@@ -351,28 +325,10 @@ def _check_role(member: Member, role: object) -> None:
         raise Conflict("this space already has a leader; a space has at most one", field="role")
 
 
-def update_member(member: Member, *, actor: str, **changes: object) -> Member:
-    """Edit a member's configuration (persona, model, budget...); it applies at the next run boundary.
-    Only the fields that differ are written and named in the event; no difference, no write, no event."""
-    cleaned = clean_member_edit(member, changes)
-    current = _refresh(member)
-    changed = {k: v for k, v in cleaned.items() if getattr(current, k) != v}
-    if not changed:
-        return current
-    with transaction.atomic():
-        try:
-            if not Member.objects.filter(pk=member.pk, removed_at__isnull=True).update(**changed):
-                raise NotFound(f"member '{member.name}' is removed", field="member")
-        except IntegrityError:  # a leader added meanwhile: the partial unique index refused the second
-            raise Conflict("this space already has a leader; a space has at most one", field="role") from None
-        events.emit(member.space_id, "member.updated", member=member, actor=actor, fields=sorted(changed))
-    return _refresh(member)
-
-
 # --- editing a member's configuration ----------------------------------------------------------------
 
 # the fields edit_member writes itself; schedule and permission_mode go through their own verbs
-CONFIG_FIELDS = ("persona", "when_to_use", "model", "budget_override", "max_iterations", "rule_domains", "tools",
+CONFIG_FIELDS = ("role", "persona", "when_to_use", "model", "budget_override", "max_iterations", "rule_domains", "tools",
                  "deferred_tools")
 EDITABLE = (*CONFIG_FIELDS, "schedule", "permission_mode")
 
@@ -381,6 +337,9 @@ def _config_value(member: Member, field: str, value: object, changes: dict) -> o
     """One field's value as stored, or a VeronicaError naming the field and its limit."""
     from veronica.agent.providers import validate_model_spec
 
+    if field == "role":
+        _check_role(member, value)
+        return value
     if field == "persona":
         return require_text(value, "persona", max_len=MAX_PERSONA, allow_empty=True).strip()
     if field == "when_to_use":
@@ -393,8 +352,30 @@ def _config_value(member: Member, field: str, value: object, changes: dict) -> o
         return check_int(value, "max_iterations", minimum=1, maximum=MAX_ITERATIONS)
     if field == "rule_domains":
         return check_domains(value)
-    tools, deferred = check_tools(member.role, changes.get("tools", member.tools), changes.get("deferred_tools", member.deferred_tools))
+    tools, deferred = check_tools(changes.get("role", member.role), changes.get("tools", member.tools),
+                                  changes.get("deferred_tools", member.deferred_tools))
     return tools if field == "tools" else deferred
+
+
+def clean_member_edit(member: Member, changes: dict) -> dict:
+    """Every check edit_member makes, without writing (the admin form shows them as field errors):
+    the values as they would be stored, or a VeronicaError naming the field and its limit."""
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise VeronicaError(f"{unknown[0]} cannot be edited here; editable: {', '.join(EDITABLE)}", field=unknown[0])
+    if member.removed_at is not None:
+        raise NotFound(f"member '{member.name}' is removed", field="member")
+    cleaned = {f: _config_value(member, f, changes[f], changes) for f in CONFIG_FIELDS if f in changes}
+    cron = changes.get("schedule")
+    if cron is not None:
+        cleaned["schedule"] = validate_cron(require_text(cron, "schedule", max_len=120, allow_empty=True).strip()) \
+            if str(cron).strip() else ""
+    mode = changes.get("permission_mode")
+    if mode is not None:
+        if mode not in PermissionMode.values:
+            raise VeronicaError(f"permission_mode must be one of {', '.join(PermissionMode.values)}", field="permission_mode")
+        cleaned["permission_mode"] = mode
+    return cleaned
 
 
 def edit_member(member: Member, changes: dict, *, actor: str) -> Member:
@@ -402,23 +383,17 @@ def edit_member(member: Member, changes: dict, *, actor: str) -> Member:
     first, so a refused field changes nothing. The fields are marked runtime edits: a restart
     register keeps them, a fresh one puts the manifest's values back. The prompt and tools change
     at the member's next run."""
-    unknown = sorted(set(changes) - set(EDITABLE))
-    if unknown:
-        raise VeronicaError(f"{unknown[0]} cannot be edited here; editable: {', '.join(EDITABLE)}", field=unknown[0])
-    if member.removed_at is not None:
-        raise NotFound(f"member '{member.name}' is removed", field="member")
-    values = {f: _config_value(member, f, changes[f], changes) for f in CONFIG_FIELDS if f in changes}
-    cron = changes.get("schedule")
-    if cron is not None:
-        cron = validate_cron(require_text(cron, "schedule", max_len=120, allow_empty=True).strip()) if str(cron).strip() else ""
-    mode = changes.get("permission_mode")
-    if mode is not None and mode not in PermissionMode.values:
-        raise VeronicaError(f"permission_mode must be one of {', '.join(PermissionMode.values)}", field="permission_mode")
+    cleaned = clean_member_edit(member, changes)
+    cron, mode = cleaned.pop("schedule", None), cleaned.pop("permission_mode", None)
+    values = cleaned
     changed = sorted(f for f, v in values.items() if getattr(member, f) != v)
     with transaction.atomic():
         if changed:
             marked = sorted(set(member.runtime_fields or []) | set(changed))
-            Member.objects.filter(pk=member.pk).update(**{f: values[f] for f in changed}, runtime_fields=marked)
+            try:
+                Member.objects.filter(pk=member.pk).update(**{f: values[f] for f in changed}, runtime_fields=marked)
+            except IntegrityError:  # a leader added meanwhile: the partial unique index refused the second
+                raise Conflict("this space already has a leader; a space has at most one", field="role") from None
             events.emit(member.space_id, "member.updated", member=member, fields=changed, actor=actor)
         if cron is not None and cron != member.schedule:
             set_schedule(member, cron, actor=actor) if cron else clear_schedule(member, actor=actor)

@@ -98,7 +98,7 @@ class Member(models.Model):
     tools = models.JSONField(null=True, blank=True, default=None, help_text="Offered tools; empty = every tool of the role.")
     deferred_tools = models.JSONField(default=list, blank=True,
                                       help_text="Offered but not loaded: named in the prompt, loaded on first use.")
-    # fields an operator edited at runtime (update_member): a restart register keeps them, --fresh discards them
+    # fields an operator edited at runtime (supervisor.edit_member): a restart register keeps them, --fresh discards them
     runtime_fields = models.JSONField(default=list, blank=True, help_text="Fields edited at runtime; register keeps them.")
     stuck_alerted_at = models.DateTimeField(null=True, blank=True, help_text="Stuck-run alert raised; cleared when the episode ends.")
     backlog_alerted_at = models.DateTimeField(null=True, blank=True, help_text="Mailbox-backlog alert raised; cleared when the episode ends.")
