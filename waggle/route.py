@@ -616,12 +616,14 @@ HISTORY = 200  # earlier calls of the session a replay leaves out when already m
 
 
 def context_of(route: Route, window: Sequence[Call], session: int) -> tuple:
-    """What makes two sightings of a prefix different evidence: the values at its varying
-    positions (parameters and refs). Near-copies of one task (the same user, the same ids) are one
-    context however often they recur. A prefix of literals only varies by session."""
+    """What makes two sightings of a prefix different evidence: what differs between them, never
+    the session they came from. The values at its varying positions (parameters and refs); a prefix
+    of literals only differs by what its calls returned (their outputs' content). Near-copies of
+    one task (the same user, the same ids, the same outputs) are one context however often, and in
+    however many sessions, they recur. (``session`` is kept for callers; it decides nothing.)"""
     values = tuple(window[j].arg_dict.get(k) for j, s in enumerate(route.steps[:len(window)])
                    for k in [k for k, _ in s.binds] + [k for k, _ in s.refs])
-    return values if values else ("session", session)
+    return values if values else ("content",) + tuple(c.out_hash for c in window)
 
 
 def _made_before(index: TraceIndex, p: int) -> set:
