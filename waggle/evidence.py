@@ -7,7 +7,8 @@ nothing new cannot show that it was used, and is booked unused when the run ends
 
 A value counts as evidence when it is specific enough not to turn up by chance: a string of at
 least ``MIN_CHARS`` characters with a digit or a capital letter in it (an id, a flight number, a
-date, a person's name; ``economy`` or ``active`` are vocabulary, not evidence), or a number with
+date, a person's name; ``economy`` or ``active`` are vocabulary, not evidence), a path or a file,
+domain or e-mail name (``inventory/api.py``), or a number with
 at least ``MIN_DIGITS`` digits. It is found in a reply when it stands there as a whole word
 (case-insensitive): ``JG7FMM`` in "your reservation JG7FMM is", not in "XJG7FMMX".
 """
@@ -39,6 +40,8 @@ def specific(value: Any) -> str | None:
         return None
     if any(ch.isdigit() for ch in text) or any(ch.isupper() for ch in text):
         return text
+    if len(text) >= 5 and ("/" in text or "." in text.strip(".")) and " " not in text:
+        return text  # a path, a file or domain name, an address
     return None
 
 

@@ -32,7 +32,7 @@ from waggle.miner import Candidate, mine, segments_to_trace
 from waggle.inbound import INBOUND_TOOL, is_message, message_call, mine_heard, plan_heard, route_of
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.recorder import Recorder
-from waggle.replay import clamp_prefix, estimate_yield, find_plan, run_route, run_steps
+from waggle.replay import clamp_prefix, estimate_yield, find_plan, plan_key, run_route, run_steps
 from waggle.route import (Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary,
                           wilson_lower, wilson_upper)
 from waggle.trace import Call, args_json, clean_text, decode_value, flatten_args, flatten_value, refs_from_json, storable
@@ -73,6 +73,7 @@ class _Pin:
     routes: "list[Route] | None" = None  # the space's enabled routes, read once under this pin
     none_pending: bool = False  # no replay of the session waits for judgement
     maybe_pending: bool = False  # a replay fired, or one was found waiting, under this pin (end_run looks)
+    start: int | None = None  # the session's last seq when the run began: its episode is what follows
 
 
 _pins: dict[tuple[str, str], _Pin] = {}
@@ -113,6 +114,8 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
             .order_by("-seq").values_list("seq", flat=True).first()) or 0
     if pin is not None:
         pin.synced = True
+        if pin.start is None:
+            pin.start = last
     if ring is None or ring.last_seq != last or ring.capacity != cfg.ring_capacity:
         ring = Recorder(cfg.ring_capacity)
         rows = list(ForageCall.objects.filter(space_key=space_key, session_key=session_key)
@@ -287,22 +290,35 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
 # --------------------------------------------------------------------------------------------
 # miner + promoter
 # --------------------------------------------------------------------------------------------
-def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False) -> list[list[Call | None]]:
+def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False,
+                    episodes: list | None = None) -> list[list[Call | None]]:
     """The space's newest calls, one segment per session in call order. A call a replay made is
     never mining input: it stands as a barrier (no route spans the place where the model relied
     on a replay). Inbound messages are left out, unless ``messages`` (inbound routes are mined
-    from messages and calls together)."""
+    from messages and calls together). ``episodes``, when given, receives per segment the episode
+    of each call: a fingerprint of the inbound message that started it (what the wake brought)."""
     rows = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
                 .values_list("session_key", "seq", "replayed", *_ROW)[: cfg.mine_window])
     by_session: dict[str, list[tuple[int, Call | None]]] = {}
     for session, seq, replayed, *row in rows:
-        if row[0] == INBOUND_TOOL and not messages:
-            continue
         by_session.setdefault(session, []).append((seq, None if replayed else _call_from_row(*row)))
     segments = []
     for session in sorted(by_session):
         items = sorted(by_session[session], key=lambda t: t[0])
-        segments.append([c for _, c in items])
+        if messages:
+            segments.append([c for _, c in items])
+            continue
+        seg, marks, episode = [], [], ""
+        for _, c in items:
+            if is_message(c):
+                episode = c.out_hash or hash(c.refs)  # (rows read back keep their refs: the message's words)
+                continue
+            seg.append(c)
+            marks.append(episode)
+        if seg:
+            segments.append(seg)
+            if episodes is not None:
+                episodes.append(marks)
     return segments
 
 
@@ -370,16 +386,18 @@ def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | Non
 
 
 def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
-    segments = _space_segments(space_key, cfg)
+    marks: list = []
+    segments = _space_segments(space_key, cfg, episodes=marks)
     trace = segments_to_trace(segments)
     sessions = [n for n, seg in enumerate(segments) for _ in range(len(seg) + (n > 0))]
+    episodes = [e for n, seg in enumerate(marks) for e in ([""] if n > 0 else []) + seg]
     candidates = mine(trace, cfg.mine_config)
     created = None
     if candidates:
         own = {name: (count, disabled) for name, count, disabled in Waggle.objects.filter(
             scope=Waggle.SCOPE_SPACE, space_key=space_key).values_list("name", "mined_count", "disabled")}
         known = set(own) | set(Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL).values_list("name", flat=True))
-        index = TraceIndex(trace, sessions)
+        index = TraceIndex(trace, sessions, episodes)
         judged = 0
         for cand in candidates:
             route = Route.from_candidate(cand)
@@ -578,16 +596,23 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,
     if not routes:
         return None
     ring = _ring(space_key, session_key, cfg)
-    # the whole ring (messages aside): routes align with its end; its calls are never replayed again
-    recent = [c for c in ring.recent() if not is_message(c)]
+    # the whole ring (messages aside): routes align with its end; its calls are never replayed again.
+    # A run of a long-lived session is its own episode: only its own calls count, and a plan fires
+    # once per run (another wake's orientation is made again, and may be replayed again)
+    calls = ring.recent()
+    episode = pin.start if pin is not None and pin.start is not None else None
+    if episode is not None:
+        calls = calls[max(0, len(calls) - max(0, ring.last_seq - episode)):]
+    recent = [c for c in calls if not is_message(c)]
     if not recent or recent[-1].barrier:
         return None
     plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix), cap=cfg.fanout_cap, reaches_out=reaches_out)
     if plan is None:
         return None
+    key = plan.key if episode is None else plan_key(plan.key, [("(episode)", (("from", str(episode)),))])
     try:
         with transaction.atomic():
-            fired = FiredPlan.objects.create(space_key=space_key, session_key=session_key, plan_key=plan.key,
+            fired = FiredPlan.objects.create(space_key=space_key, session_key=session_key, plan_key=key,
                                              name=plan.route.name, settled=False,
                                              tail=[[tool, dict(args)] for tool, args in plan.tail])
     except IntegrityError:
@@ -656,8 +681,6 @@ def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: 
         return None
     route, call = got
     tail = (call,)
-    from waggle.replay import plan_key
-
     try:
         with transaction.atomic():
             fired = FiredPlan.objects.create(space_key=space_key, session_key=session_key,

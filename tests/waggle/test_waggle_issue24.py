@@ -92,8 +92,9 @@ def test_a_route_the_model_never_draws_on_is_demoted(cfg):
 
 # --- 2. one task cannot make a route --------------------------------------------------------------
 def copies(space, task, n, start=0):
-    """``n`` near-identical copies of one task: a literal-only walk with the same outputs."""
+    """``n`` near-identical copies of one task: the same message, a literal-only walk with the same outputs."""
     for k in range(n):
+        service.inbound(space, f"task{task}-copy{k + start}", "m1", f"Task {task}: how is my watchlist doing?", config=QUIET)
         feed(space, f"task{task}-copy{k + start}",
              [("get_watchlist", {}), ("get_market", {}), ("get_stock_info", {"symbol": f"S{task}"})] + noise(100 * task + k),
              QUIET)
@@ -114,6 +115,28 @@ def test_three_tasks_that_differ_make_a_route(cfg):
             service.observe("1", f"t{task}-{k}", "m1", "get_stock_info", {"symbol": "ACME"}, False, "up", config=QUIET)
             feed("1", f"t{task}-{k}", noise(10 * task + k), QUIET)
     assert service.sweep("1", config=cfg) is not None
+
+
+def test_tasks_that_orient_the_same_way_in_one_long_lived_session_are_distinct_contexts(cfg):
+    # one member, one session, four wakes with different briefs, each orienting the same way in the
+    # same workspace (the same outputs): four episodes, four contexts, so the orientation is a route
+    orientation = [("list_dir", {"path": "."}), ("read_file", {"path": "README.md"}), ("glob", {"pattern": "*.py"})]
+    for task in range(4):
+        service.inbound("1", "worker", "m1", f"Task {task}: check module{task}.py", config=QUIET)
+        feed("1", "worker", orientation + noise(task), QUIET)  # then the task's own work
+        feed("1", "worker", [("task_done", {"task_id": task})], QUIET, mutates=True)
+    w = service.sweep("1", config=cfg)
+    assert w is not None and [s["tool"] for s in w.route["steps"]] == ["list_dir", "read_file", "glob"]
+    # each later run (a wake) of the same session replays it: its episode is its own
+    for task in (4, 5):
+        with service.pinned("1", "worker"):
+            service.inbound("1", "worker", "m1", f"Task {task}: check module{task}.py", config=QUIET)
+            feed("1", "worker", orientation[:2], cfg)
+            exe = FakeExec(answers={"glob": "Main1.py"})
+            assert service.follow("1", "worker", exe, config=cfg) is not None
+            assert exe.calls == [("glob", {"pattern": "*.py"})]
+            service.judge_reply("1", "worker", [("read_file", {"path": "Main1.py"})], config=cfg)
+    assert LedgerEntry.objects.filter(session_key="worker", used_steps=1).count() == 2
 
 
 # --- 4. a tool's output never steers a call that reaches outside the space --------------------------
