@@ -71,7 +71,8 @@ def wait_until_running(proc: subprocess.Popen, log_path: Path, timeout: float = 
 
 
 @contextmanager
-def qcluster(workers: int = 4, log_path: Path | None = None, **env: str):
+def qcluster(workers: int = 4, log_path: Path | None = None, *, wait: bool = True, **env: str):
+    """wait=False yields at once: for a test whose cluster cannot be ready yet (its database refuses)."""
     own_log = log_path is None
     if own_log:
         handle, name = tempfile.mkstemp(prefix="qcluster-", suffix=".log")
@@ -82,7 +83,8 @@ def qcluster(workers: int = 4, log_path: Path | None = None, **env: str):
     proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True,
                             env=worker_env(VERONICA_Q_WORKERS=str(workers), **env), stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_until_running(proc, log_path)
+        if wait:
+            wait_until_running(proc, log_path)
         yield proc
     finally:
         _stop(proc)

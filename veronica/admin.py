@@ -88,7 +88,7 @@ class AccessInline(admin.TabularInline):
 # Space settings that have a verb; on a saved space every other field is shown read-only.
 WATCHDOG_FIELDS = watchdogs.THRESHOLDS
 NOTIFY_FIELDS = ("notify_webhook_url", "notify_slack_url", "notify_emails")
-SPACE_VERB_FIELDS = ("retention_days", *WATCHDOG_FIELDS, "verify_checks", *NOTIFY_FIELDS)
+SPACE_VERB_FIELDS = ("retention_days", *WATCHDOG_FIELDS, "verify_checks", *NOTIFY_FIELDS, "blackboard_cap")
 
 
 class SpaceAdminForm(forms.ModelForm):
@@ -174,6 +174,8 @@ class SpaceAdmin(VerbAdmin):
         changed, data, actor = set(form.changed_data), form.cleaned_data, _actor(request)
         if "retention_days" in changed:
             retention.set_retention_days(space, data["retention_days"], actor=actor)
+        if "blackboard_cap" in changed:
+            blackboard.set_cap(space, data["blackboard_cap"], actor=actor)
         if changed & set(WATCHDOG_FIELDS):
             watchdogs.set_thresholds(space, {k: data[k] for k in WATCHDOG_FIELDS if k in changed}, actor=actor)
         if "verify_checks" in changed:

@@ -25,6 +25,16 @@ def clean_cap(value: object, field: str = "blackboard_cap") -> int:
     return value
 
 
+def set_cap(space: Space, cap: object, *, actor: str) -> Space:
+    """Change the space's blackboard cap (the read side cuts a board written under a larger one)."""
+    cap = clean_cap(cap)
+    with transaction.atomic():
+        Space.objects.filter(pk=space.pk).update(blackboard_cap=cap)
+        events.emit(space.pk, "space.blackboard_cap", cap=cap, actor=actor)
+    space.blackboard_cap = cap
+    return space
+
+
 def read(space: Space) -> Blackboard:
     board, _ = Blackboard.objects.get_or_create(space=space)
     return board
