@@ -41,18 +41,33 @@ class _LaterMemberColumns:
     dropped again before the forward migration adds them for real."""
 
     def __init__(self, old) -> None:
-        have = {f.column for f in old.get_model("veronica", "Member")._meta.concrete_fields}
+        old_fields = old.get_model("veronica", "Member")._meta.concrete_fields
+        have = {f.column for f in old_fields}
         self.fields = [f for f in Member._meta.concrete_fields if f.column not in have]
+        # and the old columns later migrations drop (reload_pending): today's model never writes them,
+        # so on PostgreSQL they need a default while it inserts (SQLite's rebuilt table has one)
+        now = {f.column for f in Member._meta.concrete_fields}
+        self.gone = [f for f in old_fields if f.column not in now and not f.null and f.has_default()]
         self.added = False
+
+    def _defaults(self, on: bool) -> None:
+        if connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cursor:
+            for field in self.gone:
+                default = "DROP DEFAULT" if not on else f"SET DEFAULT {'true' if field.get_default() is True else 'false' if field.get_default() is False else repr(field.get_default())}"
+                cursor.execute(f'ALTER TABLE veronica_member ALTER COLUMN "{field.column}" {default}')
 
     def add(self) -> None:
         with connection.schema_editor() as editor:
             for field in self.fields:
                 editor.add_field(Member, field)
+        self._defaults(True)
         self.added = True
 
     def drop(self) -> None:
         if self.added:
+            self._defaults(False)
             with connection.schema_editor() as editor:
                 for field in self.fields:
                     editor.remove_field(Member, field)
