@@ -648,10 +648,12 @@ def exhaust(w: World) -> dict:
         after = w.served.peaks()
         web, worker = growth_kb(before, after, "web"), growth_kb(before, after, "cluster")
         ok, why = contained_by(result, took)
+        if isinstance(result, str) and "error: argument" in result:  # the battery's own mistake is no containment
+            ok, why = False, f"the attack did not run: {result[:120]}"
         bounded = max(web, worker) < RSS_BOUND_KB
         rows.append((label, ok and bounded, f"{why}; {took:.1f}s; peak RSS +{web // 1024} MB web, +{worker // 1024} MB worker"))
 
-    def run(cmd: str, timeout: int = 60) -> str:
+    def run(cmd: str, timeout: int = 30) -> str:
         results, _ = w.agent_door(slug, [("run_command", {"command": cmd, "timeout": timeout})], wait=timeout + 90)
         return results[0] if results else "(no tool result)"
 
@@ -715,6 +717,11 @@ def db_state() -> dict:
     for label in ("veronica", "learning", "waggle"):
         for model in apps.get_app_config(label).get_models():
             state[model._meta.label] = [{k: v for k, v in row.items() if k not in VOLATILE} for row in model.objects.order_by("pk").values()]
+    from django.conf import settings
+
+    data = Path(settings.DATA_DIR)  # files count too: a refused archive or memory write must leave no folder behind
+    state["files"] = sorted(str(p.relative_to(data)) for folder in ("spaces", "workspaces") if (data / folder).is_dir()
+                            for p in (data / folder).rglob("*"))
     return state
 
 
@@ -783,8 +790,8 @@ def form_cases(victim: str) -> list[tuple[str, dict, str]]:
     ]
 
 
-FORM_VALUES = [("oversize", "x" * 1_000_000), ("long", "y" * 70_000), ("nul", "a\x00b"), ("surrogate", "\udcff"),
-               ("huge_int", HUGE), ("neg", "-1"), ("big", str(10 ** 18)), ("deep", DEEP), ("blank", "")]
+FORM_VALUES = [("oversize", "x" * 1_000_000), ("long", "y" * 70_000), ("nul", "a\x00b"), ("surrogate", b"a\xed\xa0\x80"),
+               ("bad_utf8", b"a\xff"), ("huge_int", HUGE), ("neg", "-1"), ("big", str(10 ** 18)), ("deep", DEEP), ("blank", "")]
 
 
 def hostile_archives() -> list[tuple[str, bytes]]:
@@ -819,7 +826,7 @@ def bad_inputs(w: World) -> dict:
         if response_status >= 500:
             counts["5xx"] += 1
             examples.append(f"5xx {response_status}: {label}")
-        elif response_status >= 400 and after != state[0]:
+        if response_status >= 400 and after != state[0]:
             changed = [k for k in after if after[k] != state[0].get(k)]
             counts["partial"] += 1
             examples.append(f"partial write ({', '.join(changed)}) after {response_status}: {label}")
