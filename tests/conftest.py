@@ -1,6 +1,7 @@
 """Shared personas and spaces, built through the real verbs (never hand-made rows)."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,13 @@ def space(db, tmp_path):
 
 
 @pytest.fixture
-def demo_manifest() -> Path:
-    return DEMO_MANIFEST
+def demo_manifest(tmp_path) -> Path:
+    """The demo template as a manifest folder of the test's own, its starting files in workspace/: a
+    bundled template is never registered in place (a space run there would leave files in it)."""
+    folder = tmp_path / "demo-manifest"
+    shutil.copytree(DEMO_MANIFEST, folder, ignore=shutil.ignore_patterns("starter"))
+    shutil.copytree(DEMO_MANIFEST / "starter", folder / "workspace")
+    return folder
 
 
 @pytest.fixture(scope="session", autouse=True)

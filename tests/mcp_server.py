@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -40,6 +41,13 @@ def fail() -> str:
 def crash() -> str:
     """Kill the server process mid-call."""
     os._exit(3)
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def nap(seconds: float) -> str:
+    """Sleep, then answer (a call still in flight when the run is stopped)."""
+    time.sleep(seconds)
+    return f"slept {seconds}"
 
 
 if __name__ == "__main__":

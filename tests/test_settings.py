@@ -139,3 +139,11 @@ def test_hosted_statements_are_prepared_unless_turned_off(tmp_path):
 def test_engine_tick_period_is_validated_at_start_up(tmp_path, raw):
     result = _manage(["check"], VERONICA_ENGINE_TICK_SECONDS=raw, VERONICA_DATA_DIR=str(tmp_path))
     assert result.returncode != 0 and "VERONICA_ENGINE_TICK_SECONDS" in result.stderr
+
+
+@pytest.mark.parametrize("name, raw", [("VERONICA_SANDBOX_PROCS", "-1"), ("VERONICA_SANDBOX_MEMORY_MB", "lots"),
+                                       ("VERONICA_SANDBOX_CPU_SECONDS", "1.5"), ("VERONICA_SANDBOX_FILE_MB", "-5"),
+                                       ("VERONICA_SANDBOX_TMP_MB", "0")])
+def test_sandbox_limits_are_validated_at_start_up(tmp_path, name, raw):
+    result = _manage(["check"], **{name: raw, "VERONICA_DATA_DIR": str(tmp_path)})
+    assert result.returncode != 0 and name in result.stderr

@@ -137,7 +137,8 @@ class SpaceAdmin(VerbAdmin):
     prepopulated_fields = {"slug": ("name",)}
     # the secret is never shown again after it is made: set or rotate it with the action
     exclude = ("webhook_secret", "webhook_rotated_at")
-    readonly_fields = ("event_seq", "created_at", "webhook_secret_masked", "webhook_rotated_at")
+    # where a space's files live is the server's decision (its own folder), never a form's
+    readonly_fields = ("workdir", "event_seq", "created_at", "webhook_secret_masked", "webhook_rotated_at")
     inlines = [MemberInline, AccessInline]
     actions = ["halt_all", "send_test_notification", "rotate_webhook_secret", "preview_retention", "purge_retention"]
 
@@ -154,6 +155,12 @@ class SpaceAdmin(VerbAdmin):
 
     def save_model(self, request, obj, form, change):
         if not change:  # no verb creates a bare space (register and the console's templates do more)
+            if not obj.workdir:  # a space added here works in its own folder, like one made on New space
+                from veronica.portable import home_of
+
+                workdir = home_of(obj.slug) / "workspace"
+                workdir.mkdir(parents=True, exist_ok=True)
+                obj.workdir = str(workdir)
             super().save_model(request, obj, form, change)
             return
         self._settings_through_verbs(request, Space.objects.get(pk=obj.pk), form)
@@ -240,7 +247,7 @@ def _purge_line(counts: dict[str, int], space: Space) -> str:
 # What the add form asks (add_member's parameters) and what a saved member's form edits (a verb each).
 MEMBER_ADD_FIELDS = ("space", "name", "role", "persona", "when_to_use", "model", "permission_mode", "schedule",
                      "rule_domains", "budget_override")
-MEMBER_EDIT_FIELDS = (*supervisor.EDITABLE, "permission_mode", "schedule")
+MEMBER_EDIT_FIELDS = supervisor.EDITABLE
 
 
 class MemberAdminForm(forms.ModelForm):
@@ -269,8 +276,6 @@ class MemberAdminForm(forms.ModelForm):
         if "rule_domains" in edits:
             edits["rule_domains"] = edits["rule_domains"] or []
         data.update(supervisor.clean_member_edit(self.instance, edits))
-        if data.get("schedule") and "schedule" in self.changed_data:
-            data["schedule"] = supervisor.validate_cron(data["schedule"])
 
     def _post_clean(self):
         # a saved member's row is written by the verbs only: no model validation of stale engine state,
@@ -314,18 +319,11 @@ class MemberAdmin(VerbAdmin):
         obj.pk = created.pk
 
     def _edit_through_verbs(self, request, member: Member, form) -> None:
-        """Each changed field through the verb the console and the API call: the same row, origin and event."""
-        changed, data, actor = set(form.changed_data), form.cleaned_data, _actor(request)
-        edits = {k: data[k] for k in supervisor.EDITABLE if k in changed}
-        if edits:  # persona, model, budget...: applied at the next run boundary
-            supervisor.update_member(member, actor=actor, **edits)
-        if "permission_mode" in changed:  # origin runtime: a restart register keeps it
-            supervisor.set_permission_mode(member, data["permission_mode"], actor=actor)
-        if "schedule" in changed:  # arms the next firing, records the origin (a blank writes the tombstone)
-            if data["schedule"]:
-                supervisor.set_schedule(member, data["schedule"], actor=actor)
-            else:
-                supervisor.clear_schedule(member, actor=actor)
+        """The changed fields through supervisor.edit_member, the verb the console and the API call: the
+        same row, runtime origin and events (schedule and permission mode through their own verbs)."""
+        edits = {k: form.cleaned_data[k] for k in supervisor.EDITABLE if k in form.changed_data}
+        if edits:
+            supervisor.edit_member(member, edits, actor=_actor(request))
 
     @admin.action(description="Freeze selected members")
     def freeze(self, request, queryset):

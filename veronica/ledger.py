@@ -18,7 +18,7 @@ S = TaskStatus
 ALLOWED: dict[str, set[str]] = {
     S.PENDING: {S.READY, S.BLOCKED, S.CANCELLED},
     S.READY: {S.RUNNING, S.PENDING, S.BLOCKED, S.CANCELLED},
-    S.RUNNING: {S.VERIFYING, S.DONE, S.FAILED, S.BLOCKED, S.CANCELLED},
+    S.RUNNING: {S.VERIFYING, S.DONE, S.FAILED, S.BLOCKED, S.CANCELLED, S.READY},  # ready: requeued (reassign)
     S.VERIFYING: {S.DONE, S.FAILED, S.RUNNING},
     S.BLOCKED: {S.READY, S.PENDING, S.RUNNING, S.CANCELLED},
     S.FAILED: {S.READY, S.CANCELLED},
@@ -134,6 +134,26 @@ def create_task(space: Space, creator: str, title: str, *, spec: str = "", assig
     return task
 
 
+def resolve_assignee(space: Space, target: object) -> Member | None:
+    """An assignee by name, or by role: the active member of that role with the fewest open tasks.
+    Blank is nobody (the task waits on the board)."""
+    from django.db.models import Count, Q
+
+    from veronica.models import Membership, Role
+
+    if target is None or (isinstance(target, str) and not target.strip()):
+        return None
+    name = require_text(target, "assignee", max_len=column_limit(Member, "name")).strip()
+    live = Member.objects.filter(space=space, removed_at__isnull=True)
+    member = live.filter(name=name).first()
+    if member is None and name in Role.values:
+        member = (live.filter(role=name, membership=Membership.ACTIVE)
+                  .annotate(open=Count("tasks", filter=Q(tasks__status__in=list(OPEN)))).order_by("open", "name").first())
+    if member is None:
+        raise VeronicaError(f"no member or role named '{name}' in this space (roles: {', '.join(Role.values)})", field="assignee")
+    return member
+
+
 def assignment_mail(task: Task, auto: bool) -> tuple[str, str]:
     """One body for manual and automatic dispatch; the automatic one says so."""
     marker = " (auto-dispatched)" if auto else ""
@@ -168,6 +188,48 @@ def assign(task: Task, member: Member, *, actor: str, auto: bool = False) -> Tas
         elif task.status in (S.PENDING, S.BLOCKED):
             Task.objects.filter(pk=task.pk).update(engine_managed=True)
             task.engine_managed = True
+    return task
+
+
+def reassign(task: Task, member: Member, *, actor: str) -> Task:
+    """Give a task to another member, whatever it is doing: a running task is requeued (its old
+    assignee is told to stop) and starts again with the new one, as assign starts a ready task."""
+    if task.status in TERMINAL or task.status == S.VERIFYING:
+        raise IllegalTransition(f"task #{task.pk} is {task.status}; it cannot be reassigned now", field="task_id")
+    if task.assignee_id == member.pk:
+        raise VeronicaError(f"task #{task.pk} is already assigned to {member.name}", field="assignee")
+    previous = task.assignee if task.assignee_id else None
+    with transaction.atomic():
+        if task.status == S.RUNNING:
+            transition(task, S.READY, actor=actor, reason=f"reassigned from {previous.name} to {member.name}")
+        if previous is not None and previous.removed_at is None and task.status in (S.READY, S.BLOCKED) and task.started_at:
+            bus.send(task.space, actor, previous.name, f"Task #{task.pk} ({task.title}) was reassigned to {member.name}; "
+                     "stop working on it.", subject=f"Task #{task.pk} reassigned", task=task)
+        assign(task, member, actor=actor)
+    return task
+
+
+def cancel(task: Task, *, actor: str, reason: str = "") -> Task:
+    """Cancel a task; an assignee that was working on it is told to stop."""
+    was_running = task.status in (S.RUNNING, S.VERIFYING, S.BLOCKED)
+    with transaction.atomic():
+        transition(task, S.CANCELLED, actor=actor, reason=reason or f"cancelled by {actor}")
+        if was_running and task.assignee_id and task.assignee.removed_at is None:
+            bus.send(task.space, actor, task.assignee.name, f"Task #{task.pk} ({task.title}) was cancelled by {actor}"
+                     + (f": {reason}" if reason else "") + "; stop working on it.", subject=f"Task #{task.pk} cancelled", task=task)
+    return task
+
+
+def retry(task: Task, *, actor: str, assignee: Member | None = None) -> Task:
+    """Run a failed task again: back to ready (its last result is kept until a new one), and started
+    with its assignee (or the one given) as assign would."""
+    if task.status != S.FAILED:
+        raise IllegalTransition(f"task #{task.pk} is {task.status}; only a failed task can be retried", field="task_id")
+    with transaction.atomic():
+        transition(task, S.READY, actor=actor, reason=f"retried by {actor}")
+        target = assignee or (task.assignee if task.assignee_id and task.assignee.removed_at is None else None)
+        if target is not None:
+            assign(task, target, actor=actor)
     return task
 
 

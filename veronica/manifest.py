@@ -7,6 +7,8 @@ space written, in one transaction, so a bad manifest changes nothing.
 """
 from __future__ import annotations
 
+import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +33,17 @@ SPACE_SETTINGS = {
 INT_MAX = 2**31 - 1  # an IntegerField on PostgreSQL
 SETTING_RANGES = {  # inclusive bounds a setting must fall in: the column's and what the engine can use
     "member_daily_tokens": (0, INT_MAX), "daily_token_ceiling": (0, INT_MAX), "daily_usd_ceiling": (0, 999_999.9999),
-    "blackboard_cap": (1, 1_000_000), "stale_task_minutes": (0, 525_600), "retention_days": (0, 36_500),
+    "blackboard_cap": (100, 1_000_000), "stale_task_minutes": (0, 525_600), "retention_days": (0, 36_500),
     "spawn_cap": (0, 100), "stuck_run_minutes": (0, 525_600), "mailbox_backlog_minutes": (0, 525_600),
 }
 MAX_SKILL_BODY = 50000  # the skills verb's limit
+MAX_TOML_DEPTH = 100  # where a RecursionError from tomllib is looked for, to name the key
 NOTIFY_KEYS = {"webhook_url", "slack_url", "email"}
 MANIFEST_ACTOR = "manifest"  # Member.removed_by when a register removed it
+SPACE_KEYS = {"name", "slug", "workdir", "settings", "notify", "verify_checks", "mcp_servers"}
+OWN_WORKDIR = "workspace"  # a space's files: <its own folder>/workspace, beside its manifest copy
 MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations",
-               "mcp_servers"}
+               "mcp_servers", "tools", "deferred_tools"}
 
 
 class ManifestError(VeronicaError):
@@ -60,6 +65,8 @@ class MemberSpec:
     max_iterations: int = 24
     skills: dict[str, tuple[str, str]] = field(default_factory=dict)
     mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
+    tools: list[str] | None = None  # None: every tool of the role
+    deferred_tools: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -103,11 +110,35 @@ def _storable(path: Path, node: object, key: str = "") -> None:
         raise ManifestError(path, key, text_problem(node))
 
 
+def _where(path: Path, text: str, line: int | None, problem: str, exc: Exception) -> ManifestError:
+    """A value tomllib cannot take: the error names its key and line (the parser's own error has neither)."""
+    if line is None:
+        return ManifestError(path, "syntax", f"{problem} ({exc})")
+    key = re.match(r"\s*([A-Za-z0-9_.\"' -]+?)\s*=", text.split("\n")[line - 1][:200])  # a key, not a whole line
+    return ManifestError(path, key.group(1).strip() if key else "syntax", f"line {line}: {problem}")
+
+
+def _deep_line(text: str) -> int | None:
+    """The first line that opens MAX_TOML_DEPTH arrays or inline tables (a guess: brackets in strings count)."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.count("[") + line.count("{") >= MAX_TOML_DEPTH:
+            return number
+    return None
+
+
 def _toml(path: Path) -> dict:
+    text = _text_file(path)
     try:
-        cfg = tomllib.loads(_text_file(path))
+        cfg = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(path, "syntax", str(exc)) from None
+    except RecursionError as exc:  # tomllib recurses once per nested array or inline table
+        raise _where(path, text, _deep_line(text), "arrays or inline tables nested too deep", exc) from None
+    except ValueError as exc:  # Python's int-str conversion limit (a 5,000-digit integer)
+        limit = sys.get_int_max_str_digits()
+        found = re.search(r"[0-9_]{%d,}" % (limit + 1), text)
+        line = text.count("\n", 0, found.start()) + 1 if found else None
+        raise _where(path, text, line, f"an integer of more than {limit} digits", exc) from None
     _storable(path, cfg)
     return cfg
 
@@ -219,6 +250,7 @@ def _member(folder: Path) -> MemberSpec:
     if not isinstance(iterations, int) or isinstance(iterations, bool) or not 1 <= iterations <= 200:
         raise ManifestError(cfg_path, "max_iterations", "must be an integer from 1 to 200")
     when_to_use = _string(cfg_path, cfg, "when_to_use", max_len=supervisor.MAX_WHEN_TO_USE).strip()
+    tools, deferred = _checked(cfg_path, supervisor.check_tools, role, cfg.get("tools"), cfg.get("deferred_tools"))
     persona_path = folder / "persona.md"
     if not persona_path.is_file():
         raise ManifestError(persona_path, "file", "missing: every member needs a persona.md")
@@ -227,7 +259,8 @@ def _member(folder: Path) -> MemberSpec:
         raise ManifestError(persona_path, "persona", f"is {len(persona)} characters; the limit is {supervisor.MAX_PERSONA}")
     return MemberSpec(name=name, role=role, model=model, persona=persona, when_to_use=when_to_use, schedule=schedule,
                       permission_mode=mode, rule_domains=domains, budget=budget, max_iterations=iterations,
-                      skills=_skills(folder / "skills"), mcp_servers=_checked(cfg_path, mcp_servers.check_list, cfg.get("mcp_servers", [])))
+                      skills=_skills(folder / "skills"), mcp_servers=_checked(cfg_path, mcp_servers.check_list, cfg.get("mcp_servers", [])),
+                      tools=tools, deferred_tools=deferred)
 
 
 def _rule_domains(cfg_path: Path, domains: list[str]) -> list[str]:
@@ -304,27 +337,74 @@ def _rules(folder: Path) -> dict[str, list[str]]:
     return found
 
 
-def load(directory: str | Path, *, slug: str | None = None) -> SpaceSpec:
-    """`slug` overrides space.toml's (an imported archive registers under the slug its creator chose)."""
+def check_space_name(value: object, field_name: str = "name") -> str:
+    """A space's display name: text, not blank, storable, within the column."""
+    limit = column_limit(Space, "name")
+    if not isinstance(value, str) or not value.strip():
+        raise VeronicaError(f"required, a non-empty string (at most {limit} characters)", field=field_name)
+    if text_problem(value):
+        raise VeronicaError(text_problem(value), field=field_name)
+    if len(value) > limit:
+        raise VeronicaError(f"is {len(value)} characters; the limit is {limit}", field=field_name)
+    return value.strip()
+
+
+def _workdir(space_path: Path, cfg: dict, root: Path, *, own: bool, chosen: str | Path | None) -> Path:
+    """Where the space's files live. `own`: the space's own folder on the server (archives, templates,
+    the console): the manifest may only say 'workspace'. `chosen`: a folder an admin named on the
+    command line (`register DIR --workdir PATH`). Otherwise a folder inside the manifest folder,
+    never the folder itself, `..`, an absolute path or a link out of it; register makes it if missing."""
+    limit = column_limit(Space, "workdir")
+    value = _string(space_path, cfg, "workdir", max_len=limit, default=OWN_WORKDIR)
+    if own:
+        if Path(value) != Path(OWN_WORKDIR):
+            raise ManifestError(space_path, "workdir", f"'{value}' is refused: a space made from an archive or a template "
+                                                       f"works in its own folder on the server; leave workdir out "
+                                                       f"(or set it to '{OWN_WORKDIR}')")
+        workdir = root / OWN_WORKDIR
+        if workdir.is_symlink() or (workdir.exists() and not workdir.is_dir()):
+            raise ManifestError(space_path, "workdir", f"'{OWN_WORKDIR}' must be a folder")
+    elif chosen is not None:
+        workdir = Path(chosen).resolve()
+        if not workdir.is_dir():
+            raise ManifestError(space_path, "workdir", f"{workdir} (--workdir) is not a folder")
+    else:
+        workdir = (root / value).resolve()
+        if Path(value).is_absolute() or ".." in Path(value).parts or workdir == root or not workdir.is_relative_to(root):
+            raise ManifestError(space_path, "workdir", f"'{value}' must be a folder inside the manifest folder (like "
+                                                       f"'{OWN_WORKDIR}'); an admin points a space elsewhere with "
+                                                       f"`manage.py register DIR --workdir PATH`")
+        if workdir.exists() and not workdir.is_dir():
+            raise ManifestError(space_path, "workdir", f"{workdir} is not a folder")
+    for folder in (workdir, root):
+        if len(str(folder)) > limit:
+            raise ManifestError(space_path, "workdir", f"{folder} is longer than {limit} characters")
+    return workdir
+
+
+def load(directory: str | Path, *, slug: str | None = None, name: str | None = None, own: bool = False,
+         workdir: str | Path | None = None) -> SpaceSpec:
+    """`slug` and `name` override space.toml's (an imported archive registers under the slug and name
+    its creator chose); `own` and `workdir` decide where its files live (see _workdir)."""
+    from veronica.portable import TEMPLATES_DIR
+
     root = Path(directory).resolve()
     if not root.is_dir():
         raise ManifestError(root, "directory", "not a folder")
+    if not own and root.is_relative_to(TEMPLATES_DIR.resolve()):  # a space run there once left its files in every copy
+        raise ManifestError(root, "directory", "a bundled template is never registered in place: create a space from "
+                                               "it (New space, or `manage.py register --template NAME --slug SLUG`)")
     space_path = root / "space.toml"
     cfg = _toml(space_path)
-    name = cfg.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise ManifestError(space_path, "name", "required, a non-empty string")
-    name = _string(space_path, cfg, "name", max_len=column_limit(Space, "name"))
+    unknown = set(cfg) - SPACE_KEYS
+    if unknown:
+        raise ManifestError(space_path, sorted(unknown)[0], f"unknown key (known: {', '.join(sorted(SPACE_KEYS))})")
+    name = _checked(space_path, check_space_name, cfg.get("name")) if name is None else check_space_name(name)
     slug = slug or cfg.get("slug") or slugify(name)
     slug_limit = column_limit(Space, "slug")
     if not isinstance(slug, str) or not slug or slug != slugify(slug) or len(slug) > slug_limit:
         raise ManifestError(space_path, "slug", f"lowercase letters, digits and '-' only, 1 to {slug_limit} characters")
-    workdir = (root / _string(space_path, cfg, "workdir", max_len=column_limit(Space, "workdir"), default="workspace")).resolve()
-    if not workdir.is_dir():
-        raise ManifestError(space_path, "workdir", f"{workdir} is not a folder")
-    for folder in (workdir, root):
-        if len(str(folder)) > column_limit(Space, "workdir"):
-            raise ManifestError(space_path, "workdir", f"{folder} is longer than {column_limit(Space, 'workdir')} characters")
+    workdir = _workdir(space_path, cfg, root, own=own, chosen=workdir)
     settings = cfg.get("settings", {})
     if not isinstance(settings, dict):
         raise ManifestError(space_path, "settings", "must be a table ([settings])")
@@ -337,7 +417,7 @@ def load(directory: str | Path, *, slug: str | None = None) -> SpaceSpec:
     leaders = [m.name for m in members if m.role == Role.LEADER]
     if len(leaders) != 1:
         raise ManifestError(members_dir, "role", f"a space needs exactly one leader; found {len(leaders)} ({', '.join(leaders) or 'none'})")
-    return SpaceSpec(name=name.strip(), slug=slug, workdir=workdir, settings=settings, members=members,
+    return SpaceSpec(name=name, slug=slug, workdir=workdir, settings=settings, members=members,
                      shared_skills=_skills(root / "skills"), path=root, mcp_servers=servers,
                      rules=_rules(root / "rules"))
 
@@ -351,20 +431,23 @@ class Registered:
     discarded: list[str] = field(default_factory=list)  # runtime overrides a fresh register dropped
 
 
-def register(directory: str | Path, *, fresh: bool = False, actor: str = "register", slug: str | None = None) -> Space:
-    return register_space(directory, fresh=fresh, actor=actor, slug=slug).space
+def register(directory: str | Path, *, fresh: bool = False, actor: str = "register", slug: str | None = None,
+             own: bool = False) -> Space:
+    return register_space(directory, fresh=fresh, actor=actor, slug=slug, own=own).space
 
 
-def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "register",
-                   slug: str | None = None) -> Registered:
+def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "register", slug: str | None = None,
+                   name: str | None = None, own: bool = False, workdir: str | Path | None = None) -> Registered:
     """Create or refresh a space from its manifest (the seed's fresh vs restart semantics).
 
     restart (default): the manifest's members and fields are applied, but what operators and the
     leader changed at runtime stays: members an operator added or removed, runtime schedules (and
     tombstones), runtime permission modes, live clones, and skills published at runtime.
     fresh: the manifest as written wins; every runtime override is discarded.
+    `name` overrides the manifest's; `own` and `workdir` decide where the files live (see _workdir).
     """
-    spec = load(directory, slug=slug)
+    spec = load(directory, slug=slug, name=name, own=own, workdir=workdir)
+    spec.workdir.mkdir(parents=True, exist_ok=True)
     with transaction.atomic():
         space, created = Space.objects.get_or_create(slug=spec.slug, defaults={"name": spec.name, "workdir": str(spec.workdir)})
         result = Registered(space=space, mode="new" if created else "fresh" if fresh else "restart")
@@ -429,7 +512,9 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str, *, fresh: bool, re
         member = live.get(ms.name) if ms.name in live and not live[ms.name].spawned_from_id else None
         fields = dict(role=ms.role, model=ms.model, persona=ms.persona, when_to_use=ms.when_to_use,
                       rule_domains=ms.rule_domains, budget_override=ms.budget, max_iterations=ms.max_iterations,
-                      origin=Origin.MANIFEST)
+                      tools=ms.tools, deferred_tools=ms.deferred_tools, origin=Origin.MANIFEST)
+        if member is not None:
+            _runtime_edits(member, fields, fresh=fresh, result=result)
         if member is not None and not fresh and member.permission_origin == Origin.RUNTIME:
             result.kept.append(f"{ms.name}: permission mode {member.permission_mode}")
         else:
@@ -458,6 +543,19 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str, *, fresh: bool, re
         for skill_name, (description, body) in ms.skills.items():
             Skill.objects.create(space=space, member=member, name=skill_name, description=description, body=body)
         mcp_servers.replace_from_manifest(space, member, ms.mcp_servers, actor=actor)
+
+
+def _runtime_edits(member: Member, fields: dict, *, fresh: bool, result: Registered) -> None:
+    """Fields edited at runtime (supervisor.edit_member) beat the manifest until a fresh register."""
+    edited = [f for f in member.runtime_fields or [] if f in fields]
+    for name in edited:
+        if fresh:
+            result.discarded.append(f"{member.name}: {name} (edited at runtime)")
+        else:
+            result.kept.append(f"{member.name}: {name} (edited at runtime)")
+            del fields[name]
+    if fresh:
+        fields["runtime_fields"] = []
 
 
 def _apply_rules(space: Space, spec: SpaceSpec, actor: str) -> None:

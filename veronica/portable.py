@@ -40,6 +40,10 @@ from veronica.models import McpServer, McpTransport, Member, Skill, Space
 MAX_ARCHIVE_BYTES = 5 * 1024 * 1024  # an upload, compressed
 MAX_UNPACKED_BYTES = 20 * 1024 * 1024  # what it may expand to
 MAX_ENTRIES = 2000
+MAX_HEADER_BYTES = 64 * 1024  # one GNU long-name or PAX header: tarfile reads it whole, before our size check
+MAX_HEADER_TOTAL = 1024 * 1024  # all of them in one archive (PAX global headers accumulate)
+MAX_HEADER_CHAIN = 8  # extended headers in a row (tarfile recurses once per header)
+TEMPLATE_STARTER = "starter"  # a template's starting files (its workspace/ would be a live folder)
 SCRUBBED_SETTINGS = {"webhook_secret"}  # secrets never leave the space
 TEMPLATES_DIR = Path(settings.BASE_DIR) / "examples"
 
@@ -133,6 +137,10 @@ def _member_files(space: Space) -> dict[str, str]:
             cfg["schedule"] = m.schedule
         if m.budget_override is not None:
             cfg["budget"] = m.budget_override
+        if m.tools is not None:
+            cfg["tools"] = list(m.tools)
+        if m.deferred_tools:
+            cfg["deferred_tools"] = list(m.deferred_tools)
         servers = _mcp_entries(servers_of[m.pk])
         if servers:
             cfg["mcp_servers"] = servers
@@ -213,14 +221,45 @@ def templates() -> dict[str, Path]:
     return {d.name: d for d in sorted(TEMPLATES_DIR.iterdir()) if (d / "space.toml").is_file()}
 
 
+_EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+
+
+class BoundedTarInfo(tarfile.TarInfo):
+    """A header whose payload tarfile would read into memory (long names, PAX records, sparse maps) is
+    refused by its declared size before a byte of it is read: 300 kB of gzip made 300 MB otherwise."""
+
+    def _proc_member(self, tar):
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise ArchiveError(self.name, "sparse files are refused")
+        if self.type not in _EXTENDED:
+            tar.veronica_chain = 0
+            return super()._proc_member(tar)
+        tar.veronica_chain = getattr(tar, "veronica_chain", 0) + 1
+        tar.veronica_header_bytes = getattr(tar, "veronica_header_bytes", 0) + self.size
+        if self.size > MAX_HEADER_BYTES:
+            raise ArchiveError(self.name, f"an extended header (long name or PAX) of {self.size} bytes; "
+                                          f"the limit is {MAX_HEADER_BYTES}")
+        if tar.veronica_header_bytes > MAX_HEADER_TOTAL or tar.veronica_chain > MAX_HEADER_CHAIN:
+            raise ArchiveError(self.name, f"extended headers (long names or PAX) past {MAX_HEADER_TOTAL} bytes "
+                                          f"or {MAX_HEADER_CHAIN} in a row")
+        return super()._proc_member(tar)
+
+    def _proc_gnusparse_00(self, *args):  # PAX-declared sparse maps are read whole too
+        raise ArchiveError(self.name, "sparse files are refused")
+
+    _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
+
+
 def _unpack(data: bytes, into: Path) -> None:
     """Only plain files and folders with relative names inside `into`; the first bad entry is refused
     by name before anything is written."""
     if len(data) > MAX_ARCHIVE_BYTES:
         raise VeronicaError(f"archive is {len(data)} bytes; the limit is {MAX_ARCHIVE_BYTES}", field="archive")
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
-    except (tarfile.TarError, EOFError, OSError) as exc:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:*", tarinfo=BoundedTarInfo)
+    except ArchiveError:
+        raise
+    except (tarfile.TarError, EOFError, OSError, RecursionError) as exc:
         raise VeronicaError(f"archive is not a readable tar or tar.gz ({exc})", field="archive") from None
     with tar:
         checked, total = [], 0
@@ -233,7 +272,7 @@ def _unpack(data: bytes, into: Path) -> None:
                 checked.append(m)
                 if len(checked) > MAX_ENTRIES:
                     raise VeronicaError(f"archive has more than {MAX_ENTRIES} entries", field="archive")
-        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        except (tarfile.TarError, EOFError, OSError, zlib.error, RecursionError) as exc:
             raise VeronicaError(f"archive is not a readable tar or tar.gz ({exc})", field="archive") from None
         tar.extractall(into, members=checked, filter="data")  # the stdlib's own guard as a second fence
 
@@ -270,21 +309,50 @@ def may_create(user) -> bool:
 
 
 def home_of(slug: str) -> Path:
+    """A space's own folder, decided by the server: its manifest copy, and its files under workspace/."""
     return Path(settings.DATA_DIR) / "spaces" / slug
 
 
-def create_from_folder(source: Path, slug: str, *, user=None, actor: str = "register") -> Space:
+def _copy_into(source: Path, home: Path, starter: Path | None) -> None:
+    """The manifest files, then the workspace's starting files: the template's pristine `starter/`, or
+    the archive's own workspace/ (never a template's workspace/, which a space may once have run in)."""
+    skip = {manifest.OWN_WORKDIR, TEMPLATE_STARTER} if starter is not None else set()
+    shutil.copytree(source, home, symlinks=False, ignore=lambda folder, names: skip & set(names) if folder == str(source) else ())
+    workspace = home / manifest.OWN_WORKDIR
+    if starter is not None and starter.is_dir():
+        shutil.copytree(starter, workspace, symlinks=False)
+    workspace.mkdir(exist_ok=True)
+
+
+def _pin(home: Path, slug: str, name: str | None) -> None:
+    """The copy's space.toml says what the server decided (slug, name, no workdir), so an admin's
+    `register` of this folder refreshes this very space, in its own folder."""
+    import tomllib
+
+    path = home / "space.toml"
+    cfg = tomllib.loads(path.read_text(encoding="utf-8"))
+    cfg.pop("workdir", None)
+    cfg = {"name": name or cfg["name"], "slug": slug, **{k: v for k, v in cfg.items() if k not in ("name", "slug")}}
+    path.write_text(_toml(cfg), encoding="utf-8")
+
+
+def create_from_folder(source: Path, slug: str, *, name: str | None = None, user=None, actor: str = "register",
+                       starter: Path | None = None) -> Space:
     """Validate the manifest, copy it to the space's own folder under the data dir (two spaces from
-    one template never share a workspace), register it, make `user` its owner. All or nothing."""
+    one template never share a workspace), register it, make `user` its owner. All or nothing.
+    Where the files live is the server's: a manifest's `workdir` other than 'workspace' is refused."""
     slug = check_slug(slug)
-    manifest.load(source, slug=slug)  # every error, with its file and field, before anything is written
+    name = manifest.check_space_name(name) if name else None
+    manifest.load(source, slug=slug, name=name, own=True)  # every error, with its file and field, before anything is written
     home = home_of(slug)
     if home.exists():
-        raise Conflict(f"{home} exists already; pick another slug", field="slug")
-    shutil.copytree(source, home, symlinks=False)
+        raise Conflict(f"the folder of a space '{slug}' exists already on the server; pick another slug", field="slug")
+    home.parent.mkdir(parents=True, exist_ok=True)
     try:
+        _copy_into(source, home, starter)
+        _pin(home, slug, name)
         with transaction.atomic():
-            done = manifest.register_space(home, actor=actor, slug=slug)
+            done = manifest.register_space(home, actor=actor, slug=slug, name=name, own=True)
             if done.mode != "new":  # another request took the slug since check_slug: never merge into it
                 raise Conflict(f"a space '{slug}' exists already; pick another slug", field="slug")
             space = done.space
@@ -296,20 +364,34 @@ def create_from_folder(source: Path, slug: str, *, user=None, actor: str = "regi
     return space
 
 
-def create_from_template(name: str, slug: str, *, user=None, actor: str = "register") -> Space:
+def _template(name: str) -> Path:
     found = templates().get(name)
     if found is None:
         raise VeronicaError(f"no template '{name}' (bundled: {', '.join(templates()) or 'none'})", field="template")
-    return create_from_folder(found, slug, user=user, actor=actor)
+    return found
 
 
-def create_from_archive(data: bytes, slug: str, *, user=None, actor: str = "register") -> Space:
+def create_from_template(template: str, slug: str, *, name: str | None = None, user=None, actor: str = "register") -> Space:
+    found = _template(template)
+    return create_from_folder(found, slug, name=name, user=user, actor=actor, starter=found / TEMPLATE_STARTER)
+
+
+def copy_template(template: str, home: Path, slug: str) -> None:
+    """A template's pristine files laid out as a space's own folder, for a space that exists already
+    (the demo moving out of the checkout); `register(home, own=True)` then points the space at it."""
+    found = _template(template)
+    home.parent.mkdir(parents=True, exist_ok=True)
+    _copy_into(found, home, found / TEMPLATE_STARTER)
+    _pin(home, slug, None)
+
+
+def create_from_archive(data: bytes, slug: str, *, name: str | None = None, user=None, actor: str = "register") -> Space:
     check_slug(slug)
     with tempfile.TemporaryDirectory(prefix="veronica-import-") as tmp:
         _unpack(data, Path(tmp))
         root = _root(Path(tmp))
         try:
-            return create_from_folder(root, slug, user=user, actor=actor)
+            return create_from_folder(root, slug, name=name, user=user, actor=actor)
         except manifest.ManifestError as exc:  # name the file as it is in the archive, not the temp dir
             exc.message = exc.message.replace(f"{root}/", "").replace(str(root), ".")
             exc.args = (exc.message,)

@@ -250,6 +250,14 @@ SESSION_COOKIE_HTTPONLY = True
 WORKSPACES_DIR = env_path("VERONICA_WORKSPACES_DIR", DATA_DIR / "workspaces")
 # run_command is confined with bubblewrap ("bwrap"); "none" runs commands unconfined (opt-in).
 COMMAND_SANDBOX = env_choice("VERONICA_COMMAND_SANDBOX", ("bwrap", "none"), "bwrap")
+# Bounds on every sandboxed command (run_command, verify checks, MCP stdio servers); 0 turns one off.
+# Processes: a pids cgroup (needed when the server runs as root, where RLIMIT_NPROC does not count),
+# else RLIMIT_NPROC. Memory is address space per process; CPU seconds per process; file size per file.
+SANDBOX_PROCS = env_int("VERONICA_SANDBOX_PROCS", 256, minimum=0, maximum=100_000)
+SANDBOX_MEMORY_MB = env_int("VERONICA_SANDBOX_MEMORY_MB", 1024, minimum=0, maximum=1_048_576)
+SANDBOX_CPU_SECONDS = env_int("VERONICA_SANDBOX_CPU_SECONDS", 600, minimum=0, maximum=86_400)
+SANDBOX_FILE_MB = env_int("VERONICA_SANDBOX_FILE_MB", 256, minimum=0, maximum=1_048_576)
+SANDBOX_TMP_MB = env_int("VERONICA_SANDBOX_TMP_MB", 256, minimum=1, maximum=1_048_576)
 # Simulated model latency for the offline provider (tests and benchmarks only; 0 in normal use).
 OFFLINE_DELAY_MS = env_int("VERONICA_OFFLINE_DELAY_MS", 0, minimum=0, maximum=600000)
 # A run renews its lease at every step, and every RUN_HEARTBEAT_SECONDS while a model call or a tool

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -28,12 +29,22 @@ def ensure_schedules() -> None:
 
 
 def ensure_demo_space() -> Space:
-    """Register the demo manifest once; later starts keep the space (and its runtime overrides)."""
+    """The demo space on its own copy of the demo template under the data folder; later starts keep
+    the space (and its runtime overrides). A demo an earlier version ran inside the checkout moves
+    to its own copy (the template's pristine files, not what ran there)."""
+    from veronica import portable
     from veronica.manifest import register
-    from veronica.seed import DEMO_MANIFEST
+    from veronica.seed import DEMO_SLUG, DEMO_TEMPLATE
 
-    space = Space.objects.filter(slug="demo").first()
-    return space or register(DEMO_MANIFEST, actor="up")
+    space = Space.objects.filter(slug=DEMO_SLUG).first()
+    home = portable.home_of(DEMO_SLUG)
+    if space is not None and not Path(space.workdir).resolve().is_relative_to(portable.TEMPLATES_DIR.resolve()):
+        return space
+    if not (home / "space.toml").is_file():  # else the data folder outlived its database, or the demo moves in
+        if space is None:
+            return portable.create_from_template(DEMO_TEMPLATE, DEMO_SLUG, actor="up")
+        portable.copy_template(DEMO_TEMPLATE, home, DEMO_SLUG)
+    return register(home, own=True, slug=DEMO_SLUG, actor="up")
 
 
 def ensure_demo_login(space: Space) -> tuple[str, str]:

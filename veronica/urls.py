@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
-from veronica import views, views_improve, views_portable
+from veronica import views, views_cockpit, views_improve, views_portable
 
 console = ([
     path("", views.home, name="home"),
@@ -18,6 +18,11 @@ console = ([
     path("spaces/<slug:slug>/inbox/", views_improve.inbox_page, name="inbox"),
     path("spaces/<slug:slug>/panels/<str:panel>/", views.space_panel, name="space-panel"),
     path("spaces/<slug:slug>/tasks/<int:task_id>/", views.task_page, name="task"),
+    path("spaces/<slug:slug>/tasks/new/", views_cockpit.task_new, name="task-new"),
+    path("spaces/<slug:slug>/tasks/<int:task_id>/act/", views_cockpit.task_act, name="task-act"),
+    path("spaces/<slug:slug>/new-member/", views_cockpit.member_new, name="member-new"),
+    path("spaces/<slug:slug>/members/<str:name>/edit/", views_cockpit.member_edit, name="member-edit"),
+    path("spaces/<slug:slug>/skills/", views_cockpit.skills_page, name="skills"),
     path("spaces/<slug:slug>/members/<str:name>/", views.member_page, name="member"),
     path("spaces/<slug:slug>/members/<str:name>/panels/<str:panel>/", views.member_panel, name="member-panel"),
 ], "console")

@@ -121,8 +121,11 @@ def task_page(request: HttpRequest, slug: str, task_id: int) -> HttpResponse:
     task = space.tasks.select_related("assignee").filter(pk=task_id).first()
     if task is None:
         raise Http404("no such task")
+    from veronica.views_cockpit import task_controls  # the cockpit's forms (it imports this module)
+
     return render(request, "console/task.html", _context(
-        space, role, task=sel.task_row(task), attempts=checks.results_of(task), verify_checks=space.verify_checks, page="task"))
+        space, role, task=sel.task_row(task), attempts=checks.results_of(task), verify_checks=space.verify_checks, page="task",
+        controls=task_controls(space)))
 
 
 @login_required

@@ -12,7 +12,8 @@ from django.views.decorators.http import require_http_methods
 from veronica import access, portable, run_trace
 from veronica.access import OWNER
 from veronica.views import _context, form_error, refuse_unstorable
-from veronica.errors import VeronicaError
+from veronica.errors import VeronicaError, column_limit
+from veronica.models import Space
 
 # --- create a space -------------------------------------------------------------------------------------
 
@@ -56,10 +57,12 @@ def _new_space(request: HttpRequest) -> HttpResponse:
         try:
             refuse_unstorable(request.POST)
             slug, actor = request.POST.get("slug", "").strip(), access.actor_name(request.user)
+            name = request.POST.get("name", "").strip() or None  # blank: the manifest's name
             if request.POST.get("source") == "archive":
-                space = portable.create_from_archive(_upload(request), slug, user=request.user, actor=actor)
+                space = portable.create_from_archive(_upload(request), slug, name=name, user=request.user, actor=actor)
             else:
-                space = portable.create_from_template(request.POST.get("template", ""), slug, user=request.user, actor=actor)
+                space = portable.create_from_template(request.POST.get("template", ""), slug, name=name,
+                                                      user=request.user, actor=actor)
             messages.success(request, f"created space {space.slug}; you are its owner")
             return redirect("console:space", slug=space.slug)
         except VeronicaError as exc:
@@ -69,7 +72,8 @@ def _new_space(request: HttpRequest) -> HttpResponse:
 
 def _new_space_form(request: HttpRequest, status: int) -> HttpResponse:
     return render(request, "console/new_space.html", {"templates": list(portable.templates()), "page": "new-space",
-                                                      "max_bytes": portable.MAX_ARCHIVE_BYTES}, status=status)
+                                                      "max_bytes": portable.MAX_ARCHIVE_BYTES,
+                                                      "name_limit": column_limit(Space, "name")}, status=status)
 
 
 @login_required

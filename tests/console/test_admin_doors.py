@@ -89,7 +89,7 @@ def test_a_member_edit_at_either_door_writes_the_same_row_and_event(world, admin
     if door == "admin":
         assert admin_save(admin, w1, **edits).status_code == 302
     else:
-        supervisor.update_member(w1, actor="owner", **edits)
+        supervisor.edit_member(w1, edits, actor="owner")
     w1.refresh_from_db()
     assert (w1.persona, w1.max_iterations, w1.budget_override, w1.reload_pending) == ("You review code.", 12, 5000, True)
     assert trail(world.space, after) == [
@@ -246,12 +246,12 @@ def test_a_verb_refusing_at_save_time_is_a_message_not_a_500(world, admin):
     assert not Alarm.objects.exists()
 
 
-def test_update_member_checks_everything_first_and_a_no_op_emits_nothing(world):
+def test_edit_member_checks_everything_first_and_a_no_op_emits_nothing(world):
     w1, after = supervisor.get_member(world.space, "w1"), seq_of(world.space)
     for bad, field in [({"max_iterations": 0}, "max_iterations"), ({"role": "leader"}, "role"), ({"name": "x"}, "name"),
                        ({"persona": "ok", "model": "nope:x"}, "model")]:
         with pytest.raises(VeronicaError) as refused:
-            supervisor.update_member(w1, actor="owner", **bad)
+            supervisor.edit_member(w1, bad, actor="owner")
         assert refused.value.field == field
-    supervisor.update_member(w1, actor="owner", persona=w1.persona, max_iterations=w1.max_iterations)
+    supervisor.edit_member(w1, {"persona": w1.persona, "max_iterations": w1.max_iterations}, actor="owner")
     assert seq_of(world.space) == after and Member.objects.get(pk=w1.pk).persona == ""

@@ -37,7 +37,7 @@ def fake_cluster(plan: str, state: Path, workers: int = 2, **env: str):
     """A qcluster whose model calls follow `plan` (see fake_cluster.py)."""
     proc = subprocess.Popen([sys.executable, "tests/engine/fake_cluster.py"], cwd=REPO, start_new_session=True,
                             env=worker_env(VERONICA_Q_WORKERS=str(workers), VERONICA_FAKE_PLAN=plan,
-                                           VERONICA_FAKE_STATE=str(state), VERONICA_COMMAND_SANDBOX="none", **env),
+                                           VERONICA_FAKE_STATE=str(state), **{"VERONICA_COMMAND_SANDBOX": "none", **env}),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2.5)
     try:

@@ -68,7 +68,9 @@ def test_run_command_cannot_see_outside_the_workspace(ctx, tmp_path):
 
 
 def test_run_command_refuses_without_a_sandbox(ctx, monkeypatch):
-    monkeypatch.setattr(ws.shutil, "which", lambda name: None)
+    from veronica.agent.tools import sandbox
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     with pytest.raises(ToolError, match="needs bubblewrap"):
         ws.run_command(ctx, {"command": "true"})
 

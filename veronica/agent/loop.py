@@ -29,7 +29,7 @@ from veronica.agent.providers import get_provider
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall
 from veronica.agent.runctx import Cancelled, RunContext
-from veronica.agent.tools import Tool, ToolContext, ToolError, tools_for, truncate, workspace
+from veronica.agent.tools import Tool, ToolContext, ToolError, deferred_of, tools_for, truncate, workspace
 from veronica.agent.tools.mcp import NAME_LIMIT as MCP_NAME_LIMIT
 from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
@@ -108,8 +108,9 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             log_ = tctx.log = transcript.Log(session, rows)
 
     provider = get_provider(member.model)
-    system = system_prompt(member)
-    specs = [t.spec() for t in tools.values()]
+    system = system_prompt(member, tools)
+    unloaded = deferred_of(member, tools)  # named in the prompt; a tool's schema is sent from its first use
+    specs = [t.spec() for name, t in tools.items() if name not in unloaded]
     fixed_chars = len(system) + len(json.dumps(specs))  # what estimate_tokens adds to the messages
     limit = compaction.threshold(member.model)
     empties = cuts = 0
@@ -145,6 +146,11 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         else:
             cuts = 0
         calls = [] if reply.truncated else reply.tool_calls
+        used = {c.name for c in calls} & unloaded
+        if used:  # first use of a deferred tool: its schema goes with every later call
+            unloaded -= used
+            specs = specs + [tools[name].spec() for name in sorted(used)]
+            fixed_chars = len(system) + len(json.dumps(specs))
         fuse = bool(calls) and fusable(ctx, tools, calls[0].name)  # judged again on the fence's own read
         first = calls[0] if calls else None
         if fuse:

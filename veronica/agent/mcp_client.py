@@ -12,8 +12,8 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -23,12 +23,21 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CONNECTION_CLOSED, CallToolResult
 from mcp.types import Tool as McpToolInfo
 
+from veronica.agent.runctx import stop_requested
+from veronica.agent.tools.sandbox import Capped
+
 log = logging.getLogger(__name__)
 STDERR_TAIL = 600  # characters of a failed server's stderr shown in its error
+STDERR_KEPT = 4096  # bytes of a server's stderr kept at each end; the middle is counted, never held
+POLL_SECONDS = 0.05  # how often a waiting call looks at the run's stop event
 
 
 class McpUnavailable(Exception):
     """The server could not be started, listed or reached; the text is shown in the console."""
+
+
+class McpCancelled(McpUnavailable):
+    """The run was asked to stop while the call was in flight."""
 
 
 class NotSent(McpUnavailable):
@@ -63,6 +72,8 @@ async def _guarded_http(url: str):
 
 
 def connection_lost(exc: BaseException) -> bool:
+    if isinstance(exc, McpCancelled):
+        return False  # the run stopped it: never retried on a new connection
     return not isinstance(exc, MCPError) or exc.error.code == CONNECTION_CLOSED
 
 
@@ -72,8 +83,43 @@ class _Connection:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.ready: concurrent.futures.Future = concurrent.futures.Future()
         self.dead = False
-        self.errlog = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") if spec.transport == "stdio" else None
+        self.stderr = Capped(STDERR_KEPT, STDERR_KEPT)
+        self.errlog = self.err_read = None
+        if spec.transport == "stdio":  # a pipe drained by the loop as the server writes, not a file read whole
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(read_fd, False)
+            self.err_read, self.errlog = read_fd, os.fdopen(write_fd, "w")
         self.task = asyncio.run_coroutine_threadsafe(self._serve(), loop)
+
+    def _drain_stderr(self) -> bool:
+        """One read of what the server wrote to stderr; False when nothing more is there now."""
+        try:
+            data = os.read(self.err_read, 65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if data:
+            self.stderr.feed(data)
+            return True
+        self._close_stderr()  # every writer is gone: the server and its children have exited
+        return False
+
+    def _drain_all(self) -> None:
+        for _ in range(256):  # bounded: a server still writing cannot keep us here
+            if self.err_read is None or not self._drain_stderr():
+                return
+
+    def _close_stderr(self) -> None:
+        if self.err_read is not None:
+            self.loop.remove_reader(self.err_read)
+            os.close(self.err_read)
+            self.err_read = None
+
+    def _spawned(self) -> None:
+        """The server holds its stderr now: ours is closed, so the pipe ends when the server does."""
+        if self.errlog is not None:
+            self.errlog.close()
 
     def _server(self):
         if self.spec.transport == "http":
@@ -83,8 +129,11 @@ class _Connection:
         return stdio_client(params, errlog=self.errlog)
 
     async def _serve(self) -> None:
+        if self.err_read is not None:
+            self.loop.add_reader(self.err_read, self._drain_stderr)
         try:
             async with Client(self._server(), read_timeout_seconds=self.spec.timeout, cache=None) as client:
+                self._spawned()
                 self.ready.set_result(True)
                 while True:
                     op, fut = await self.queue.get()
@@ -99,12 +148,16 @@ class _Connection:
                         if lost:
                             return
         except BaseException as exc:
+            self._drain_all()  # the server's last words, for the message
             if not self.ready.done():
                 self.ready.set_exception(McpUnavailable(self.describe(exc)))
             if not isinstance(exc, (Exception, asyncio.CancelledError)):
                 raise
         finally:
             self.dead = True
+            self._spawned()
+            self._drain_all()
+            self.loop.call_later(1, self._close_stderr)  # a straggler's writes no longer matter
             while not self.queue.empty():
                 _, fut = self.queue.get_nowait()
                 if fut is not None and not fut.done():
@@ -119,32 +172,41 @@ class _Connection:
         return text + (f" (stderr: {tail})" if tail else "")
 
     def stderr_tail(self) -> str:
-        if self.errlog is None:
-            return ""
-        try:
-            self.errlog.flush()
-            self.errlog.seek(0)
-            return self.errlog.read()[-STDERR_TAIL:].strip()
-        except (OSError, ValueError):
-            return ""
+        return self.stderr.text()[-STDERR_TAIL:].strip()
 
     def wait_ready(self) -> None:
-        try:
-            self.ready.result(timeout=self.spec.timeout)
-        except concurrent.futures.TimeoutError:
-            self.close()
-            raise McpUnavailable(f"MCP server '{self.spec.name}' did not start within {self.spec.timeout}s") from None
+        deadline = time.monotonic() + self.spec.timeout
+        while True:
+            try:
+                self.ready.result(timeout=POLL_SECONDS)
+                return
+            except concurrent.futures.TimeoutError:
+                pass
+            if stop_requested():
+                self.close()
+                raise McpCancelled(f"cancelled: the run was asked to stop while MCP server '{self.spec.name}' started") from None
+            if time.monotonic() > deadline:
+                self.close()
+                raise McpUnavailable(f"MCP server '{self.spec.name}' did not start within {self.spec.timeout}s") from None
 
     def submit(self, op: Callable[[Client], Awaitable[Any]]) -> Any:
         if self.dead:
             raise NotSent(f"MCP server '{self.spec.name}' stopped")
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self.loop.call_soon_threadsafe(self.queue.put_nowait, (op, fut))
-        try:  # the SDK times the call out itself; this is the backstop for a wedged connection
-            return fut.result(timeout=self.spec.timeout + 5)
-        except concurrent.futures.TimeoutError:
-            self.close()
-            raise McpUnavailable(f"MCP server '{self.spec.name}' did not answer within {self.spec.timeout}s") from None
+        deadline = time.monotonic() + self.spec.timeout + 5  # the SDK times the call out itself; this is the backstop
+        while True:
+            try:
+                return fut.result(timeout=POLL_SECONDS)
+            except concurrent.futures.TimeoutError:
+                pass
+            if stop_requested():  # the run was suspended or removed: end the call (and the server) now
+                self.close()
+                raise McpCancelled(f"cancelled: the run was asked to stop; the call to MCP server '{self.spec.name}' "
+                                   "was abandoned and the server stopped") from None
+            if time.monotonic() > deadline:
+                self.close()
+                raise McpUnavailable(f"MCP server '{self.spec.name}' did not answer within {self.spec.timeout}s") from None
 
     def close(self) -> None:
         self.dead = True

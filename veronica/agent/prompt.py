@@ -3,10 +3,14 @@ changes apply at the next run boundary and never mid-run."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from veronica import blackboard, memory
 from veronica.models import Member, Message, Task, TaskStatus
 from veronica.skills import skills_for
+
+if TYPE_CHECKING:
+    from veronica.agent.tools import Tool
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,8 @@ def rules_block(member: Member) -> str | None:
         return None
 
 
-def system_prompt(member: Member) -> str:
+def system_prompt(member: Member, tools: "dict[str, Tool] | None" = None) -> str:
+    """The system prompt; given the run's tools, it names the member's deferred ones."""
     parts = [member.persona.strip() or f"You are {member.name}, a {member.role} in team {member.space.name}."]
     parts.append(f"You are '{member.name}' ({member.role}) in the space '{member.space.name}'. Teammates reach you by mail; "
                  "use the tools to act. Your workspace tools only see the space's folder.")
@@ -52,6 +57,12 @@ def system_prompt(member: Member) -> str:
     block = rules_block(member)
     if block:
         parts.append(block)
+    if tools:
+        from veronica.agent.tools import deferred_block, deferred_of
+
+        block = deferred_block(tools, deferred_of(member, tools))
+        if block:
+            parts.append(block)
     return "\n\n".join(parts)
 
 

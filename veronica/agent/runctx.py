@@ -7,7 +7,9 @@ run that lost its slot (paused past its lease, taken over by the watchdog) write
 """
 from __future__ import annotations
 
+import threading
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -22,6 +24,16 @@ class Cancelled(Exception):
 
 class LeaseLost(Cancelled):
     """The run's lease expired or was taken over: the run writes nothing more and stops."""
+
+
+# Set by keep_alive for the tool call it runs: a tool that waits (a command, an MCP call) polls it and
+# stops at once when the run is asked to stop, rather than finishing first.
+STOP: ContextVar[threading.Event | None] = ContextVar("veronica_tool_stop", default=None)
+
+
+def stop_requested() -> bool:
+    event = STOP.get()
+    return event is not None and event.is_set()
 
 
 class RunContext(Protocol):
@@ -42,7 +54,8 @@ class RunContext(Protocol):
         """A transaction whose writes commit only while this run still holds its lease."""
 
     def keep_alive(self, fn: Callable[[], T]) -> T:
-        """Run a long step (a tool call) in a helper thread while the lease is renewed."""
+        """Run a long step (a tool call) in a helper thread while the lease is renewed; a stop asked for
+        meanwhile sets STOP in the step's context, so the tool ends its command and says so."""
 
     def phase(self, phase: str, tool: str = "", *, step: bool = False) -> None:
         """Report the member's phase (a fenced write and its event). step: a new model or tool call

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from veronica.api import views
+from veronica.api import cockpit, views
 
 app_name = "api"
 
@@ -20,6 +20,7 @@ urlpatterns = [
     path(M, views.member_detail, name="member"),
     path(M + "transcript/", views.transcript, name="transcript"),
     path(M + "skills/", views.member_skills, name="member-skills"),
+    path(M + "skills/<str:skill>/", cockpit.member_skill_detail, name="member-skill"),
     path(M + "memory/", views.member_memory, name="member-memory"),
     path(M + "memory/<str:file>/", views.member_memory_file, name="member-memory-file"),
     path(M + "schedule/", views.member_schedule, name="member-schedule"),
@@ -27,6 +28,9 @@ urlpatterns = [
     path(M + "<str:action>/", views.member_action, name="member-action"),
     path(S + "tasks/", views.tasks, name="tasks"),
     path(S + "tasks/<int:task_id>/", views.task_detail, name="task"),
+    path(S + "tasks/<int:task_id>/<str:action>/", cockpit.task_act, name="task-action"),
+    path(S + "skills/", cockpit.space_skills, name="skills"),
+    path(S + "skills/<str:skill>/", cockpit.space_skill_detail, name="skill"),
     path(S + "messages/", views.messages, name="messages"),
     path(S + "events/", views.events, name="events"),
     path(S + "blackboard/", views.blackboard_view, name="blackboard"),

@@ -8,12 +8,13 @@ from django.views.decorators.csrf import csrf_exempt
 
 from veronica import access, blackboard, bus, memory, notify, webhooks
 from veronica.access import OPERATOR, OWNER, VIEWER
+from veronica.api import cockpit
 from veronica.api import selectors as sel
 from veronica.api.base import endpoint, error, json_body, text_field
 from veronica.engine import approvals as approval_verbs
 from veronica.engine import checks, retention, supervisor, watchdogs
 from veronica.errors import NotFound, VeronicaError
-from veronica.models import ApprovalStatus, RetirePolicy, Role, TaskStatus
+from veronica.models import ApprovalStatus, RetirePolicy, TaskStatus
 
 WRITE_NEED = {"GET": VIEWER, "HEAD": VIEWER}
 
@@ -32,7 +33,10 @@ def _actor(request: HttpRequest) -> str:
 ENDPOINTS = [
     "GET /api/me/", "GET|POST /api/tokens/", "DELETE /api/tokens/<id>/", "GET /api/spaces/",
     "GET /api/spaces/<slug>/", "GET /api/spaces/<slug>/usage/", "POST /api/spaces/<slug>/halt/",
-    "GET|POST(owner) /api/spaces/<slug>/members/", "GET|DELETE(owner) /api/spaces/<slug>/members/<name>/",
+    "GET|POST(owner) /api/spaces/<slug>/members/", "GET|PATCH(owner)|DELETE(owner) /api/spaces/<slug>/members/<name>/",
+    "GET|POST(owner) /api/spaces/<slug>/skills/", "DELETE(owner) /api/spaces/<slug>/skills/<skill>/",
+    "POST(owner) /api/spaces/<slug>/members/<name>/skills/", "DELETE(owner) /api/spaces/<slug>/members/<name>/skills/<skill>/",
+    "GET|POST /api/spaces/<slug>/tasks/", "POST /api/spaces/<slug>/tasks/<id>/(assign|reassign|cancel|retry)/",
     "GET /api/spaces/<slug>/members/<name>/transcript/?session=&after=&limit=",
     "GET /api/spaces/<slug>/members/<name>/skills/", "GET|POST /api/spaces/<slug>/members/<name>/memory/",
     "GET|PUT|DELETE /api/spaces/<slug>/members/<name>/memory/<file>/",
@@ -117,24 +121,17 @@ def members(request: HttpRequest, slug: str):
         space, _ = _space(request, slug)
         return {"members": sel.roster(space)}
     space, _ = _space(request, slug, OWNER)
-    data = json_body(request)
-    rule_domains = data.get("rule_domains") or []
-    if not isinstance(rule_domains, list):
-        raise VeronicaError("rule_domains must be a list of strings", field="rule_domains")
-    member = supervisor.add_member(
-        space, text_field(data, "name"), role=text_field(data, "role", required=False, default=Role.WORKER),
-        persona=text_field(data, "persona", required=False), when_to_use=text_field(data, "when_to_use", required=False),
-        model=text_field(data, "model", required=False, default="offline"),
-        permission_mode=text_field(data, "permission_mode", required=False),
-        schedule=text_field(data, "schedule", required=False), rule_domains=rule_domains, actor=_actor(request))
-    return sel.member_detail(member), 201
+    member = cockpit.add_member(space, json_body(request), _actor(request))
+    return cockpit.member_config(member), 201
 
 
-@endpoint("GET", "DELETE")
+@endpoint("GET", "DELETE", "PATCH")
 def member_detail(request: HttpRequest, slug: str, name: str) -> dict:
+    if request.method == "PATCH":  # owners edit the configuration (supervisor.edit_member)
+        return cockpit.member_patch(request, slug, name)
     if request.method == "GET":
         space, _ = _space(request, slug)
-        return sel.member_detail(supervisor.get_member(space, name))
+        return cockpit.member_config(supervisor.get_member(space, name))  # with the editable fields as stored
     space, _ = _space(request, slug, OWNER)
     removed = supervisor.remove_member(supervisor.get_member(space, name), actor=_actor(request))
     return {"name": removed.name, "removed_at": sel.iso(removed.removed_at)}
@@ -149,8 +146,10 @@ def transcript(request: HttpRequest, slug: str, name: str) -> dict:
                           after=sel.int_param(params, "after", None), limit=sel.int_param(params, "limit", 200, minimum=1, maximum=sel.MAX_LIMIT))
 
 
-@endpoint("GET")
+@endpoint("GET", "POST")
 def member_skills(request: HttpRequest, slug: str, name: str) -> dict:
+    if request.method == "POST":  # owners author the member's own skills
+        return cockpit.member_skills_post(request, slug, name)
     space, _ = _space(request, slug)
     return {"skills": sel.skills_of(supervisor.get_member(space, name))}
 
@@ -234,9 +233,11 @@ def member_action(request: HttpRequest, slug: str, name: str, action: str) -> di
 
 # --- tasks, messages, events -------------------------------------------------------------------------------
 
-@endpoint("GET")
+@endpoint("GET", "POST")
 def tasks(request: HttpRequest, slug: str) -> dict:
     space, _ = _space(request, slug)
+    if request.method == "POST":  # operators create tasks (ledger.create_task)
+        return cockpit.tasks_post(request, space)
     params = request.GET
     return {"tasks": sel.tasks(space, status=sel.choice_param(params, "status", TaskStatus.values),
                                assignee=params.get("assignee") or None,

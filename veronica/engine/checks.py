@@ -9,10 +9,7 @@ the on-commit enqueue and the tick's recovery both deliver it.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import signal
-import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +21,7 @@ from django.utils import timezone
 
 from veronica import bus, events
 from veronica.agent.tools.base import ToolError, truncate
-from veronica.agent.tools.workspace import sandbox_env, sandboxed, text_of
+from veronica.agent.tools.sandbox import Capped, limit_note, run, sandbox_env, sandboxed
 from veronica.errors import Conflict, IllegalTransition, NotFound, VeronicaError
 from veronica.models import Space, Task, TaskCheck, TaskStatus, VerifyPolicy
 
@@ -143,34 +140,25 @@ def pending(task: Task) -> bool:
 # --- running --------------------------------------------------------------------------------------
 
 def run_one(root: Path, check: dict) -> dict:
-    """One check in the run_command sandbox. A timeout kills its whole process group."""
+    """One check in the run_command sandbox and its bounds; its output is read as it comes and kept as
+    a head and a tail. A timeout kills its whole process group."""
     started = time.monotonic()
     timeout = check["timeout"]
     try:
         argv, home = sandboxed(root, check["command"])
     except ToolError as exc:
         return {"exit_code": None, "timed_out": False, "output": f"could not start: {exc}", "duration_ms": 0}
-    proc = subprocess.Popen(argv, cwd=root, env=sandbox_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    timed_out = False
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            out, _ = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            out = b""
+    out = Capped(OUTPUT_CAP // 2, OUTPUT_CAP // 2)
+    outcome = run(argv, cwd=root, env=sandbox_env(home), timeout=timeout, streams=(out,))
     duration_ms = int((time.monotonic() - started) * 1000)
-    output = text_of(out or b"").strip()
-    if timed_out:
-        output = (f"timed out after {timeout} s\n" + output).strip()
-    return {"exit_code": None if timed_out else proc.returncode, "timed_out": timed_out,
-            "output": truncate(output, OUTPUT_CAP), "duration_ms": duration_ms}
+    output = out.text().strip()
+    note = limit_note(outcome, output)
+    if outcome.timed_out:
+        note = f"timed out after {timeout} s"
+    if note:
+        output = (note + "\n" + output).strip()
+    return {"exit_code": outcome.returncode, "timed_out": outcome.timed_out,
+            "output": truncate(output, OUTPUT_CAP + 300), "duration_ms": duration_ms}
 
 
 def _claim(task_id: int) -> Task | None:

@@ -37,7 +37,7 @@ from django.db.models.sql import UpdateQuery
 
 from veronica import events
 from veronica.returning import compiled, update_returning, update_then
-from veronica.agent.runctx import Cancelled, LeaseLost
+from veronica.agent.runctx import STOP, Cancelled, LeaseLost
 from veronica.engine import budget, failures
 from veronica.engine import wakes
 from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus
@@ -78,6 +78,8 @@ def write_phase(member: Member, phase: str, tool: str = "") -> None:
 
 # A cancel flag read by a fence this recently answers check() without a statement of its own.
 FRESH_CHECK_SECONDS = 0.25
+# While a tool call runs, the cancel flag is read this often: a suspend ends a command within it.
+CANCEL_POLL_SECONDS = 0.5
 
 
 def _fence_statement(member_id: int, token: str, phase: tuple[str, str] | None, meter=None):
@@ -213,10 +215,14 @@ class RunLease:
 
     def keep_alive(self, fn: Callable[[], T]) -> T:
         """Run fn in a helper thread (it must not touch the DB) and renew the lease while it runs.
+        The cancel flag is read every CANCEL_POLL_SECONDS meanwhile: a stop sets the step's STOP event
+        and the tool ends its command or MCP call at once; its result (saying so) is still written.
         A lost lease abandons the step: its result is never written."""
         box: dict = {}
         done = threading.Event()
+        stop = threading.Event()
         context = contextvars.copy_context()  # the step keeps the run's context (its trace span, for one)
+        context.run(STOP.set, stop)
 
         def target() -> None:
             try:
@@ -228,11 +234,26 @@ class RunLease:
                 done.set()
 
         threading.Thread(target=target, name=f"step-{self.member.pk}", daemon=True).start()
-        while not done.wait(settings.RUN_HEARTBEAT_SECONDS):
-            self._renew(honour_cancel=False)  # a cancel waits for the step; its result is kept
+        renewed = time.monotonic()
+        wait = min(CANCEL_POLL_SECONDS, settings.RUN_HEARTBEAT_SECONDS)
+        try:
+            while not done.wait(wait):
+                if not stop.is_set() and self._stop_asked():
+                    stop.set()
+                if time.monotonic() - renewed >= settings.RUN_HEARTBEAT_SECONDS:
+                    self._renew(honour_cancel=False)  # the step's result is written even after a cancel
+                    renewed = time.monotonic()
+        except BaseException:
+            stop.set()  # a lost lease: the command must not outlive the run
+            raise
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def _stop_asked(self) -> bool:
+        """A suspend or remove set the flag, or the slot is no longer ours (one cheap read)."""
+        flag = Member.objects.filter(pk=self.member.pk, lease_token=self.token).values_list("cancel_requested", flat=True).first()
+        return flag is None or bool(flag)
 
     def phase(self, phase: str, tool: str = "", *, step: bool = False) -> None:
         """step: a new model or tool call begins. Every fence statement re-stamps phase_since (the

@@ -25,6 +25,7 @@ MAX_WHEN_TO_USE = 2000
 MAX_DOMAIN = 64  # learning's domain names
 MAX_DOMAINS = 20
 INT_RANGE = (-2**31, 2**31 - 1)  # an IntegerField on PostgreSQL
+MAX_ITERATIONS = 200  # the manifest's limit too
 
 
 def get_member(space: Space, name: str) -> Member:
@@ -141,6 +142,13 @@ def check_int(value: object, field: str, *, minimum: int = INT_RANGE[0], maximum
     return value
 
 
+def check_tools(role: str, tools: object, deferred_tools: object) -> tuple[list[str] | None, list[str]]:
+    """The tool set's names (None: every tool of the role); unknown or leader-only names are refused."""
+    from veronica.agent.tools import check_tool_set  # the tools import this module
+
+    return check_tool_set(role, tools, deferred_tools)
+
+
 def validate_new_member(space: Space, name: str, *, role: str, model: str, permission_mode: str = "", schedule: str = "",
                         rule_domains: list[str] | None = None, persona: str = "", when_to_use: str = "",
                         budget_override: int | None = None) -> tuple[str, str, list[str]]:
@@ -167,19 +175,23 @@ def validate_new_member(space: Space, name: str, *, role: str, model: str, permi
 def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str = "", when_to_use: str = "",
                model: str = "offline", permission_mode: str = "", schedule: str = "", rule_domains: list[str] | None = None,
                budget_override: int | None = None, actor: str = "operator", skills: dict[str, str] | None = None,
-               origin: str = Origin.RUNTIME) -> Member:
+               origin: str = Origin.RUNTIME, max_iterations: int = 24, tools: list[str] | None = None,
+               deferred_tools: list[str] | None = None) -> Member:
     """Create a member (and its skills) in one transaction: a failure leaves nothing behind."""
     name = name.strip() if isinstance(name, str) else name
     mode, cron, domains = validate_new_member(space, name, role=role, model=model, permission_mode=permission_mode,
                                               schedule=schedule, rule_domains=rule_domains, persona=persona,
                                               when_to_use=when_to_use, budget_override=budget_override)
+    check_int(max_iterations, "max_iterations", minimum=1, maximum=MAX_ITERATIONS)
+    tools, deferred_tools = check_tools(role, tools, deferred_tools)
     when_to_use = when_to_use.strip()
     with transaction.atomic():
         try:
             member = Member.objects.create(
                 space=space, name=name, role=role, persona=persona, when_to_use=when_to_use, model=model,
                 permission_mode=mode, schedule=cron, schedule_origin=origin, origin=origin, rule_domains=domains,
-                budget_override=budget_override, schedule_next_at=next_fire(cron) if cron else None, phase_since=timezone.now())
+                budget_override=budget_override, schedule_next_at=next_fire(cron) if cron else None, phase_since=timezone.now(),
+                max_iterations=max_iterations, tools=tools, deferred_tools=deferred_tools)
         except IntegrityError as exc:
             raise Conflict(f"could not add member '{name}': {exc}", field="name") from None
         if cron:
@@ -222,8 +234,8 @@ def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor:
         clone = Member.objects.create(
             space=space, name=f"{base.name}-{seq}", role=Role.WORKER, persona=base.persona, when_to_use=base.when_to_use,
             model=base.model, permission_mode=base.permission_mode, rule_domains=base.rule_domains,
-            budget_override=base.budget_override, spawned_from=base, retire_policy=retire_policy, phase_since=timezone.now(),
-            origin=Origin.RUNTIME)
+            budget_override=base.budget_override, tools=base.tools, deferred_tools=base.deferred_tools, spawned_from=base,
+            retire_policy=retire_policy, phase_since=timezone.now(), origin=Origin.RUNTIME)
         for skill in Skill.objects.filter(member=base):
             Skill.objects.create(space=space, member=clone, name=skill.name, description=skill.description, body=skill.body)
         events.emit(space.pk, "member.spawned", member=clone, base=base.name, retire=retire_policy, actor=actor)
@@ -333,32 +345,6 @@ def set_permission_mode(member: Member, mode: str, *, actor: str) -> Member:
 
 
 MAX_ITERATIONS = 200  # the manifest's limit
-EDITABLE = ("role", "persona", "when_to_use", "model", "budget_override", "rule_domains", "max_iterations")
-
-
-def clean_member_edit(member: Member, changes: dict) -> dict:
-    """The checks update_member applies, without writing (the admin form shows them as field errors)."""
-    from veronica.agent.providers import validate_model_spec
-
-    unknown = set(changes) - set(EDITABLE)
-    if unknown:
-        raise VeronicaError(f"cannot edit {', '.join(sorted(unknown))}; editable: {', '.join(EDITABLE)}", field=sorted(unknown)[0])
-    cleaned = dict(changes)
-    if "persona" in cleaned:
-        require_text(cleaned["persona"], "persona", max_len=MAX_PERSONA, allow_empty=True)
-    if "when_to_use" in cleaned:
-        cleaned["when_to_use"] = require_text(cleaned["when_to_use"], "when_to_use", max_len=MAX_WHEN_TO_USE, allow_empty=True).strip()
-    if "model" in cleaned:
-        validate_model_spec(cleaned["model"])
-    if cleaned.get("budget_override") is not None:
-        check_int(cleaned["budget_override"], "budget_override")
-    if "max_iterations" in cleaned:
-        check_int(cleaned["max_iterations"], "max_iterations", minimum=1, maximum=MAX_ITERATIONS)
-    if "rule_domains" in cleaned:
-        cleaned["rule_domains"] = check_domains(cleaned["rule_domains"])
-    if "role" in cleaned:
-        _check_role(member, cleaned["role"])
-    return cleaned
 
 
 def _check_role(member: Member, role: object) -> None:
@@ -369,24 +355,6 @@ def _check_role(member: Member, role: object) -> None:
         raise Conflict("this space already has a leader; a space has at most one", field="role")
 
 
-def update_member(member: Member, *, actor: str, **changes: object) -> Member:
-    """Edit a member's configuration (persona, model, budget...); it applies at the next run boundary.
-    Only the fields that differ are written and named in the event; no difference, no write, no event."""
-    cleaned = clean_member_edit(member, changes)
-    current = _refresh(member)
-    changed = {k: v for k, v in cleaned.items() if getattr(current, k) != v}
-    if not changed:
-        return current
-    with transaction.atomic():
-        try:
-            if not Member.objects.filter(pk=member.pk, removed_at__isnull=True).update(**changed, reload_pending=True):
-                raise NotFound(f"member '{member.name}' is removed", field="member")
-        except IntegrityError:  # a leader added meanwhile: the partial unique index refused the second
-            raise Conflict("this space already has a leader; a space has at most one", field="role") from None
-        events.emit(member.space_id, "member.updated", member=member, actor=actor, fields=sorted(changed))
-    return _refresh(member)
-
-
 def reload_skills(member: Member | None = None, *, space: Space | None = None, actor: str) -> int:
     """Flag a re-read of the skills catalog; the prompt is rebuilt at each member's next run."""
     qs = Member.objects.filter(removed_at__isnull=True)
@@ -395,3 +363,81 @@ def reload_skills(member: Member | None = None, *, space: Space | None = None, a
         count = qs.update(reload_pending=True)
         events.emit((member or space).space_id if member else space.pk, "member.skills_reload", member=member, actor=actor, count=count)
     return count
+
+
+# --- editing a member's configuration ----------------------------------------------------------------
+
+# the fields edit_member writes itself; schedule and permission_mode go through their own verbs
+CONFIG_FIELDS = ("role", "persona", "when_to_use", "model", "budget_override", "max_iterations", "rule_domains", "tools",
+                 "deferred_tools")
+EDITABLE = (*CONFIG_FIELDS, "schedule", "permission_mode")
+
+
+def _config_value(member: Member, field: str, value: object, changes: dict) -> object:
+    """One field's value as stored, or a VeronicaError naming the field and its limit."""
+    from veronica.agent.providers import validate_model_spec
+
+    if field == "role":
+        _check_role(member, value)
+        return value
+    if field == "persona":
+        return require_text(value, "persona", max_len=MAX_PERSONA, allow_empty=True).strip()
+    if field == "when_to_use":
+        return require_text(value, "when_to_use", max_len=MAX_WHEN_TO_USE, allow_empty=True).strip()
+    if field == "model":
+        return validate_model_spec(value)
+    if field == "budget_override":
+        return None if value is None else check_int(value, "budget_override")
+    if field == "max_iterations":
+        return check_int(value, "max_iterations", minimum=1, maximum=MAX_ITERATIONS)
+    if field == "rule_domains":
+        return check_domains(value)
+    tools, deferred = check_tools(changes.get("role", member.role), changes.get("tools", member.tools),
+                                  changes.get("deferred_tools", member.deferred_tools))
+    return tools if field == "tools" else deferred
+
+
+def clean_member_edit(member: Member, changes: dict) -> dict:
+    """Every check edit_member makes, without writing (the admin form shows them as field errors):
+    the values as they would be stored, or a VeronicaError naming the field and its limit."""
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise VeronicaError(f"{unknown[0]} cannot be edited here; editable: {', '.join(EDITABLE)}", field=unknown[0])
+    if member.removed_at is not None:
+        raise NotFound(f"member '{member.name}' is removed", field="member")
+    cleaned = {f: _config_value(member, f, changes[f], changes) for f in CONFIG_FIELDS if f in changes}
+    cron = changes.get("schedule")
+    if cron is not None:
+        cleaned["schedule"] = validate_cron(require_text(cron, "schedule", max_len=120, allow_empty=True).strip()) \
+            if str(cron).strip() else ""
+    mode = changes.get("permission_mode")
+    if mode is not None:
+        if mode not in PermissionMode.values:
+            raise VeronicaError(f"permission_mode must be one of {', '.join(PermissionMode.values)}", field="permission_mode")
+        cleaned["permission_mode"] = mode
+    return cleaned
+
+
+def edit_member(member: Member, changes: dict, *, actor: str) -> Member:
+    """Change a member's configuration (any of EDITABLE) in one transaction: everything is checked
+    first, so a refused field changes nothing. The fields are marked runtime edits: a restart
+    register keeps them, a fresh one puts the manifest's values back. The prompt and tools change
+    at the member's next run."""
+    cleaned = clean_member_edit(member, changes)
+    cron, mode = cleaned.pop("schedule", None), cleaned.pop("permission_mode", None)
+    values = cleaned
+    changed = sorted(f for f, v in values.items() if getattr(member, f) != v)
+    with transaction.atomic():
+        if changed:
+            marked = sorted(set(member.runtime_fields or []) | set(changed))
+            try:
+                Member.objects.filter(pk=member.pk).update(**{f: values[f] for f in changed}, runtime_fields=marked,
+                                                           reload_pending=True)
+            except IntegrityError:  # a leader added meanwhile: the partial unique index refused the second
+                raise Conflict("this space already has a leader; a space has at most one", field="role") from None
+            events.emit(member.space_id, "member.updated", member=member, fields=changed, actor=actor)
+        if cron is not None and cron != member.schedule:
+            set_schedule(member, cron, actor=actor) if cron else clear_schedule(member, actor=actor)
+        if mode is not None and mode != member.permission_mode:
+            set_permission_mode(member, mode, actor=actor)
+    return _refresh(member)

@@ -96,6 +96,13 @@ class Member(models.Model):
     reload_pending = models.BooleanField(default=False, help_text="Skills changed; applied at the next run boundary.")
     rule_domains = models.JSONField(default=list, blank=True)
     max_iterations = models.IntegerField(default=24)
+    # the member's tool set (seed: active and deferred tools): None offers every tool of its role; a list
+    # offers only those names (built-in or mcp__<server>__<tool>, or mcp__<server>__* for a whole server)
+    tools = models.JSONField(null=True, blank=True, default=None, help_text="Offered tools; empty = every tool of the role.")
+    deferred_tools = models.JSONField(default=list, blank=True,
+                                      help_text="Offered but not loaded: named in the prompt, loaded on first use.")
+    # fields an operator edited at runtime (supervisor.edit_member): a restart register keeps them, --fresh discards them
+    runtime_fields = models.JSONField(default=list, blank=True, help_text="Fields edited at runtime; register keeps them.")
     stuck_alerted_at = models.DateTimeField(null=True, blank=True, help_text="Stuck-run alert raised; cleared when the episode ends.")
     backlog_alerted_at = models.DateTimeField(null=True, blank=True, help_text="Mailbox-backlog alert raised; cleared when the episode ends.")
     removed_at = models.DateTimeField(null=True, blank=True)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str, truncate
 from veronica.agent.tools.safe_fs import Missing, Place, Refused, Tree, printable, read_regular, shown
+from veronica.agent.runctx import stop_requested
+from veronica.agent.tools.sandbox import SANDBOX_ROOT, Capped, limit_note, run, sandbox_env, sandboxed, text_of  # noqa: F401 (re-exported)
 
 MAX_READ_BYTES = 200_000
 MAX_EDIT_BYTES = 4 * MAX_READ_BYTES  # 200,000 characters are at most this many UTF-8 bytes
@@ -20,7 +20,6 @@ MAX_GREP_FILE_BYTES = 10_000_000  # grep skips bigger files rather than load the
 COMMAND_TIMEOUT_MAX = 30
 COMMAND_OUTPUT_CAP = 8000
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv"}
-SANDBOX_ROOT = "/workspace"
 
 
 def root_of(ctx: ToolContext) -> Path:
@@ -43,11 +42,6 @@ def workspace(ctx: ToolContext, raw: str) -> Iterator[Tree]:
         raise ToolError(str(exc)) from None
     except OSError as exc:
         raise ToolError(f"'{shown(raw)}': {exc.strerror or exc}") from None
-
-
-def text_of(data: bytes) -> str:
-    """File bytes as tool-result text: bad UTF-8 and NUL (which no database text field takes) as U+FFFD."""
-    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
 def list_dir(ctx: ToolContext, args: dict) -> str:
@@ -194,46 +188,24 @@ def edit_file(ctx: ToolContext, args: dict) -> str:
     return f"edited; wrote {len(edited)} characters to {printable(place.path)}"
 
 
-def sandboxed(root: Path, command: str) -> tuple[list[str], str]:
-    """The argv that runs `command` confined to the workspace, and the workspace's path inside.
-
-    With bubblewrap the command sees only the system's /usr (read-only), a private /tmp and the
-    workspace mounted at /workspace; no network, no other space's folder, no host files. Without a
-    sandbox the tool refuses, unless the operator opts out (VERONICA_COMMAND_SANDBOX=none)."""
-    from django.conf import settings
-
-    if settings.COMMAND_SANDBOX == "none":
-        return ["/bin/sh", "-c", command], str(root)
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise ToolError("run_command needs bubblewrap to stay inside the workspace (apt-get install bubblewrap); "
-                        "an operator may set VERONICA_COMMAND_SANDBOX=none to run commands unconfined")
-    argv = [bwrap, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-            "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--bind", str(root), SANDBOX_ROOT, "--chdir", SANDBOX_ROOT, "--unshare-all", "--die-with-parent"]
-    if Path("/etc/alternatives").is_dir():
-        argv += ["--ro-bind", "/etc/alternatives", "/etc/alternatives"]
-    return argv + ["/bin/sh", "-c", command], SANDBOX_ROOT
-
-
-def sandbox_env(home: str) -> dict[str, str]:
-    """The whole environment a sandboxed command gets (no host variables, no secrets)."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
-
-
 def run_command(ctx: ToolContext, args: dict) -> str:
     command = arg_str(args, "command", max_len=2000)
     timeout = arg_int(args, "timeout", default=20, minimum=1, maximum=COMMAND_TIMEOUT_MAX)
     root = root_of(ctx)
     argv, home = sandboxed(root, command)
-    env = sandbox_env(home)
-    try:
-        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        raise ToolError(f"command timed out after {timeout}s") from None
-    stdout, stderr = text_of(proc.stdout), text_of(proc.stderr)  # `cat` of a binary file is still a result
-    output = (stdout + ("\n[stderr]\n" + stderr if stderr else "")).strip()
-    return truncate(f"exit {proc.returncode}\n{output}", COMMAND_OUTPUT_CAP)
+    half = COMMAND_OUTPUT_CAP // 2
+    stdout, stderr = Capped(half * 3 // 4, half * 3 // 4), Capped(half // 4, half // 4)
+    outcome = run(argv, cwd=root, env=sandbox_env(home), timeout=timeout, streams=(stdout, stderr), cancelled=stop_requested)
+    if outcome.cancelled:
+        raise ToolError("cancelled: the run was asked to stop (suspended or removed); the command was killed")
+    if outcome.timed_out:
+        raise ToolError(f"command timed out after {timeout}s")
+    err = stderr.text()
+    output = (stdout.text() + ("\n[stderr]\n" + err if err else "")).strip()
+    note = limit_note(outcome, output)
+    if note:
+        raise ToolError(f"{note}; exit {outcome.returncode}\n{output}"[:COMMAND_OUTPUT_CAP + 200])
+    return truncate(f"exit {outcome.returncode}\n{output}", COMMAND_OUTPUT_CAP + 200)
 
 
 TOOLS = [

@@ -13,7 +13,8 @@ from veronica.engine import supervisor
 from veronica.engine.drive import run_until_quiet
 from veronica.manifest import register
 from veronica.models import Message, Run, Task, UsageDay
-from veronica.seed import DEMO_GOAL, DEMO_MANIFEST
+from veronica.seed import DEMO_GOAL
+from veronica.startup import ensure_demo_space
 
 
 class Command(BaseCommand):
@@ -27,7 +28,8 @@ class Command(BaseCommand):
         settings.WAGGLE = {**settings.WAGGLE, "sweep_async": False}  # no cluster here: mine inline
         started = time.monotonic()
         call_command("migrate", interactive=False, verbosity=0)  # a fresh data folder has no tables yet
-        space = register(DEMO_MANIFEST, fresh=True, actor="demo")  # the scenario starts from the manifest as written
+        space = ensure_demo_space()  # its own copy under the data folder, never the checkout
+        space = register(space.manifest_path, fresh=True, actor="demo", own=True, slug=space.slug)  # the manifest as written
         for round_no in range(1, rounds + 1):
             first_run = Run.objects.order_by("-id").values_list("id", flat=True).first() or 0
             bus.send(space, bus.OPERATOR, "leader", goal, subject=f"Goal (round {round_no})")
