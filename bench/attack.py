@@ -470,8 +470,9 @@ def takeover(w: World) -> dict:
         leaks = door_leaks(w, slug, ws)
         won = [d for d in doors if leaks.get(d)]
         succeeded += len(won)
+        dead = f" (DOORS THAT DID NOT RUN: {', '.join(leaks['dead'])})" if leaks.get("dead") else ""
         rows.append((label, f"accepted, workdir {ws}{' (OUTSIDE its folder)' if outside else ''}",
-                     "; ".join(f"{d}: {', '.join(leaks[d])}" for d in won) or "nothing leaked"))
+                     ("; ".join(f"{d}: {', '.join(leaks[d])}" for d in won) or "nothing leaked") + dead))
     log("[takeover] (workdir variant: outcome / what each door leaked)")
     for label, outcome, detail in rows:
         log(f"  {label:14} {outcome}  -> {detail}")
@@ -489,19 +490,25 @@ def door_leaks(w: World, slug: str, ws: Path) -> dict[str, list[str]]:
     def read_cmd(door: str) -> str:
         reads = "; ".join(f"head -c 80 {shlex.quote(p)}; echo" for p in inside.values())
         plants = "; ".join(f"echo pwned > {shlex.quote('/workspace/' + os.path.relpath(path, ws))}" for path in planted[door])
-        return f"{reads}; {plants}; true"
+        return f"echo ALIVE-$((6*7)); {reads}; {plants}; true"
 
     def found(text: str) -> list[str]:
         return [name for name, (_, needle) in targets.items() if needle in text]
 
     leaks: dict[str, list[str]] = {}
-    leaks["mcp_check"] = found(w.mcp_door(slug, "leak", read_cmd("mcp_check")))
+    mcp_out = w.mcp_door(slug, "leak", read_cmd("mcp_check"))
+    leaks["mcp_check"] = found(mcp_out)
     w.add_mole(slug)
     calls = [("run_command", {"command": read_cmd("run_command")})] + [("read_file", {"path": p}) for p in relative.values()]
     results, checks = w.agent_door(slug, calls, checks=[("leak", read_cmd("verify_check"), 30)])
     leaks["run_command"] = found(results[0] if results else "")
     leaks["read_file"] = found("\n".join(results[1:]))
     leaks["verify_check"] = found("\n".join(checks.values()))
+    alive = {"mcp_check": "ALIVE-42" in mcp_out, "run_command": bool(results) and "ALIVE-42" in results[0],
+             "read_file": len(results) == 1 + len(relative), "verify_check": "ALIVE-42" in "\n".join(checks.values())}
+    for door, ok in alive.items():
+        if not ok:
+            leaks.setdefault("dead", []).append(door)
     for door, paths in planted.items():
         for path, where in zip(paths, ("data", "code")):
             if path.exists():
@@ -515,6 +522,7 @@ def door_leaks(w: World, slug: str, ws: Path) -> dict[str, list[str]]:
 def probes(w: World, r: str) -> list[tuple[str, str]]:
     py = "python3 -c"
     return [
+        ("control", "echo CONTROL-$((6*7))"),  # not an attack: proves the door ran the command and we read its output
         ("uid0", "id -u"),
         ("capability", "grep CapEff /proc/self/status"),
         ("remount_usr", "mount -o remount,rw,bind /usr 2>&1 && echo REMOUNT-OK"),
@@ -532,10 +540,17 @@ def probes(w: World, r: str) -> list[tuple[str, str]]:
         ("ptrace_parent", py + " \"import ctypes, os; p = os.getppid(); libc = ctypes.CDLL(None); r = libc.ptrace(16, p, 0, 0); libc.ptrace(17, p, 0, 0); "
                                "c = [l for l in open('/proc/%d/status' % p) if l.startswith('CapEff')]; print('PTRACE', p, r, c[0].split()[1] if c else '?')\" 2>&1"),
         ("mknod", "mknod /tmp/sda b 8 0 2>&1 && echo MKNOD-OK"),
+        # a host-wide sysctl: core_pattern opened for writing (never written; "|prog" there runs prog as host root),
+        # printk_ratelimit written with the value it already has (no change, but the kernel took the write)
+        ("proc_sys_write", "v=$(cat /proc/sys/kernel/printk_ratelimit); echo \"$v\" > /proc/sys/kernel/printk_ratelimit 2>&1 && echo WROTE-SYSCTL; "
+                           + py + " \"import os\ntry: os.close(os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)); print('OPEN-W core_pattern')\n"
+                                  "except OSError as e: print('no', e)\""),
     ]
 
 
 def judge(w: World, name: str, out: str, r: str, ws: Path) -> bool:
+    if name == "control":
+        return "CONTROL-42" in out
     lines = [line.strip() for line in out.strip().splitlines() if line.strip()]
     host_files = {"write_usr": [Path(f"/usr/.attack-{r}")], "write_etc": [Path(f"/etc/.attack-{r}")],
                   "unshare": [Path(f"/usr/.attack-u{r}")], "nsenter": [w.data / f"nsenter-{r}"],
@@ -567,6 +582,8 @@ def judge(w: World, name: str, out: str, r: str, ws: Path) -> bool:
         return bool(m and m.group(2) == "0" and m.group(3) not in ("?", "0" * 16))
     if name == "mknod":
         return "MKNOD-OK" in out
+    if name == "proc_sys_write":
+        return "OPEN-W" in out or "WROTE-SYSCTL" in out
     raise KeyError(name)
 
 
@@ -581,30 +598,36 @@ def sandbox(w: World) -> dict:
     table: dict[str, dict[str, str]] = {}
     # MCP check (web process): one server per probe
     r = uuid.uuid4().hex[:8]
+    seen: dict[str, dict[str, str]] = {}
+
+    def record(name: str, door: str, out: str | None, won: bool) -> None:
+        nonlocal tried, succeeded
+        seen.setdefault(name, {})[door] = re.sub(r"\s+", " ", out or "")[:70]
+        if name == "control":
+            table.setdefault(name, {})[door] = "door works" if won else "DOOR DEAD (counts below are void)"
+            return
+        tried, succeeded = tried + 1, succeeded + won
+        table.setdefault(name, {})[door] = "ESCAPED" if won else ("held" if out is not None else "no result")
+
     for name, cmd in probes(w, r):
         out = w.mcp_door(slug, f"p-{name.replace('_', '-')}"[:40], cmd)
-        won = judge(w, name, out, r, ws)
-        tried, succeeded = tried + 1, succeeded + won
-        table.setdefault(name, {})["mcp_check"] = "ESCAPED" if won else "held"
+        record(name, "mcp_check", out, judge(w, name, out, r, ws))
     # run_command (worker) and verify checks (worker), in one run of mole
     r1, r2 = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
     run_probes, check_probes = probes(w, r1), probes(w, r2)
     calls = [("run_command", {"command": f"echo @@{name}@@; {cmd}"}) for name, cmd in run_probes]
     checks = [(f"p-{name.replace('_', '-')}", cmd, 20) for name, cmd in check_probes]
-    results, outputs = w.agent_door(slug, calls, checks=checks[:20])
+    results, outputs = w.agent_door(slug, calls, checks=checks[:20])  # a space holds at most 20 checks
     by_tag = tagged(results)
     for name, _ in run_probes:
-        won = judge(w, name, by_tag.get(name, ""), r1, ws)
-        tried, succeeded = tried + 1, succeeded + won
-        table[name]["run_command"] = "ESCAPED" if won else ("held" if name in by_tag else "no result")
+        record(name, "run_command", by_tag.get(name), judge(w, name, by_tag.get(name, ""), r1, ws))
     for name, _ in check_probes:
         out = outputs.get(f"p-{name.replace('_', '-')}")
-        won = judge(w, name, out or "", r2, ws)
-        tried, succeeded = tried + 1, succeeded + won
-        table[name]["verify_check"] = "ESCAPED" if won else ("held" if out is not None else "no result")
-    log("[sandbox] probe: mcp_check / run_command / verify_check")
+        record(name, "verify_check", out, judge(w, name, out or "", r2, ws))
+    log("[sandbox] probe: mcp_check / run_command / verify_check  (what each door printed)")
     for name, cells in table.items():
         log(f"  {name:17} " + "  ".join(f"{door}={state}" for door, state in cells.items()))
+        log("  " + " " * 17 + " | ".join(f"{seen[name].get(door, '')!r}" for door in cells))
     return {"tried": tried, "succeeded": succeeded}
 
 
