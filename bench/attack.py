@@ -502,10 +502,12 @@ def door_leaks(w: World, slug: str, ws: Path) -> dict[str, list[str]]:
     calls = [("run_command", {"command": read_cmd("run_command")})] + [("read_file", {"path": p}) for p in relative.values()]
     results, checks = w.agent_door(slug, calls, checks=[("leak", read_cmd("verify_check"), 30)])
     leaks["run_command"] = found(results[0] if results else "")
-    leaks["read_file"] = found("\n".join(results[1:]))
+    leaks["read_file"] = found("\n".join(results[1:1 + len(relative)]))
     leaks["verify_check"] = found("\n".join(checks.values()))
+    if os.environ.get("ATTACK_DEBUG"):
+        log("    results:", [r[:150] for r in results], "checks:", {k: v[:150] for k, v in checks.items()})
     alive = {"mcp_check": "ALIVE-42" in mcp_out, "run_command": bool(results) and "ALIVE-42" in results[0],
-             "read_file": len(results) == 1 + len(relative), "verify_check": "ALIVE-42" in "\n".join(checks.values())}
+             "read_file": len(results) >= 1 + len(relative), "verify_check": "ALIVE-42" in "\n".join(checks.values())}
     for door, ok in alive.items():
         if not ok:
             leaks.setdefault("dead", []).append(door)
@@ -690,13 +692,19 @@ def exhaust(w: World) -> dict:
     # processes
     forks = "i=0; while [ $i -lt 1000 ]; do sleep 4 & i=$((i+1)); done 2>/dev/null; echo procs=$(ls -d /proc/[0-9]* | wc -l)"
     measure("1000 processes (run_command)", lambda: run(forks),
-            lambda out, _: ((m := re.search(r"procs=(\d+)", out)) is not None and int(m.group(1)) < 1000, first(out)))
+            lambda out, _: ("process limit" in out or ((m := re.search(r"procs=(\d+)", out)) is not None and int(m.group(1)) < 1000), first(out)))
     alloc = "python3 -c \"b = b'x' * (1536 * 1024 * 1024); print('ALLOCATED', len(b))\" 2>&1 | tail -1"
     measure("1.5 GiB allocation (run_command)", lambda: run(alloc), lambda out, _: ("ALLOCATED" not in out, first(out)))
     big = ws / "big.bin"
     measure("300 MB into the workspace", lambda: run("head -c 300M /dev/zero > /workspace/big.bin; echo rc=$?"),
             lambda out, _: ((size := big.stat().st_size if big.exists() else 0) < 300 * MB, f"{size // MB} MB written; {first(out)}"))
     big.unlink(missing_ok=True)
+    # the per-file limit is not a quota: five files under it fill the disk just the same
+    spread = "for i in 1 2 3 4 5; do head -c 200M /dev/zero > /workspace/fill$i.bin; done; echo rc=$?; du -sm /workspace"
+    measure("1 GB in five files into the workspace", lambda: run(spread),
+            lambda out, _: ((total := sum(p.stat().st_size for p in ws.glob("fill*.bin"))) < 1000 * MB, f"{total // MB} MB written; {first(out)}"))
+    for path in ws.glob("fill*.bin"):
+        path.unlink()
     measure("300 MB into /tmp", lambda: run("head -c 300M /dev/zero > /tmp/big.bin; echo rc=$? size=$(stat -c %s /tmp/big.bin)"),
             lambda out, _: ((m := re.search(r"size=(\d+)", out)) is None or int(m.group(1)) < 300 * MB, first(out)))
     flood = "head -c 400M /dev/zero | tr '\\0' a"
@@ -756,9 +764,8 @@ RAW = "@@RAW@@"
 def mutations(value) -> list[tuple[str, object]]:
     """(label, replacement) for one field; RAW + text means: splice the text into the JSON as is."""
     out: list[tuple[str, object]] = [
-        ("oversize", "x" * 1_000_000), ("long", "y" * 70_000), ("nul", "a\x00b"), ("surrogate", "a\ud800"),
-        ("deep", RAW + DEEP), ("huge_int", RAW + HUGE), ("neg", -1), ("zero", 0), ("big", 10 ** 18), ("float", 1.5),
-        ("list", ["a"]), ("dict", {"a": 1}), ("bool", True), ("null", None),
+        ("oversize", "x" * 1_000_000), ("nul", "a\x00b"), ("surrogate", "a\ud800"), ("deep", RAW + DEEP), ("huge_int", RAW + HUGE),
+        ("neg", -1), ("big", 10 ** 18), ("list", ["a"]), ("dict", {"a": 1}), ("null", None), ("long", "y" * 70_000), ("bool", True),
     ]
     if isinstance(value, int) and not isinstance(value, bool):
         out += [("cap_low", 5), ("neg_huge", RAW + "-" + HUGE), ("str_num", "12")]
@@ -795,6 +802,13 @@ def api_cases(victim: str) -> list[tuple[str, str, dict]]:
         ("PUT", f"{S}/watchdogs/", {"stale_task_minutes": 60, "stuck_run_minutes": 30, "mailbox_backlog_minutes": 30}),
         ("POST", f"{S}/approvals/999999/approve/", {"reason": "r"}),
         ("POST", f"{S}/questions/999999/answer/", {"answer": "a"}),
+        # the cockpit's doors (main after 85a94d6; a 404 on older code)
+        ("POST", f"{S}/tasks/", {"title": "t", "spec": "s", "assignee": "scout", "depends_on": [], "verify": "auto"}),
+        ("POST", f"{S}/tasks/{{task}}/assign/", {"assignee": "scout"}),
+        ("POST", f"{S}/tasks/{{task}}/cancel/", {"reason": "r"}),
+        ("PATCH", f"{M}/", {"persona": "p", "max_iterations": 24, "budget_override": 1000, "tools": ["read_file"], "schedule": ""}),
+        ("POST", f"{S}/skills/", {"name": "fzs", "body": "b", "description": "d", "overwrite": False}),
+        ("POST", f"{M}/skills/", {"name": "fzms", "body": "b", "description": "d", "overwrite": False}),
     ]
 
 
@@ -810,6 +824,12 @@ def form_cases(victim: str) -> list[tuple[str, dict, str]]:
         (P, {"action": "add_check", "name": "fzc", "command": "true", "timeout": "10"}, ""),
         (P, {"action": "add_mcp", "name": "fzmcp", "url": "http://example.invalid/mcp", "timeout": "10", "env": "A=1"}, ""),
         ("/tokens/", {"action": "create", "name": "fzt"}, ""),
+        (f"/spaces/{victim}/tasks/new/", {"action": "create", "title": "t", "spec": "s", "assignee": "scout", "verify": "auto"}, ""),
+        (f"/spaces/{victim}/new-member/", {"action": "save", "name": "fzn", "role": "worker", "model": "offline", "max_iterations": "24",
+                                           "budget_override": "", "tools": "", "schedule": ""}, ""),
+        (f"/spaces/{victim}/members/scout/edit/", {"action": "save", "persona": "p", "model": "offline", "max_iterations": "24",
+                                                   "budget_override": "100", "permission_mode": "default"}, ""),
+        (f"/spaces/{victim}/skills/", {"action": "add_skill", "name": "fzk", "body": "b", "description": "d"}, ""),
     ]
 
 
@@ -828,6 +848,10 @@ def hostile_archives() -> list[tuple[str, bytes]]:
     out.append(("unknown top-level key", build_archive(with_space_toml(files, lambda t: "evil = 1\n" + t))))
     out.append(("member model NUL", build_archive({**files, "members/lead/member.toml": files["members/lead/member.toml"].replace(b'"offline"', b'"off\\u0000line"')})))
     out.append(("not a tar", b"\x1f\x8b" + os.urandom(2000)))
+    no_ws = {k: v for k, v in files.items() if not k.startswith(("workspace/", "starter/"))}
+    out.append(("workspace is a file", build_archive({**no_ws, "workspace": b"not a folder"}, dirs=())))
+    out.append(("space.toml is a folder", build_archive({k: v for k, v in files.items() if k != "space.toml"}, dirs=("workspace", "space.toml"))))
+    out.append(("slug of an existing space in the toml", build_archive(with_space_toml(files, lambda t: re.sub(r'(?m)^slug = .*$', 'slug = "victim"', t)))))
     return out
 
 
@@ -866,16 +890,23 @@ def bad_inputs(w: World) -> dict:
         observe(label, status)
 
     roles = ("viewer", "operator", "owner")
-    cases = api_cases("victim")
+    # every mutation as the owner (who passes the permission check and reaches the field checks); a
+    # sample as viewer and operator, who must be refused before anything is read or written
+    stride = {"owner": 2 if w.quick else 1, "operator": 6 if w.quick else 3, "viewer": 6 if w.quick else 3}
+    from veronica import ledger
+    from veronica.models import Space
+
+    task = ledger.create_task(Space.objects.get(slug="victim"), "bench", "a task to act on")
+    state[0] = db_state()
+    cases = [(m, p.replace("{task}", str(task.pk)), b) for m, p, b in api_cases("victim")]
     for method, path, body in cases:
         for field, value in list(body.items()) + [("zz_unknown", 1)]:
             muts = mutations(value) if field != "zz_unknown" else [("unknown_key", 1)]
-            if w.quick:
-                muts = muts[::3]
-            for label, replacement in muts:
+            for i, (label, replacement) in enumerate(muts):
                 raw = encode(body, field, replacement)
                 for role in roles:
-                    send(lambda: w.users[role].api(method, path, raw=raw), f"{role} {method} {path} {field}={label}")
+                    if i % stride[role] == 0:
+                        send(lambda: w.users[role].api(method, path, raw=raw), f"{role} {method} {path} {field}={label}")
         for role in roles:  # the body as a whole
             for label, raw in (("deep body", ("[" * 5000 + "]" * 5000).encode()), ("huge int body", HUGE.encode()), ("not json", b"{")):
                 send(lambda: w.users[role].api(method, path, raw=raw), f"{role} {method} {path} {label}")
@@ -895,9 +926,10 @@ def bad_inputs(w: World) -> dict:
     # console forms, with each role's session
     for path, base, _ in form_cases("victim"):
         for field in [k for k in base if k != "action"] + ["zz_unknown"]:
-            values = FORM_VALUES[::3] if w.quick else FORM_VALUES
-            for label, value in values:
+            for i, (label, value) in enumerate(FORM_VALUES):
                 for role in roles:
+                    if i % stride[role]:
+                        continue
                     user = w.users[role]
                     send(lambda: user.form(path, {**base, field: value}, follow=False), f"{role} form {path} {base['action']} {field}={label}")
     # archives on New space (the tenant) and a 1 MB login
