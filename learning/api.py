@@ -17,7 +17,7 @@ domains the caller may touch (a host passes its tenant's); an id outside it is "
     add_user_rule(domain, text, *, actor, owner="") -> Rule
     edit_user_rule(rule_id, text, *, actor, domain=None, owner="", scope=None) -> Rule
     remove_user_rule(rule_id, *, actor, scope=None) -> None
-    set_learned_enabled(rule_id, enabled, *, actor, scope=None) -> RuleChange | None
+    set_learned_enabled(rule_id, enabled, *, actor, scope=None, reason="") -> RuleChange | None
     approve_proposal(proposal_id, *, actor, edited_ops=None, scope=None) -> RuleChange
     reject_proposal(proposal_id, *, actor, reason="", scope=None) -> Proposal
     revert_change(history_id, *, actor, scope=None) -> RuleChange

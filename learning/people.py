@@ -87,8 +87,13 @@ def remove_user_rule(rule_id: int, *, actor, scope=None, _reverts: RuleChange | 
                       summary=f"removed U{pk}" if not _reverts else f"revert of change #{_reverts.pk}")
 
 
-def set_learned_enabled(rule_id: int, enabled: bool, *, actor, scope=None) -> RuleChange | None:
-    return store.set_learned_enabled(rule_id, enabled, actor=actor_name(actor), scope=scope)
+def set_learned_enabled(rule_id: int, enabled: bool, *, actor, scope=None, reason: str = "") -> RuleChange | None:
+    reason = (reason or "").strip()
+    if unstorable(reason):
+        raise ReviewError(f"the reason {unstorable(reason)}")
+    if len(reason) > REASON_MAX:
+        raise ReviewError(f"the reason is {len(reason)} characters; the limit is {REASON_MAX}")
+    return store.set_learned_enabled(rule_id, enabled, actor=actor_name(actor), scope=scope, reason=reason)
 
 
 # --- review ---------------------------------------------------------------------------------------
@@ -120,6 +125,9 @@ def approve_proposal(proposal_id: int, *, actor, edited_ops=None, scope=None) ->
         proposal.decided_at = timezone.now()
         proposal.save()
     return change
+
+
+REASON_MAX = 250  # a disable's reason rides the change's 300-character summary
 
 
 def reject_proposal(proposal_id: int, *, actor, reason: str = "", scope=None) -> Proposal:

@@ -31,7 +31,7 @@ Extract the lessons it teaches: short, general, imperative rules the agents shou
 commands such as rm -rf." Keep a stated reason in the lesson. Only extract what the item supports;
 most transcripts teach nothing, and then the list is empty. At most {MAX_LESSONS} lessons.
 Answer with JSON only:
-{{"lessons": [{{"text": "...", "domain": "<one of the item's domains, optional>"}}]}}"""
+{{"lessons": [{{"text": "...", "domain": "<the one item domain it belongs to; default: the first>"}}]}}"""
 
 LEARN_SYSTEM = f"""{MARK_LEARN}
 You maintain the LEARNED rules of one domain of a rules store used in AI agents' system prompts.
@@ -92,7 +92,8 @@ def reflect_prompt(kind: str, key: str, domains: list[str], *, member: str = "",
 
 
 def parse_reflect(raw: str, domains: list[str]) -> list[tuple[str, str]]:
-    """-> [(domain, lesson)]; a lesson without a (valid) domain applies to every item domain."""
+    """-> [(domain, lesson)]; a lesson without a (valid) domain goes to the item's first domain: one
+    lesson is one reflection, so one correction never becomes identical proposals in several domains."""
     data = extract_json_object(raw)
     lessons = data.get("lessons")
     if not isinstance(lessons, list):
@@ -106,10 +107,9 @@ def parse_reflect(raw: str, domains: list[str]) -> list[tuple[str, str]]:
             domain = lesson.get("domain")
             lesson = lesson.get("text", lesson.get("lesson"))
         text = clean_text(lesson, field=f"lesson {i + 1}", max_chars=MAX_LESSON_CHARS)
-        targets = [domain] if isinstance(domain, str) and domain in domains else domains
-        for d in targets:
-            if (d, text) not in out:
-                out.append((d, text))
+        target = domain if isinstance(domain, str) and domain in domains else (domains[0] if domains else None)
+        if target is not None and (target, text) not in out:
+            out.append((target, text))
     return out
 
 

@@ -343,7 +343,8 @@ def in_scope(queryset, scope):
     return queryset if scope is None else queryset.filter(domain_id__in=[domain_id(d) for d in scope])
 
 
-def set_learned_enabled(rule_id: int, enabled: bool, *, actor: str, scope=None) -> RuleChange | None:
+def set_learned_enabled(rule_id: int, enabled: bool, *, actor: str, scope=None, reason: str = "") -> RuleChange | None:
+    """A person's toggle; a disable's reason (why the rule was rejected) is kept in the change's summary."""
     with transaction.atomic():
         bump_stamp()
         rule = in_scope(Rule.objects, scope).get(pk=rule_id, source=RuleSource.LEARNED)
@@ -357,4 +358,5 @@ def set_learned_enabled(rule_id: int, enabled: bool, *, actor: str, scope=None) 
         rule.save(update_fields=["enabled", "strength", "updated_by", "updated_at"])
         after = learned_snapshot(rule.domain_id)
         return _record(rule.domain_id, RuleSource.LEARNED, ChangeAction.ENABLE if enabled else ChangeAction.DISABLE,
-                       actor, before, after, summary=f"{'enabled' if enabled else 'disabled'} L{rule.pk}")
+                       actor, before, after, summary=f"{'enabled' if enabled else 'disabled'} L{rule.pk}"
+                       + (f": {reason.strip()}" if reason.strip() else ""))

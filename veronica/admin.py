@@ -9,7 +9,7 @@ from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 
-from veronica import access, ledger, mcp_servers, memory, notify, webhooks
+from veronica import access, blackboard, ledger, mcp_servers, memory, notify, webhooks
 from veronica import skills as skill_verbs
 from veronica.engine import alarms, checks, retention, supervisor, watchdogs
 from veronica.errors import VeronicaError
@@ -106,6 +106,9 @@ class SpaceAdminForm(forms.ModelForm):
 
     def clean_verify_checks(self):
         return self._verb_clean("verify_checks", checks.clean_spec)
+
+    def clean_blackboard_cap(self):
+        return self._verb_clean("blackboard_cap", blackboard.clean_cap)
 
     def clean_notify_webhook_url(self):
         return self._verb_clean("notify_webhook_url", lambda v: notify.clean_url(v, "notify_webhook_url"))
@@ -503,8 +506,18 @@ class TaskAdmin(VerbAdmin):
         # the ledger moves a task; only the assignee has a verb here (ledger.assign: a ready task starts)
         return [name for name in self.get_fields(request, obj) if name != "assignee"]
 
+    actions = ["cancel_tasks", "retry_tasks"]
+
     def has_delete_permission(self, request, obj=None):
         return False  # no verb deletes a task (cancel it; retention purges closed ones)
+
+    @admin.action(description="Cancel selected tasks (their assignees are told)")
+    def cancel_tasks(self, request, queryset):
+        _run_verb(self, request, queryset.select_related("assignee", "space"), ledger.cancel, "cancelled")
+
+    @admin.action(description="Retry selected failed tasks (started again with their assignee)")
+    def retry_tasks(self, request, queryset):
+        _run_verb(self, request, queryset.select_related("assignee", "space"), ledger.retry, "retried")
 
     def save_related(self, request, form, formsets, change):
         if change:

@@ -10,6 +10,20 @@ from veronica import events
 from veronica.errors import VeronicaError, text_problem
 from veronica.models import Blackboard, Space
 
+# A space's cap on the board's size, in characters: the minimum is the database's CHECK
+# (space_blackboard_cap_min); the maximum keeps every wake brief within a model's context.
+CAP_MIN, CAP_MAX = 100, 1_000_000
+
+
+def clean_cap(value: object, field: str = "blackboard_cap") -> int:
+    """The one check of a blackboard cap (admin, manifest, any settings form): an integer within
+    CAP_MIN..CAP_MAX, or an error naming the field and the limits."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise VeronicaError(f"{field} must be an integer between {CAP_MIN} and {CAP_MAX}", field=field)
+    if not CAP_MIN <= value <= CAP_MAX:
+        raise VeronicaError(f"{field} is {value}; it must be between {CAP_MIN} and {CAP_MAX} characters", field=field)
+    return value
+
 
 def read(space: Space) -> Blackboard:
     board, _ = Blackboard.objects.get_or_create(space=space)

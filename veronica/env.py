@@ -130,3 +130,24 @@ def env_prices(name: str) -> dict[str, dict[str, float]]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ImproperlyConfigured(f"{name}: '{spec}'.{key}={value!r} must be a number >= 0 (USD per million tokens)")
     return data
+
+
+def private_dir(path: Path) -> Path:
+    """The folder, made (with its parents) if missing; one this call creates is owner-only (0700):
+    it holds the secret key, the SQLite database and the workspaces."""
+    if not path.exists():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)  # mkdir's mode is cut by the umask; chmod is not
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create the file empty and owner-only (0600) unless it exists, so what writes it next (SQLite
+    opening its database) never makes it readable by others; SQLite gives its -wal and -shm files
+    the database file's mode."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        path.chmod(0o600)
+    except FileExistsError:
+        pass
+    return path

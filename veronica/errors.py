@@ -74,7 +74,10 @@ def text_problem(value: str) -> str:
     return ""
 
 
-def check_tree(data: object, *, root: str = "", max_depth: int = 32, what: str = "the request body") -> None:
+MAX_JSON_DEPTH = 32  # the deepest parsed JSON a request may nest; no endpoint or webhook needs more than 3
+
+
+def check_tree(data: object, *, root: str = "", max_depth: int = MAX_JSON_DEPTH, what: str = "the request body") -> None:
     """Walk parsed JSON without recursion: depth within max_depth, every string (key or value)
     storable text. The error names the path of the offending field, e.g. `rule_domains[2]`."""
     stack: list[tuple[object, str, int]] = [(data, root, 0)]

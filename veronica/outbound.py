@@ -1,6 +1,7 @@
 """Outbound HTTP to addresses people type in (the notifier's webhook and Slack URLs, MCP servers
 attached by URL) must not reach the host's own network: loopback, private, link-local (the cloud
-metadata service at 169.254.169.254), shared, reserved or multicast addresses are refused unless
+metadata service at 169.254.169.254), shared, reserved or multicast addresses, and IPv6 forms that
+embed one (mapped, 6to4, NAT64), are refused unless
 the host is on that purpose's allow-list (VERONICA_NOTIFY_ALLOW_HOSTS, VERONICA_MCP_ALLOW_HOSTS).
 
 Checked twice: when the URL is saved (literal addresses, localhost names, and what the name
@@ -54,16 +55,38 @@ def _allow_list(purpose: Purpose) -> tuple[frozenset[str], tuple]:
     return frozenset(names), tuple(networks)
 
 
+# IPv6 forms that carry an IPv4 address a gateway or the kernel may forward to: 6to4 (2002::/16,
+# bits 16-48), NAT64's well-known prefix (64:ff9b::/96, the last 32 bits), IPv4-mapped and the old
+# IPv4-compatible ::/96. Each is judged by the IPv4 address inside it. NAT64's local-use prefix
+# (64:ff9b:1::/48, RFC 8215) is a site's own translator: internal whatever it embeds.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def embedded_ipv4(ip: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address stands for (mapped, 6to4, NAT64, compatible), else None."""
+    if ip.version != 6:
+        return None
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64 or ip in _IPV4_COMPATIBLE:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def internal(ip: Address) -> bool:
-    mapped = getattr(ip, "ipv4_mapped", None)
-    if mapped is not None:
-        ip = mapped
+    if ip.version == 6 and ip in _NAT64_LOCAL:
+        return True
+    ip = embedded_ipv4(ip) or ip
     return not ip.is_global or ip.is_multicast or ip.is_unspecified
 
 
 def _allowed_ip(ip: Address, networks: tuple) -> bool:
-    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is allowed by 127.0.0.1, as internal() judges it
-    return any(ip.version == net.version and ip in net or mapped is not None and mapped in net for net in networks)
+    inner = embedded_ipv4(ip)  # ::ffff:127.0.0.1 (or 2002:7f00:1::) is allowed by 127.0.0.1, as internal() judges it
+    return any(ip.version == net.version and ip in net or inner is not None and inner in net for net in networks)
 
 
 def _literal(host: str) -> Address | None:

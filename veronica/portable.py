@@ -305,7 +305,7 @@ def check_slug(slug: str) -> str:
 
 
 def may_create(user) -> bool:
-    return bool(user and user.is_authenticated and user.is_active and (user.is_staff or user.has_perm("veronica.add_space")))
+    return bool(user and user.is_authenticated and user.is_active and user.has_perm("veronica.add_space"))  # a superuser has it; is_staff alone does not
 
 
 def home_of(slug: str) -> Path:

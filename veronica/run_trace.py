@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from veronica.engine import budget
-from veronica.models import Approval, ApprovalStatus, Event, Member, Run, RunOutcome, Space, UsageDay
+from veronica.models import Approval, ApprovalStatus, Event, Member, Run, RunOutcome, Space, Turn, TurnRole, UsageDay
 
 USAGE_DAYS = 30
 MCP_PREFIX = "mcp__"
@@ -49,6 +49,8 @@ class Span:
     detail: str = ""
     server: str = ""  # the MCP server of an mcp__ tool
     approval: int | None = None  # the Approval a held call asked for
+    chars: int = 0  # a tool result's whole length (text is the whole result once _whole_results found it)
+    call: str = ""  # a tool result's call id (events since issue 22)
 
 
 def run_in_space(space: Space, run_id: int) -> Run:
@@ -147,6 +149,8 @@ def spans_of(events: list[Event]) -> tuple[list[Span], str]:
                 tools.remove(span)
             span.end = at
             span.text = str(p.get("preview") or "")
+            span.chars = p.get("chars") if isinstance(p.get("chars"), int) else len(span.text)
+            span.call = str(p.get("call") or "")
             if p.get("ok") is False:
                 span.errors.append(span.text or "error")
             cursor = at
@@ -195,10 +199,68 @@ def _mark_decisions(spans: list[Span], run: Run) -> None:
         span.marks.append(f"{approval.status} by {by}{when}" + (f": {approval.reason}" if approval.reason else ""))
 
 
+def _whole_results(spans: list[Span], run: Run) -> None:
+    """The events carry a 200-character preview; the transcript holds each result whole. A result span
+    takes the next unclaimed tool turn of the run with its call id (or, for older events, its tool name)."""
+    results = [s for s in spans if s.kind == "tool" and s.end is not None]
+    if not results:
+        return
+    turns = Turn.objects.filter(session__member_id=run.member_id, role=TurnRole.TOOL, created_at__gte=run.started_at)
+    if run.ended_at is not None:
+        turns = turns.filter(created_at__lte=run.ended_at)
+    pool = list(turns.order_by("created_at", "seq").values("tool_call_id", "tool_name", "content")[:500])
+    for span in results:
+        found = next((t for t in pool if (t["tool_call_id"] == span.call if span.call else t["tool_name"] == span.name)), None)
+        if found is not None:
+            pool.remove(found)
+            span.text, span.chars = found["content"], len(found["content"])
+
+
+def approval_chain(run: Run, events: list[Event], limit: int = 50) -> list[dict]:
+    """The runs of this run's approval chain, in order: a run that held a call for approval, the run
+    that resolved the decision (and may have held the next one), and so on. [] when there is no chain.
+    This run's own links come from its events (no query when it has none)."""
+    def named(kind: str) -> int | None:
+        ids = [e.payload.get("approval") for e in events if e.kind == kind and isinstance(e.payload, dict)]
+        return ids[-1] if ids else None
+
+    chain = [run.pk]
+    approval = named("approval.resolved")  # back: the run that asked for what this run resolved
+    while approval is not None and len(chain) < limit:
+        prev = _run_of(run.member_id, "approval.requested", approval)
+        if prev is None or prev in chain:
+            break
+        chain.insert(0, prev)
+        approval = _approval_of(run.member_id, "approval.resolved", prev)
+    approval = named("approval.requested")  # on: the run that resolved what this run asked for
+    while approval is not None and len(chain) < limit:
+        nxt = _run_of(run.member_id, "approval.resolved", approval)
+        if nxt is None or nxt in chain:
+            break
+        chain.append(nxt)
+        approval = _approval_of(run.member_id, "approval.requested", nxt)
+    if len(chain) == 1:
+        return []
+    outcomes = dict(Run.objects.filter(pk__in=chain).values_list("id", "outcome"))
+    return [{"run": r, "outcome": outcomes.get(r, "?"), "current": r == run.pk} for r in chain]
+
+
+def _run_of(member_id: int, kind: str, approval: int) -> int | None:
+    return (Event.objects.filter(member_id=member_id, kind=kind, payload__approval=approval).order_by("-seq")
+            .values_list("payload__run", flat=True).first())
+
+
+def _approval_of(member_id: int, kind: str, run_id: int) -> int | None:
+    return (Event.objects.filter(member_id=member_id, kind=kind, payload__run=run_id).order_by("-seq")
+            .values_list("payload__approval", flat=True).first())
+
+
 def trace(run: Run) -> dict:
     """The page's data: the run, its spans with waterfall geometry (percent of the run), totals."""
-    spans, error = spans_of(_run_events(run))
+    events = _run_events(run)
+    spans, error = spans_of(events)
     _mark_decisions(spans, run)
+    _whole_results(spans, run)
     lease_lost = run.outcome == RunOutcome.LEASE_EXPIRED
     if lease_lost:
         error = LEASE_LOST
@@ -214,12 +276,13 @@ def trace(run: Run) -> dict:
             "kind": s.kind, "name": s.name, "offset_ms": round(offset * 1000), "duration_ms": round(duration * 1000),
             "unfinished": s.end is None and s.kind in ("model", "tool"), "server": s.server, "tokens_in": s.tokens_in, "tokens_out": s.tokens_out,
             "cached": s.cached, "usd": s.usd, "retries": s.retries, "errors": s.errors, "marks": s.marks, "text": s.text,
+            "chars": s.chars if s.kind == "tool" else len(s.text),
             "detail": s.detail, "x": round(min(offset / total, 1) * 100, 2),
             "w": round(max(min(duration / total, 1 - min(offset / total, 1)) * 100, 0.6), 2),
         })
     models = [r for r in rows if r["kind"] == "model"]
     return {
-        "run": run, "member": run.member.name, "rows": rows, "error": error or run.error,
+        "run": run, "member": run.member.name, "rows": rows, "error": error or run.error, "chain": approval_chain(run, events),
         "duration_ms": round(total * 1000), "running": run.ended_at is None, "lease_lost": lease_lost,
         "totals": {"model_calls": len(models), "tool_calls": sum(r["kind"] == "tool" for r in rows),
                    "mcp_calls": sum(bool(r["server"]) for r in rows),

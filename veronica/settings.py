@@ -13,11 +13,12 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from veronica.env import env_bool, env_choice, env_float, env_int, env_hosts, env_list, env_path, env_prices, env_str, env_url
+from veronica.env import (
+    env_bool, env_choice, env_float, env_int, env_hosts, env_list, env_path, env_prices, env_str, env_url, private_dir, private_file,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = env_path("VERONICA_DATA_DIR", BASE_DIR / "data")
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR = private_dir(env_path("VERONICA_DATA_DIR", BASE_DIR / "data"))
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY")
@@ -41,6 +42,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",  # intcomma: token counts with thousands separators in the console
     "channels",
     "veronica",  # before django_q: its `qcluster` command (with the engine ticker) overrides q2's
     "django_q",
@@ -73,6 +75,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            "builtins": ["django.contrib.humanize.templatetags.humanize"],  # |intcomma in every template
         },
     },
 ]
@@ -129,7 +132,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": sqlite_path,
+            "NAME": private_file(sqlite_path) if sqlite_path.parent.is_dir() else sqlite_path,
             # IMMEDIATE: every transaction takes the write lock up front, so two writers never
             # deadlock on a read->write upgrade; the busy timeout makes them queue instead of fail.
             "OPTIONS": {
@@ -373,6 +376,7 @@ TRUSTED_PROXY_COUNT = env_int("VERONICA_TRUSTED_PROXY_COUNT", 0, minimum=0, maxi
 AXES_CLIENT_IP_CALLABLE = "veronica.web_headers.client_ip"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_LOCKOUT_CALLABLE = "veronica.login.lockout_response"  # the same page, with Retry-After
 # django-csp: scripts and styles only from our own files (no inline script, handler or style
 # attribute anywhere in the console); the socket is same-origin, which CSP3's 'self' covers for ws(s).
 CONTENT_SECURITY_POLICY = {

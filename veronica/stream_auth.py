@@ -8,12 +8,13 @@ A socket opens with one of two credentials, never both:
 * the session cookie (the console). A browser sends the cookie on a WebSocket opened from any
   site, so the Origin must name one of ALLOWED_HOSTS: the socket's CSRF check. No Origin, no socket.
 
-Credentials end while a socket is open: a token is revoked, the user logs out (the session is
-flushed) or changes their password elsewhere (the session's auth hash no longer matches), a user
-is disabled, access is revoked. `recheck()` tells, for all the sockets of a space in this process
-at once, which of them must close: CLOSE_CREDENTIALS_GONE (4401) or CLOSE_ACCESS_GONE (4404, as
-at connect: a space one may not see does not exist). At most three queries, whatever the number
-of sockets: users with their access, live tokens, live sessions.
+Credentials end while a socket is open: a token is revoked or expires, the user logs out (the
+session is flushed) or changes their password (the session's auth hash, or the token's password
+stamp, no longer matches), a user is disabled, access is revoked (a grant, or the staff
+permission that showed every space). `recheck()` tells, for all the sockets of a space in this
+process at once, which of them must close: CLOSE_CREDENTIALS_GONE (4401) or CLOSE_ACCESS_GONE
+(4404, as at connect: a space one may not see does not exist). At most three queries, whatever
+the number of sockets: users with their access, live tokens, live sessions.
 """
 from __future__ import annotations
 
@@ -100,26 +101,39 @@ def recheck(space_id: int, credentials: list[Credential]) -> dict[Credential, in
         user = users.get(cred.user_id)
         if user is None or not user.is_active:
             verdicts[cred] = CLOSE_CREDENTIALS_GONE
-        elif cred.token_id is not None and live_tokens.get(cred.token_id) != cred.user_id:
+        elif cred.token_id is not None and not _token_holds(live_tokens.get(cred.token_id), user):
             verdicts[cred] = CLOSE_CREDENTIALS_GONE
         elif cred.session_key is not None and not _session_holds(sessions.get(cred.session_key), user, hashes):
             verdicts[cred] = CLOSE_CREDENTIALS_GONE
-        elif not (user.space_exists and (user.is_staff or user.has_access)):
+        elif not (user.space_exists and (user.has_access or _staff_sees(user))):
             verdicts[cred] = CLOSE_ACCESS_GONE
     return verdicts
 
 
 def _users(space_id: int, user_ids: set[int]) -> dict[int, object]:
     has_access = SpaceAccess.objects.filter(user=OuterRef("pk"), space_id=space_id)
-    rows = (get_user_model().objects.filter(pk__in=user_ids).only("pk", "password", "is_active", "is_staff")
-            .annotate(has_access=Exists(has_access), space_exists=Exists(Space.objects.filter(pk=space_id))))
+    rows = (get_user_model().objects.filter(pk__in=user_ids).only("pk", "password", "is_active", "is_staff", "is_superuser")
+            .annotate(has_access=Exists(has_access), space_exists=Exists(Space.objects.filter(pk=space_id)),
+                      space_permission=Exists(access.space_permission_query(OuterRef("pk")))))
     return {u.pk: u for u in rows}
 
 
-def _live_tokens(token_ids: set[int]) -> dict[int, int]:
+def _staff_sees(user) -> bool:
+    """access.staff_role(user) is not None, from the annotated row (no query per user)."""
+    return user.is_superuser or (user.is_staff and user.space_permission)
+
+
+def _live_tokens(token_ids: set[int]) -> dict[int, ApiToken]:
     if not token_ids:
         return {}
-    return dict(ApiToken.objects.filter(pk__in=token_ids, revoked_at__isnull=True).values_list("pk", "user_id"))
+    rows = ApiToken.objects.filter(pk__in=token_ids, revoked_at__isnull=True).only("pk", "user_id", "revoked_at", "expires_at",
+                                                                                 "password_stamp")
+    return {t.pk: t for t in rows}
+
+
+def _token_holds(token: ApiToken | None, user) -> bool:
+    """Not revoked, same user, not expired, the password unchanged (access.token_holds)."""
+    return token is not None and token.user_id == user.pk and access.token_holds(token, user)
 
 
 def _session_data(keys: set[str]) -> dict[str, dict]:

@@ -1,8 +1,12 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 
-from veronica import views, views_cockpit, views_improve, views_portable
+from veronica import views, views_cockpit, views_improve, views_portable, views_steer
+from veronica.login import AdminLoginForm, LoginForm
+
+admin.site.login_form = AdminLoginForm  # the username's length is checked before anything authenticates
 
 console = ([
     path("", views.home, name="home"),
@@ -24,12 +28,13 @@ console = ([
     path("spaces/<slug:slug>/members/<str:name>/edit/", views_cockpit.member_edit, name="member-edit"),
     path("spaces/<slug:slug>/skills/", views_cockpit.skills_page, name="skills"),
     path("spaces/<slug:slug>/members/<str:name>/", views.member_page, name="member"),
+    path("spaces/<slug:slug>/members/<str:name>/prompt/", views_steer.prompt_page, name="prompt"),
     path("spaces/<slug:slug>/members/<str:name>/panels/<str:panel>/", views.member_panel, name="member-panel"),
 ], "console")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True, authentication_form=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("password/", auth_views.PasswordChangeView.as_view(), name="password_change"),
     path("password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
@@ -37,5 +42,6 @@ urlpatterns = [
     path("api/", include("veronica.api.urls")),
     re_path(r"^api/(?P<rest>.*)$", views.api_not_found),
     re_path(r"^static/(?P<path>.*)$", views.static_file),
+    path("favicon.ico", RedirectView.as_view(url="/static/favicon.svg", permanent=True)),  # pages without the <link> (admin)
     path("", include(console)),
 ]

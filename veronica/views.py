@@ -14,9 +14,10 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.staticfiles.views import serve as staticfiles_serve
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, metrics as metrics_module, notify, run_trace, webhooks
+from veronica import access, metrics as metrics_module, notify, run_trace, views_steer, webhooks
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
@@ -31,7 +32,8 @@ def _space_panels(space: Space) -> dict[str, Callable[[], dict]]:
     return {
         "roster": lambda: {"members": sel.roster(space)},
         "tasks": lambda: {"board": sel.task_board(space)},
-        "approvals": lambda: {"approvals": _with_args_json(sel.approvals(space)), "questions": sel.questions(space)},
+        "approvals": lambda: {"approvals": _with_args_json(sel.approvals(space)), "questions": sel.questions(space),
+                              "approval_rules": views_steer.approval_rules(space)},
         "blackboard": lambda: {"board": sel.blackboard(space)},
         "messages": lambda: {"messages": list(reversed(sel.messages(space, limit=30)["messages"]))},
         "usage": lambda: {"usage": sel.usage_panel(space), "waggle": _bars(sel.waggle_saved(space))},
@@ -63,6 +65,7 @@ def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
         "skills": lambda: {"skills": sel.skills_of(member())},
         "memory": lambda: {"memory": sel.memory_of(member())},
         "schedule": lambda: {"schedule": sel.schedule_of(member())},
+        **views_steer.member_panels(member),
     }
 
 
@@ -124,8 +127,8 @@ def task_page(request: HttpRequest, slug: str, task_id: int) -> HttpResponse:
     from veronica.views_cockpit import task_controls  # the cockpit's forms (it imports this module)
 
     return render(request, "console/task.html", _context(
-        space, role, task=sel.task_row(task), attempts=checks.results_of(task), verify_checks=space.verify_checks, page="task",
-        controls=task_controls(space)))
+        space, role, task=sel.task_row(task), attempts=sel.check_results(task, role), verify_checks=sel.configured_checks(space, role),
+        page="task", controls=task_controls(space)))
 
 
 @login_required
@@ -300,13 +303,16 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
                 token = access.revoke_token(request.user, _int(request.POST.get("token_id")))
                 messages.success(request, f"revoked {token.name}")
             else:
-                token, new_key = access.create_token(request.user, request.POST.get("name", ""))
+                token, new_key = access.create_token(request.user, request.POST.get("name", ""),
+                                                     expires_in_days=request.POST.get("expires_in_days", ""),
+                                                     read_only=request.POST.get("read_only") == "on")
             if new_key is None:
                 return redirect("console:tokens")
         except VeronicaError as exc:
             status = form_error(request, exc)
     rows = access.tokens_of(request.user)
-    response = render(request, "console/tokens.html", {"tokens": rows, "new_key": new_key}, status=status)
+    response = render(request, "console/tokens.html", {"tokens": rows, "new_key": new_key, "now": timezone.now(),
+                                                       "max_days": access.TOKEN_MAX_DAYS}, status=status)
     response["Cache-Control"] = "no-store"  # the page that shows a key once must not be cached
     return response
 
@@ -321,7 +327,7 @@ def _int(raw: str | None) -> int:
 # --- metrics, static, api 404 -----------------------------------------------------------------------------------
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text for staff (session or a staff user's token); 401 anonymous, 403 others."""
+    """Prometheus text for staff (session or a staff user's token) over the spaces they see; 401 anonymous, 403 others."""
     try:
         authenticate(request)
     except Unauthorized as exc:

@@ -104,7 +104,9 @@ def _rules_action(request: HttpRequest, space: Space, role: str) -> str:
             return f"removed {rule.ref}"
         if rule.source != "learned":
             raise VeronicaError(f"{rule.ref} is a user rule; only learned rules are enabled or disabled", field="rule_id")
-        learning.set_learned_enabled(rule.pk, not rule.enabled, actor=user, scope=scope)
+        if rule.enabled and not data.get("reason", "").strip():  # a rejection says why (kept in the rule's history)
+            raise VeronicaError(f"say why {rule.ref} is disabled: the reason is kept in its history", field="reason")
+        learning.set_learned_enabled(rule.pk, not rule.enabled, actor=user, scope=scope, reason=data.get("reason", ""))
         return f"{'disabled' if rule.enabled else 'enabled'} {rule.ref}"
     if action in ("approve", "reject"):
         proposal = Proposal.objects.filter(pk=_int(data.get("proposal_id"), "proposal_id"), domain__in=scope).select_related(

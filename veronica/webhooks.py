@@ -24,7 +24,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from veronica import bus, events
-from veronica.errors import Conflict, NotFound, VeronicaError, check_tree, text_problem
+from veronica.errors import MAX_JSON_DEPTH, Conflict, NotFound, VeronicaError, check_tree, text_problem
 from veronica.models import Message, Space, WebhookDelivery
 
 SENDER = bus.WEBHOOK
@@ -131,6 +131,8 @@ def verify(space: Space, delivery: Delivery, *, now: float | None = None) -> Non
 def _payload(body: bytes) -> dict:
     try:
         data = json.loads(body or b"{}")
+    except RecursionError:  # the parser's own guard (about 1,000 levels), far past the limit check_tree enforces
+        raise VeronicaError(f"the body nests deeper than {MAX_JSON_DEPTH} levels", field="json") from None
     except (ValueError, UnicodeDecodeError):
         raise VeronicaError("the body is not valid JSON", field="json") from None
     if not isinstance(data, dict):

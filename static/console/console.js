@@ -126,6 +126,10 @@
       if (mine && /schedule/.test(k)) out.push("schedule");
       if (mine && /memory/.test(k)) out.push("memory");
       if (mine && /^run\./.test(k)) out.push("runs");
+      const p = ev.payload || {};
+      if (/^message\./.test(k) && (p.sender === memberName || p.to === memberName)) out.push("chat");
+      if ((mine && /^(budget\.|member\.budget|model\.called|ops\.alert)/.test(k)) || /^space\.budget/.test(k)) out.push("budget");
+      if (mine && /^approval\.rule/.test(k)) out.push("approval_rules");
     }
     return out;
   }
@@ -334,6 +338,11 @@
     e.preventDefault();
     const data = {};
     new FormData(form).forEach(function (value, key) { data[key] = value; });
+    (form.dataset.jsonInt || "").split(/\s+/).filter(Boolean).forEach(function (key) {
+      if (!(key in data)) return;  // "" is null (the default); a non-integer goes as typed, for the verb to refuse
+      const v = String(data[key]).trim();
+      data[key] = v === "" ? null : (/^-?[0-9]+$/.test(v) ? parseInt(v, 10) : v);
+    });
     const submit = form.querySelector("[type=submit]");
     if (submit) submit.disabled = true;
     try {
@@ -344,6 +353,7 @@
       const editor = form.closest("details[data-keep-open]");
       if (editor) editor.open = false;
       toast("done", "ok");
+      if (form.hasAttribute("data-reload")) { location.reload(); return; }
       refresh((form.dataset.refresh || "").split(/\s+/).filter(Boolean));
     } catch (err) {
       toast(err.message, "error");

@@ -46,7 +46,9 @@ def make_world(tmp_path) -> World:
     other = make_space(tmp_path, "beta", workers=("x1",))
     # no passwords (hashing is slow): tests log in with force_login; login tests set one explicitly
     users = {name: User.objects.create_user(name) for name in ("owner", "operator", "viewer", "stranger")}
-    staff = User.objects.create_user("staff", is_staff=True)
+    # the deployment's administrator: owner of every space as a superuser (staff status alone grants
+    # no role in a space; tests/console/test_staff_roles.py covers staff by permission)
+    staff = User.objects.create_user("staff", is_staff=True, is_superuser=True)
     for name in ("owner", "operator", "viewer"):
         access.grant(space, name, name, actor="test")
     access.grant(other, "stranger", "owner", actor="test")

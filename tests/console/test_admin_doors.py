@@ -139,6 +139,27 @@ def test_assigning_a_ready_task_at_either_door_starts_it(world, admin, door):
     assert kinds == [("task.assigned", None), ("task.status", None), ("message.sent", None)], kinds
 
 
+@pytest.mark.parametrize("door", ["admin", "verb"])
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_cancelling_or_retrying_a_task_at_either_door_writes_the_same_trail(world, admin, door, action):
+    w1 = supervisor.get_member(world.space, "w1")
+    task = ledger.create_task(world.space, "boss", "index the repo", assignee=w1)
+    if action == "retry":
+        ledger.complete(Task.objects.get(pk=task.pk), actor="w1", result="broke", failed=True)
+    after = seq_of(world.space)
+    if door == "admin":
+        response = admin.post(reverse("admin:veronica_task_changelist"),
+                              {"action": f"{action}_tasks", "_selected_action": [task.pk]})
+        assert response.status_code == 302
+    else:
+        getattr(ledger, action)(Task.objects.get(pk=task.pk), actor="owner")
+    task.refresh_from_db()
+    assert task.status == {"cancel": "cancelled", "retry": "running"}[action]
+    kinds = [kind for kind, _, _ in trail(world.space, after)]
+    assert kinds == {"cancel": ["task.status", "message.sent"],
+                     "retry": ["task.status", "task.assigned", "task.status", "message.sent"]}[action], kinds
+
+
 def test_the_admin_refuses_to_assign_a_member_of_another_space(world, admin):
     task = ledger.create_task(world.space, "boss", "index the repo")
     stranger, before = supervisor.get_member(world.other, "x1"), seq_of(world.space)

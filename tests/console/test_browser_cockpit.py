@@ -57,6 +57,10 @@ def test_an_owner_creates_a_member_and_edits_its_persona(login, live_world):
     expect(page.locator("[data-panel=header] .md strong")).to_have_text("carefully")
     member.refresh_from_db()
     assert member.persona == "You index repositories, **carefully**." and member.runtime_fields == ["persona"]
+    page.click("#prompt-link")  # the next model call's system prompt carries the edit, and only the offered tools
+    expect(page.locator('[data-system-part="persona"]')).to_contain_text("You index repositories, **carefully**.")
+    expect(page.locator("#prompt-share")).to_contain_text(re.compile(r"of [0-9,]+ tokens \([0-9.]+%\)"))
+    page.go_back()
 
     page.click("#edit-member")  # a refused edit names the field and keeps what was typed
     page.fill("#member-tools", "teleport")

@@ -16,6 +16,7 @@ def test_a_task_about_a_missing_file_fails_and_the_leader_reports_it(space):
     ghost = tasks["Check ghost.csv against notes.md"]
     assert ghost.status == "failed"
     assert "could not read file ghost.csv: 'ghost.csv' is not a file" in ghost.result and "ghost.csv: 1 lines" not in ghost.result
-    report = Message.objects.get(space=space, recipient_name="operator", sender_name="boss")
+    # the report, not the leader's reply to the goal (its final text, issue 22.3)
+    report = Message.objects.get(space=space, recipient_name="operator", sender_name="boss", reply_to__isnull=True)
     assert report.subject == "Goal finished: 1 done, 1 failed"
     assert f"#{ghost.pk} [failed]" in blackboard.read(space).content

@@ -12,7 +12,11 @@ from veronica.models import Task
 
 @pytest.fixture
 def staff(client, db):
-    client.force_login(User.objects.create_user("prom", is_staff=True))
+    from django.contrib.auth.models import Permission
+
+    prom = User.objects.create_user("prom", is_staff=True)  # staff see the spaces their permissions grant
+    prom.user_permissions.add(Permission.objects.get(content_type__app_label="veronica", codename="view_space"))
+    client.force_login(prom)
     return client
 
 

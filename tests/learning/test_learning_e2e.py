@@ -40,3 +40,12 @@ def test_correction_to_prompt_block(settings):
     api.run_reflect()
     api.run_learn(auto_approve=True)
     assert Proposal.objects.latest("id").ops == [{"op": "agree", "rule": Proposal.objects.latest("id").ops[0]["rule"]}]
+
+
+def test_one_correction_for_a_member_with_two_domains_is_one_proposal(settings):
+    host = FakeHost(correction_items=[Correction("approval:21", ["shell", "writing"],
+                                                 "approval denied: do not run rm -rf; reason: it deletes the workspace")],
+                    routed={"shell", "writing"})
+    settings.LEARNING_SOURCE = lambda: host
+    assert api.run_reflect().status == "ok" and api.run_learn().status == "ok"
+    assert [p.domain.name for p in Proposal.objects.filter(status="pending")] == ["shell"]

@@ -54,8 +54,8 @@ def test_extract_json_rejects_garbage(raw):
 
 def test_parse_reflect_domains_and_limits():
     out = parse_reflect('{"lessons": ["Do X.", {"text": "Do Y.", "domain": "b"}, {"text": "Do Z.", "domain": "zz"}]}', ["a", "b"])
-    # no domain, or one outside the item's domains: the lesson applies to every item domain
-    assert out == [("a", "Do X."), ("b", "Do X."), ("b", "Do Y."), ("a", "Do Z."), ("b", "Do Z.")]
+    # no domain, or one outside the item's domains: the lesson goes to the item's first domain, once (issue 22.9)
+    assert out == [("a", "Do X."), ("b", "Do Y."), ("a", "Do Z.")]
     with pytest.raises(ParseError):
         parse_reflect('{"lessons": "x"}', ["a"])
     with pytest.raises(ParseError):

@@ -21,7 +21,7 @@ import uuid
 from django.db import transaction
 from django.db.models.functions import Now
 
-from veronica import bus, events, tracing
+from veronica import bus, chat, events, tracing
 from veronica.agent import compaction, metering, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
@@ -33,6 +33,7 @@ from veronica.agent.tools import Tool, ToolContext, ToolError, deferred_of, tool
 from veronica.agent.tools.mcp import NAME_LIMIT as MCP_NAME_LIMIT
 from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
+from veronica.engine import approvals as approval_verbs
 from veronica.errors import VeronicaError, storable
 from veronica.models import Approval, ApprovalStatus, Member, Phase, PermissionMode, Question, RunOutcome, TurnRole
 
@@ -106,9 +107,13 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             events.emit(member.space_id, "member.briefed", member=member, source=ctx.source, unread=len(unread))
         if unanswered_brief:
             log_ = tctx.log = transcript.Log(session, rows)
+        else:  # the operator's mail this brief carries, known without a query (chat.record_reply)
+            log_.operator_mail = [m for m in unread if m.sender_name == bus.OPERATOR]
 
     provider = get_provider(member.model)
     system = system_prompt(member, tools)
+    if hasattr(ctx, "system_prompt"):  # the engine's lease keeps it for the Run row (the prompt inspector)
+        ctx.system_prompt = system
     unloaded = deferred_of(member, tools)  # named in the prompt; a tool's schema is sent from its first use
     specs = [t.spec() for name, t in tools.items() if name not in unloaded]
     fixed_chars = len(system) + len(json.dumps(specs))  # what estimate_tokens adds to the messages
@@ -209,7 +214,7 @@ def fusable(ctx: RunContext, tools: dict[str, Tool], name: str) -> bool:
         return True  # an unknown tool's error result
     if tool.name in UNFUSED_VERBS or escapes_the_fence(tool) and tool.name not in FUSED_LOCAL_TOOLS:
         return False
-    return not (tool.needs_approval and permission_mode(ctx, ctx.member) == PermissionMode.DEFAULT)
+    return not held_by_gate(ctx, tool)
 
 
 def stopping(ctx: RunContext) -> bool:
@@ -265,9 +270,17 @@ def permission_mode(ctx: RunContext, member: Member) -> str:
     return mode
 
 
+def held_by_gate(ctx: RunContext, tool: Tool) -> bool:
+    """The permission gate: in `default` mode a mutating call waits for an operator, unless a rule
+    always allows this tool for this member (read per call: a revoke holds the very next one)."""
+    if not tool.needs_approval or permission_mode(ctx, ctx.member) != PermissionMode.DEFAULT:
+        return False
+    return not approval_verbs.always_allowed(ctx.member, tool.name)
+
+
 def announceable(ctx: RunContext, tools: dict[str, Tool], name: str) -> bool:
     tool = tools.get(name)
-    return tool is not None and not (tool.needs_approval and permission_mode(ctx, ctx.member) == PermissionMode.DEFAULT)
+    return tool is not None and not held_by_gate(ctx, tool)
 
 
 def announce(member: Member, ctx: RunContext, tools: dict[str, Tool], call) -> bool:
@@ -339,6 +352,8 @@ def answer_turn(member: Member, log_: transcript.Log, reply: Reply) -> None:
         log_.marked.add(brief.pk)
     if reply.text:
         events.emit(member.space_id, "agent.text", member=member, text=reply.text[:2000], truncated=reply.truncated)
+    if reply.text and not reply.tool_calls and not reply.truncated:  # a final answer: the operator's mail gets it
+        chat.record_reply(member, brief, reply.text, asked=getattr(log_, "operator_mail", None))
 
 
 UNPARSED = "_unparsed"  # a provider's key for arguments that were not one JSON object (the raw text)
@@ -385,7 +400,7 @@ def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolC
         with ctx.fenced():
             return persist_result(member, tctx, call, unparsed_error(tool.name, args[UNPARSED]))
     if not announced:
-        if tool.needs_approval and permission_mode(ctx, member) == PermissionMode.DEFAULT:  # read per call
+        if held_by_gate(ctx, tool):  # read per call
             return hold_for_approval(member, ctx, call)
         with ctx.fenced():
             ctx.phase(Phase.EXECUTING, tool.name)
@@ -439,7 +454,7 @@ def persist_result(member: Member, tctx: ToolContext, call: dict, result: str) -
     else:
         transcript.append(tctx.session, TurnRole.TOOL, result, **fields)
     events.emit(member.space_id, "tool.result", member=member, tool=call["name"], ok=not result.startswith("error:"),
-                chars=len(result), preview=result[:200])
+                chars=len(result), preview=result[:200], call=call["id"])  # call: the run trace finds the whole result
     return None
 
 
@@ -450,7 +465,7 @@ def hold_for_approval(member: Member, ctx: RunContext, call: dict) -> str:
             defaults={"space_id": member.space_id, "tool_name": call["name"], "tool_args": call["args"]})
         if created:
             events.emit(member.space_id, "approval.requested", member=member, approval=approval.pk, tool=call["name"],
-                        args=_short(call["args"]))
+                        args=_short(call["args"]), run=ctx.run.pk)  # the run trace links a chain's runs by these
         ctx.phase(Phase.WAITING_APPROVAL, call["name"])
     return WAITING
 
@@ -467,8 +482,10 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
 
         tracing.event("approval.resolved", approval=approval.pk, tool=call["name"], status=approval.status)
 
-        def consume() -> None:
+        def consume() -> None:  # inside the fence that persists the call's result
             Approval.objects.filter(pk=approval.pk).update(consumed=True)
+            events.emit(member.space_id, "approval.resolved", member=member, approval=approval.pk, tool=call["name"],
+                        status=approval.status, run=ctx.run.pk)
         if approval.status == ApprovalStatus.DENIED:
             reason = approval.reason or "no reason given"
             with ctx.fenced():

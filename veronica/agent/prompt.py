@@ -39,47 +39,57 @@ def rules_block(member: Member) -> str | None:
         return None
 
 
-def system_prompt(member: Member, tools: "dict[str, Tool] | None" = None) -> str:
-    """The system prompt; given the run's tools, it names the member's deferred ones."""
-    parts = [member.persona.strip() or f"You are {member.name}, a {member.role} in team {member.space.name}."]
-    parts.append(f"You are '{member.name}' ({member.role}) in the space '{member.space.name}'. Teammates reach you by mail; "
-                 "use the tools to act. Your workspace tools only see the space's folder.")
+def system_parts(member: Member, tools: "dict[str, Tool] | None" = None) -> list[tuple[str, str]]:
+    """The system prompt as (part, text) pairs, in order: the prompt inspector counts each one. Given
+    the run's tools, it names the member's deferred ones."""
+    parts = [("persona", member.persona.strip() or f"You are {member.name}, a {member.role} in team {member.space.name}.")]
+    parts.append(("identity", f"You are '{member.name}' ({member.role}) in the space '{member.space.name}'. Teammates reach you "
+                              "by mail; use the tools to act. Your workspace tools only see the space's folder."))
     if member.when_to_use:
-        parts.append(f"When the team uses you: {member.when_to_use}")
+        parts.append(("when to use", f"When the team uses you: {member.when_to_use}"))
     catalog = skills_for(member)
     if catalog:
         lines = ["# Skills"]
         for skill in catalog:
             lines.append(f"## {skill.name}" + (f" — {skill.description}" if skill.description else ""))
             lines.append(skill.body.strip())
-        parts.append("\n".join(lines))
-    parts.append(memory.prompt_block(member))
+        parts.append(("skills", "\n".join(lines)))
+    parts.append(("memory index", memory.prompt_block(member)))
     block = rules_block(member)
     if block:
-        parts.append(block)
+        parts.append(("rules", block))
     if tools:
         from veronica.agent.tools import deferred_block, deferred_of
 
         block = deferred_block(tools, deferred_of(member, tools))
         if block:
-            parts.append(block)
-    return "\n\n".join(parts)
+            parts.append(("deferred tools", block))
+    return parts
 
 
-def wake_brief(member: Member, source: str, unread: list[Message]) -> str:
-    lines = [f"# Wake: {WAKE_REASONS.get(source, source)}"]
+def system_prompt(member: Member, tools: "dict[str, Tool] | None" = None) -> str:
+    return "\n\n".join(text for _, text in system_parts(member, tools))
+
+
+def brief_parts(member: Member, source: str, unread: list[Message]) -> list[tuple[str, str]]:
+    """The wake brief as (part, text) pairs: why it woke, its mail, its open tasks, the blackboard."""
+    parts = [("wake", f"# Wake: {WAKE_REASONS.get(source, source)}")]
     if unread:
-        lines.append(f"\n## Unread mail ({len(unread)})")
+        lines = [f"\n## Unread mail ({len(unread)})"]
         for msg in unread:
             subject = f" — {msg.subject}" if msg.subject else ""
             task = f" [task #{msg.task_id}]" if msg.task_id else ""
             lines.append(f"\n### From {msg.sender_name}{subject}{task}\n{msg.body}")
+        parts.append(("mail", "\n".join(lines)))
     tasks = Task.objects.filter(assignee=member).exclude(status__in=[TaskStatus.DONE, TaskStatus.CANCELLED]).order_by("id")[:20]
     if tasks:
-        lines.append("\n## Your open tasks")
-        lines += [f"- #{t.pk} [{t.status}] {t.title}" for t in tasks]
+        parts.append(("tasks", "\n".join(["\n## Your open tasks"] + [f"- #{t.pk} [{t.status}] {t.title}" for t in tasks])))
     board = blackboard.read(member.space)
     if board.content:
-        lines.append(f"\n## Blackboard (updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n{board.content}")
-    return "\n".join(lines)
+        parts.append(("blackboard", f"\n## Blackboard (updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n"
+                                    f"{board.content}"))
+    return parts
 
+
+def wake_brief(member: Member, source: str, unread: list[Message]) -> str:
+    return "\n".join(text for _, text in brief_parts(member, source, unread))

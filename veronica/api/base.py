@@ -2,6 +2,7 @@
 
 * A request with `Authorization: Bearer <key>` is authenticated by that token only (a bad one is
   401, never a fall-back to the session) and is exempt from CSRF: no browser sends it by itself.
+  A read-only token gets 403 on every method but GET/HEAD/OPTIONS, before the view runs.
 * Otherwise the session decides; an anonymous caller gets 401. Session writes must pass Django's
   CSRF check (the endpoints are csrf_exempt so token calls can pass; the check is re-run here).
 * VeronicaError -> its status with {"error", "field"}; Http404 -> 404; PermissionDenied -> 403.
@@ -55,13 +56,15 @@ def bearer_key(request: HttpRequest) -> str | None:
 def authenticate(request: HttpRequest) -> None:
     key = bearer_key(request)
     if key is not None:
-        user = access.user_for_key(key)
-        if user is None:
-            raise Unauthorized("the token is unknown or revoked")
-        request.user = user
+        token = access.token_for_key(key)
+        if token is None:
+            raise Unauthorized("the token is unknown, revoked or expired, or its user's password changed since it was made")
+        request.user = token.user
         request.auth_by_token = True
+        request.token_read_only = token.read_only
         return
     request.auth_by_token = False
+    request.token_read_only = False
     if not request.user.is_authenticated:
         raise Unauthorized("log in or send an API token")
 
@@ -146,6 +149,9 @@ def endpoint(*methods: str) -> Callable:
                 return response
             try:
                 authenticate(request)
+                if request.method not in SAFE_METHODS and request.token_read_only:
+                    return error(403, f"this token is read-only: it may only read (GET), not {request.method}; "
+                                      "use a read-write token for changes")
                 if request.method not in SAFE_METHODS and not request.auth_by_token:
                     reason = _csrf_failure_reason(request)
                     if reason:

@@ -8,7 +8,8 @@ import json
 import logging
 from datetime import datetime
 
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, IntegerField, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from veronica import blackboard as board_verbs
@@ -17,7 +18,7 @@ from veronica.errors import NotFound, VeronicaError
 from veronica.markdown import render_markdown
 from veronica.session_usage import with_session_usage
 from veronica.models import (
-    Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,
+    ROLE_RANK, AccessRole, Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,
     Turn, UsageDay,
 )
 
@@ -60,12 +61,19 @@ def choice_param(params, name: str, choices: list[str]) -> str | None:
 
 # --- spaces and roster -----------------------------------------------------------------------------
 
+def _count_per_space(qs: QuerySet) -> Coalesce:
+    """A correlated COUNT(*) of qs's rows in the outer space: one index range per space, so the
+    list costs members + tasks + approvals rows, not their product (three JOINs and COUNT DISTINCT)."""
+    counted = qs.filter(space=OuterRef("pk")).order_by().values("space").annotate(n=Count("pk")).values("n")
+    return Coalesce(Subquery(counted, output_field=IntegerField()), 0)
+
+
 def space_list(spaces: QuerySet[Space], roles: dict[int, str]) -> list[dict]:
     open_statuses = [TaskStatus.PENDING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.VERIFYING, TaskStatus.BLOCKED]
     rows = spaces.annotate(
-        member_count=Count("members", filter=Q(members__removed_at__isnull=True), distinct=True),
-        open_tasks=Count("tasks", filter=Q(tasks__status__in=open_statuses), distinct=True),
-        pending_approvals=Count("approvals", filter=Q(approvals__status=ApprovalStatus.PENDING), distinct=True),
+        member_count=_count_per_space(Member.objects.filter(removed_at__isnull=True)),
+        open_tasks=_count_per_space(Task.objects.filter(status__in=open_statuses)),
+        pending_approvals=_count_per_space(Approval.objects.filter(status=ApprovalStatus.PENDING)),
     ).order_by("name")
     return [{"slug": s.slug, "name": s.name, "description": s.description, "role": roles.get(s.pk), "event_seq": s.event_seq,
              "members": s.member_count, "open_tasks": s.open_tasks, "pending_approvals": s.pending_approvals} for s in rows]
@@ -257,6 +265,22 @@ def _session_dict(session: dict | None) -> dict | None:
 
 # --- tasks, messages, events ---------------------------------------------------------------------------
 
+def check_results(task: Task, role: str) -> list[dict]:
+    """The task's check results; a viewer's copy leaves out each command (a command line may carry
+    a token or an internal address: it is for those who steer, like the checks' configuration)."""
+    attempts = checks.results_of(task)
+    if ROLE_RANK[role] < ROLE_RANK[AccessRole.OPERATOR]:
+        for attempt in attempts:
+            attempt["checks"] = [{k: v for k, v in c.items() if k != "command"} for c in attempt["checks"]]
+    return attempts
+
+
+def configured_checks(space: Space, role: str) -> list[dict]:
+    """The space's checks as the task page lists them: names and timeouts, commands from operator up."""
+    show = ROLE_RANK[role] >= ROLE_RANK[AccessRole.OPERATOR]
+    return [{"name": c["name"], "timeout": c["timeout"], **({"command": c["command"]} if show else {})} for c in space.verify_checks]
+
+
 def task_row(task: Task) -> dict:
     return {"id": task.pk, "title": task.title, "status": task.status, "assignee": task.assignee.name if task.assignee_id else None,
             "creator": task.creator_name, "spec": task.spec, "result": task.result, "status_reason": task.status_reason,
@@ -293,7 +317,7 @@ def task_board(space: Space, per_column: int = 50) -> list[dict]:
 def message_row(m: Message) -> dict:
     return {"id": m.pk, "sender": m.sender_name, "to": m.recipient_name, "subject": m.subject, "body": m.body,
             "html": render_markdown(m.body), "task": m.task_id, "broadcast": m.broadcast, "read_at": iso(m.read_at),
-            "created_at": iso(m.created_at)}
+            "created_at": iso(m.created_at), "reply_to": m.reply_to_id}
 
 
 def messages(space: Space, *, member: str | None = None, before: int | None = None, limit: int = 50) -> dict:

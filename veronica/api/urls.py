@@ -1,6 +1,6 @@
 from django.urls import path
 
-from veronica.api import cockpit, views
+from veronica.api import cockpit, steer, views
 
 app_name = "api"
 
@@ -16,6 +16,9 @@ urlpatterns = [
     path(S, views.space_detail, name="space"),
     path(S + "usage/", views.usage, name="usage"),
     path(S + "halt/", views.halt, name="halt"),
+    path(S + "resume/", steer.resume_all, name="resume-all"),
+    path(S + "name/", steer.space_name, name="space-name"),
+    path(S + "budget/", steer.space_budget, name="space-budget"),
     path(S + "members/", views.members, name="members"),
     path(M, views.member_detail, name="member"),
     path(M + "transcript/", views.transcript, name="transcript"),
@@ -25,6 +28,10 @@ urlpatterns = [
     path(M + "memory/<str:file>/", views.member_memory_file, name="member-memory-file"),
     path(M + "schedule/", views.member_schedule, name="member-schedule"),
     path(M + "webhook/", views.webhook, name="member-webhook"),
+    path(M + "chat/", steer.member_chat, name="member-chat"),
+    path(M + "budget/", steer.member_budget, name="member-budget"),
+    path(M + "prompt/", steer.member_prompt, name="member-prompt"),
+    path(M + "budget/reset/", steer.member_budget_reset, name="member-budget-reset"),
     path(M + "<str:action>/", views.member_action, name="member-action"),
     path(S + "tasks/", views.tasks, name="tasks"),
     path(S + "tasks/<int:task_id>/", views.task_detail, name="task"),
@@ -37,6 +44,8 @@ urlpatterns = [
     path(S + "approvals/", views.approvals, name="approvals"),
     path(S + "approvals/<int:approval_id>/approve/", views.approval_decide, {"decision": "approve"}, name="approve"),
     path(S + "approvals/<int:approval_id>/deny/", views.approval_decide, {"decision": "deny"}, name="deny"),
+    path(S + "approval-rules/", steer.approval_rules, name="approval-rules"),
+    path(S + "approval-rules/<int:rule_id>/", steer.approval_rule, name="approval-rule"),
     path(S + "questions/", views.questions, name="questions"),
     path(S + "questions/<int:question_id>/answer/", views.question_answer, name="answer"),
     path(S + "webhook/", views.webhook, name="webhook"),

@@ -57,7 +57,9 @@ ENDPOINTS = [
 
 @endpoint("GET")
 def index(request: HttpRequest) -> dict:
-    return {"endpoints": ENDPOINTS, "auth": "session (CSRF on writes) or 'Authorization: Bearer <token>'",
+    from veronica.api import steer
+
+    return {"endpoints": ENDPOINTS + steer.ENDPOINTS, "auth": "session (CSRF on writes) or 'Authorization: Bearer <token>'",
             "errors": '{"error": "...", "field": "..."} with 400 / 401 / 403 / 404 / 405 / 409'}
 
 
@@ -68,7 +70,8 @@ def me(request: HttpRequest) -> dict:
 
 def _token_row(token) -> dict:
     return {"id": token.pk, "name": token.name, "prefix": token.prefix, "created_at": sel.iso(token.created_at),
-            "last_used_at": sel.iso(token.last_used_at), "revoked_at": sel.iso(token.revoked_at)}
+            "last_used_at": sel.iso(token.last_used_at), "revoked_at": sel.iso(token.revoked_at),
+            "expires_at": sel.iso(token.expires_at), "read_only": token.read_only}
 
 
 @endpoint("GET", "POST")
@@ -78,7 +81,9 @@ def tokens(request: HttpRequest):
     if request.auth_by_token:
         # a leaked key must not be able to outlive its own revocation by minting a successor
         raise PermissionDenied("tokens are created from a logged-in session, not with another token")
-    token, key = access.create_token(request.user, text_field(json_body(request), "name"))
+    data = json_body(request)
+    token, key = access.create_token(request.user, text_field(data, "name"), expires_in_days=data.get("expires_in_days"),
+                                     read_only=data.get("read_only", False))
     return {**_token_row(token), "key": key, "note": "Store the key now; it is never shown again."}, 201
 
 
@@ -247,11 +252,11 @@ def tasks(request: HttpRequest, slug: str) -> dict:
 @endpoint("GET")
 def task_detail(request: HttpRequest, slug: str, task_id: int) -> dict:
     """One task with every verification's check results (the console's task page)."""
-    space, _ = _space(request, slug)
+    space, role = _space(request, slug)
     task = space.tasks.select_related("assignee").filter(pk=task_id).first()
     if task is None:
         raise NotFound(f"no task #{task_id} in space {slug}", field="task_id")
-    return {**sel.task_row(task), "check_results": checks.results_of(task)}
+    return {**sel.task_row(task), "check_results": sel.check_results(task, role)}
 
 
 @endpoint("GET", "POST")
@@ -299,7 +304,7 @@ def approval_decide(request: HttpRequest, slug: str, approval_id: int, decision:
     data = json_body(request)
     approval = approval_verbs.get_approval(space, approval_id)
     decided = approval_verbs.decide(approval, approve=decision == "approve", user=request.user,
-                                    reason=text_field(data, "reason", required=False))
+                                    reason=text_field(data, "reason", required=False), always=data.get("always", False))
     return sel.approval_row(decided)
 
 

@@ -6,8 +6,8 @@ from django.utils import timezone
 
 from veronica import events
 from veronica.engine.wakes import wake_on_commit
-from veronica.errors import Conflict, NotFound, require_text
-from veronica.models import Approval, ApprovalStatus, Question, Space
+from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.models import Approval, ApprovalRule, ApprovalStatus, Member, Question, Space
 
 
 def get_approval(space: Space, approval_id: int) -> Approval:
@@ -17,9 +17,14 @@ def get_approval(space: Space, approval_id: int) -> Approval:
     return approval
 
 
-def decide(approval: Approval, *, approve: bool, user, reason: str = "") -> Approval:
-    """Approve or deny once. A denial's reason goes back to the model (and to the learning app)."""
+def decide(approval: Approval, *, approve: bool, user, reason: str = "", always: bool = False) -> Approval:
+    """Approve or deny once; or approve and always allow this tool for this member (a rule the
+    gate consults from the next call on). A denial's reason goes back to the model (and to the learning app)."""
     reason = require_text(reason, "reason", max_len=2000, allow_empty=True).strip()
+    if not isinstance(always, bool):
+        raise VeronicaError("always must be true or false", field="always")
+    if always and not approve:
+        raise VeronicaError("always applies to an approval, not a denial", field="always")
     status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
     with transaction.atomic():
         changed = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(
@@ -27,10 +32,67 @@ def decide(approval: Approval, *, approve: bool, user, reason: str = "") -> Appr
         if not changed:
             raise Conflict(f"approval #{approval.pk} was already decided", field="approval_id")
         events.emit(approval.space_id, "approval.decided", member=approval.member, approval=approval.pk, tool=approval.tool_name,
-                    status=status, reason=reason, by=getattr(user, "username", str(user)))
+                    status=status, reason=reason, by=getattr(user, "username", str(user)), always=always)
+        if always:
+            allow_always(approval.member, approval.tool_name, user=user, approval=approval)
         wake_on_commit([approval.member_id], "resume")
     approval.refresh_from_db()
     return approval
+
+
+# --- "always for this tool on this member" ------------------------------------------------------------
+
+def always_allowed(member: Member, tool_name: str) -> bool:
+    """The permission gate's question (read per held call, so a revoke holds the very next one)."""
+    return ApprovalRule.objects.filter(member_id=member.pk, tool_name=tool_name, revoked_at__isnull=True).exists()
+
+
+def allow_always(member: Member, tool_name: str, *, user, approval: Approval | None = None) -> ApprovalRule:
+    """A standing approval; an existing live rule for the same tool is kept (nothing new is written)."""
+    tool_name = require_text(tool_name, "tool", max_len=64)
+    with transaction.atomic():
+        rule = ApprovalRule.objects.filter(member=member, tool_name=tool_name, revoked_at__isnull=True).first()
+        if rule is not None:
+            return rule
+        rule = ApprovalRule.objects.create(space_id=member.space_id, member=member, tool_name=tool_name, created_by=user,
+                                           from_approval=approval)
+        events.emit(member.space_id, "approval.rule_added", member=member, rule=rule.pk, tool=tool_name,
+                    by=getattr(user, "username", str(user)), approval=approval.pk if approval else None)
+    return rule
+
+
+def get_rule(space: Space, rule_id: int) -> ApprovalRule:
+    rule = ApprovalRule.objects.filter(space=space, pk=rule_id).select_related("member").first()
+    if rule is None:
+        raise NotFound(f"no approval rule #{rule_id} in this space", field="rule_id")
+    return rule
+
+
+def revoke_rule(rule: ApprovalRule, *, user) -> ApprovalRule:
+    with transaction.atomic():
+        if not ApprovalRule.objects.filter(pk=rule.pk, revoked_at__isnull=True).update(revoked_at=timezone.now(), revoked_by=user):
+            raise Conflict(f"approval rule #{rule.pk} is already revoked", field="rule_id")
+        events.emit(rule.space_id, "approval.rule_revoked", member=rule.member, rule=rule.pk, tool=rule.tool_name,
+                    by=getattr(user, "username", str(user)))
+    rule.refresh_from_db()
+    return rule
+
+
+def rules_of(space: Space, *, member: Member | None = None, live_only: bool = True) -> list[dict]:
+    qs = ApprovalRule.objects.filter(space=space).select_related("member", "created_by", "revoked_by")
+    if member is not None:
+        qs = qs.filter(member=member)
+    if live_only:
+        qs = qs.filter(revoked_at__isnull=True)
+    return [rule_row(r) for r in qs.order_by("member__name", "tool_name", "-id")]
+
+
+def rule_row(rule: ApprovalRule) -> dict:
+    def who(user) -> str | None:
+        return user.get_username() if user is not None else None
+    return {"id": rule.pk, "member": rule.member.name, "tool": rule.tool_name, "created_by": who(rule.created_by),
+            "created_at": rule.created_at.isoformat(), "approval": rule.from_approval_id,
+            "revoked_at": rule.revoked_at.isoformat() if rule.revoked_at else None, "revoked_by": who(rule.revoked_by)}
 
 
 def answer(question: Question, *, text: str, user) -> Question:

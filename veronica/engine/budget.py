@@ -9,6 +9,7 @@ from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
 from veronica import bus, events
+from veronica.errors import Conflict, VeronicaError
 from veronica.models import Member, Role, Space, UsageDay
 
 
@@ -65,7 +66,7 @@ def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: 
             UsageDay.objects.filter(member=member, day=today()).update(**increments)
 
 
-METER_COLUMNS = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "tripped"]
+METER_COLUMNS = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "tripped", "budget_offset"]
 
 
 def meter_statement(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
@@ -85,8 +86,9 @@ def meter_statement(member: Member, *, input_tokens: int, output_tokens: int, ca
 
 
 def metered(row) -> tuple[int, bool]:
-    """(today's tokens, tripped) from the meter statement's row."""
-    return sum(row[:4]), bool(row[4])  # every billed token, as UsageDay.total_tokens counts them
+    """(today's tokens against the member's budget, tripped) from the meter statement's row: every
+    billed token, as UsageDay.total_tokens counts them, less what an owner's reset set aside."""
+    return sum(row[:4]) - row[5], bool(row[4])
 
 
 def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
@@ -110,32 +112,142 @@ def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, ca
     raise RuntimeError(f"no usage row for {member.name} today")
 
 
-def check_breaker(member: Member, used: int | None = None) -> str | None:
-    """Trip the member's breaker when its day or its space's day is over budget. Returns why, once.
-    `used`: today's tokens when the caller has just read them back (no read of its own then)."""
-    day = usage_today(member) if used is None else None
-    used = day.total_tokens if day is not None else used
+TRIP_HELP = ("To let it run again today, raise its budget or the space's ceiling, or reset its day "
+             "(the member's page, Budget; PUT /api/spaces/{slug}/members/{name}/budget/ or "
+             "POST /api/spaces/{slug}/members/{name}/budget/reset/).")
+
+
+def over_budget(member: Member, used: int | None = None) -> str | None:
+    """Why the member may not run now (its own budget, or its space's ceilings), or None. Writes nothing.
+    `used`: its tokens against its budget today when the caller has just read them back."""
+    if used is None:
+        day = UsageDay.objects.filter(member=member, day=today()).first()
+        used = day.total_tokens - day.budget_offset if day else 0
     cap = effective_budget(member)
-    reason = None
     if cap and used >= cap:
-        reason = f"{member.name} used {used} tokens today; its daily budget is {cap}"
+        return f"{member.name} used {used} tokens today; its daily budget is {cap}"
     space = member.space
-    if reason is None and (space.daily_token_ceiling or space.daily_usd_ceiling):
+    if space.daily_token_ceiling or space.daily_usd_ceiling:
         totals = space_today(space)
         if space.daily_token_ceiling and totals["tokens"] >= space.daily_token_ceiling:
-            reason = f"space {space.slug} used {totals['tokens']} tokens today; its ceiling is {space.daily_token_ceiling}"
-        elif space.daily_usd_ceiling and totals["usd"] >= space.daily_usd_ceiling:
-            reason = f"space {space.slug} spent ${totals['usd']:.4f} today; its ceiling is ${space.daily_usd_ceiling}"
+            return f"space {space.slug} used {totals['tokens']} tokens today; its ceiling is {space.daily_token_ceiling}"
+        if space.daily_usd_ceiling and totals["usd"] >= space.daily_usd_ceiling:
+            return f"space {space.slug} spent ${totals['usd']:.4f} today; its ceiling is ${space.daily_usd_ceiling}"
+    return None
+
+
+def check_breaker(member: Member, used: int | None = None) -> str | None:
+    """Trip the member's breaker when its day or its space's day is over budget. Returns why, once.
+    `used`: today's tokens (against its budget) when the caller has just read them back."""
+    if used is None:
+        usage_today(member)  # the row the trip is written on
+    reason = over_budget(member, used)
     if reason is None:
         return None
+    space = member.space
     with transaction.atomic():
         if UsageDay.objects.filter(member=member, day=today(), tripped=False).update(tripped=True):
             events.emit(member.space_id, "ops.alert", member=member, subject="budget tripped", body=reason)
             # the seed's notifyOps: the leader re-plans around the tripped member, the operator may raise the cap
-            notice, subject = reason + ". No more runs today.", f"Budget tripped: {member.name}"
+            notice = f"{reason}. No more runs today. {TRIP_HELP.format(slug=space.slug, name=member.name)}"
+            subject = f"Budget tripped: {member.name}"
             bus.send(space, bus.SYSTEM, "operator", notice, subject=subject)
             leader = bus.live_members(space).filter(role=Role.LEADER).exclude(pk=member.pk).first()
             if leader is not None:
                 bus.send(space, bus.SYSTEM, leader.name, notice, subject=subject)
             return reason
     return None
+
+
+# --- reopening the day (issue 22.6): a raised budget or ceiling, or an owner's reset ------------------
+
+def reopen(member: Member, *, actor: str, why: str) -> bool:
+    """Lift today's trip; the member is woken for the work it has waiting. True when it was tripped."""
+    from veronica.engine.wakes import wake_on_commit
+
+    with transaction.atomic():
+        if not UsageDay.objects.filter(member=member, day=today(), tripped=True).update(tripped=False):
+            return False
+        events.emit(member.space_id, "budget.reopened", member=member, actor=actor, reason=why)
+        wake_on_commit([member.pk], "resume")  # as resume(): never suppressed; a run with nothing to do exits
+    return True
+
+
+def reopen_allowed(space: Space, *, actor: str, why: str) -> list[str]:
+    """Reopen every member tripped today that its budget and its space's ceilings now allow."""
+    tripped = Member.objects.filter(space=space, removed_at__isnull=True, usage_days__day=today(), usage_days__tripped=True)
+    return [m.name for m in tripped.select_related("space") if over_budget(m) is None and reopen(m, actor=actor, why=why)]
+
+
+def set_member_budget(member: Member, value: object, *, actor: str) -> Member:
+    """The member's override (None: the space default; < 0: unlimited). A raise reopens its day."""
+    from veronica.engine.supervisor import check_int
+
+    if value is not None:
+        check_int(value, "budget_override")
+    with transaction.atomic():
+        Member.objects.filter(pk=member.pk).update(budget_override=value)
+        events.emit(member.space_id, "member.budget_set", member=member, actor=actor, budget_override=value)
+        member.refresh_from_db()
+        if is_tripped(member) and over_budget(member) is None:
+            reopen(member, actor=actor, why=f"budget set to {value if value is not None else 'the space default'}")
+    return member
+
+
+SPACE_LIMITS = ("member_daily_tokens", "daily_token_ceiling", "daily_usd_ceiling")
+
+
+def _limit(field: str, value: object):
+    from veronica.engine.supervisor import check_int
+
+    if field != "daily_usd_ceiling":
+        return check_int(value, field, minimum=0)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise VeronicaError(f"{field} must be a number of dollars (0: no ceiling)", field=field)
+    try:
+        usd = Decimal(str(value))
+    except ArithmeticError:
+        raise VeronicaError(f"{field} must be a number of dollars (0: no ceiling)", field=field) from None
+    if not usd.is_finite() or usd < 0 or usd >= Decimal(10) ** 6:
+        raise VeronicaError(f"{field} is {value}; it must be from 0 to 999999.9999", field=field)
+    return usd.quantize(Decimal("0.0001"))
+
+
+def set_space_limits(space: Space, limits: dict, *, actor: str) -> list[str]:
+    """Set any of the space's default member budget and daily ceilings (0: none); every member the new
+    limits allow is reopened. Returns the names reopened."""
+    unknown = sorted(set(limits) - set(SPACE_LIMITS))
+    if unknown:
+        raise VeronicaError(f"unknown field {unknown[0]}; the fields are {', '.join(SPACE_LIMITS)}", field=unknown[0])
+    values = {field: _limit(field, value) for field, value in limits.items()}
+    with transaction.atomic():
+        Space.objects.filter(pk=space.pk).update(**values)
+        events.emit(space.pk, "space.budget_set", actor=actor, **{k: str(v) for k, v in values.items()})
+        space.refresh_from_db()
+        return reopen_allowed(space, actor=actor, why="the space's budget was changed")
+
+
+def reset_day(member: Member, *, actor: str) -> Member:
+    """An owner's reset: the member's own budget counts again from now (the tokens stay billed), and
+    its day reopens. A space ceiling cannot be reset for one member: raise it instead."""
+    with transaction.atomic():
+        day = usage_today(member)
+        UsageDay.objects.filter(pk=day.pk).update(budget_offset=day.total_tokens)
+        space_reason = over_budget(member, 0)
+        if space_reason is not None:
+            raise Conflict(f"{space_reason}: raise the space's ceiling to let {member.name} run today", field="budget")
+        events.emit(member.space_id, "budget.reset", member=member, actor=actor, offset=day.total_tokens)
+        reopen(member, actor=actor, why="the owner reset its day")
+    member.refresh_from_db()
+    return member
+
+
+def budget_state(member: Member) -> dict:
+    """What the member page and the API show: today's use, the cap, whether it is tripped and why."""
+    day = UsageDay.objects.filter(member=member, day=today()).first()
+    used = day.total_tokens if day else 0
+    offset = day.budget_offset if day else 0
+    return {"member": member.name, "budget_override": member.budget_override, "space_default": member.space.member_daily_tokens,
+            "effective_budget": effective_budget(member), "tokens_today": used, "counted_since_reset": used - offset,
+            "tripped": bool(day and day.tripped), "blocked_by": over_budget(member, used - offset),
+            "space": {f: str(getattr(member.space, f)) for f in SPACE_LIMITS}}

@@ -122,6 +122,7 @@ class RunLease:
         self._next_phase: tuple[str, str] | None = None
         self._meter = None  # a model call's usage statement the next fence carries (PostgreSQL)
         self._metered = None  # its row, for metering.record
+        self.system_prompt = ""  # the run's system prompt (agent.loop sets it), kept on the Run row by finish()
         self.permission_mode = member.permission_mode  # as of the latest fence
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
 
@@ -371,7 +372,7 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
     with lease.fenced():
         Run.objects.filter(pk=lease.run.pk, lease_token=lease.token, ended_at__isnull=True).update(
             ended_at=Now(), outcome=outcome, error=error[:2000], model_calls=F("model_calls") + lease.model_calls,
-            tokens=F("tokens") + lease.tokens)
+            tokens=F("tokens") + lease.tokens, **({"system_prompt": lease.system_prompt} if lease.system_prompt else {}))
         if outcome == RunOutcome.ERROR:
             write_phase(member, Phase.ERROR)
             failures.record(member, error, permanent=permanent, retry_after=retry_after)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 from django.db.models import BooleanField, Case, F, Value, When
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from veronica import bus, events
@@ -56,7 +57,7 @@ def suspend(member: Member, *, actor: str) -> Member:
     """Park the member; a run in flight sees cancel_requested at its next step and stops."""
     with transaction.atomic():
         changed = Member.objects.filter(pk=member.pk, removed_at__isnull=True).exclude(run_status=RunStatus.SUSPENDED).update(
-            run_status=RunStatus.SUSPENDED, cancel_requested=_HAS_LEASE)
+            run_status=RunStatus.SUSPENDED, cancel_requested=_HAS_LEASE, phase_since=Now())  # its age: since suspended
         if changed:
             events.emit(member.space_id, "member.suspended", member=member, actor=actor)
     return _refresh(member)
@@ -67,7 +68,8 @@ def resume(member: Member, *, actor: str) -> Member:
     from veronica.engine import failures
 
     with transaction.atomic():
-        changed = Member.objects.filter(pk=member.pk, run_status=RunStatus.SUSPENDED).update(run_status=RunStatus.IDLE)
+        changed = Member.objects.filter(pk=member.pk, run_status=RunStatus.SUSPENDED).update(
+            run_status=RunStatus.IDLE, phase_since=Now())
         if changed:
             events.emit(member.space_id, "member.resumed", member=member, actor=actor)
         if (failures.unpark(member, actor=actor) or changed) and member.membership == Membership.ACTIVE:
@@ -82,17 +84,41 @@ def halt_all(space: Space, *, actor: str) -> int:
     return len(members)
 
 
+def resume_all(space: Space, *, actor: str) -> int:
+    """Undo halt-all: resume every suspended member (each with its own event and wake)."""
+    members = list(Member.objects.filter(space=space, removed_at__isnull=True, run_status=RunStatus.SUSPENDED))
+    for member in members:
+        resume(member, actor=actor)
+    return len(members)
+
+
+def rename_space(space: Space, name: object, *, actor: str) -> Space:
+    """The display name only: the slug (URLs, tokens' links, the data folder) stays."""
+    name = require_text(name, "name", max_len=column_limit(Space, "name"))
+    with transaction.atomic():
+        before = Space.objects.select_for_update().filter(pk=space.pk).values_list("name", flat=True).get()
+        if before != name:
+            Space.objects.filter(pk=space.pk).update(name=name)
+            events.emit(space.pk, "space.renamed", actor=actor, before=before, name=name)
+    space.refresh_from_db()
+    return space
+
+
 def freeze(member: Member, *, actor: str) -> Member:
     """Cold-store: never scheduled again until unfreeze. A run in flight is left to finish."""
     with transaction.atomic():
-        if Member.objects.filter(pk=member.pk, membership=Membership.ACTIVE, removed_at__isnull=True).update(membership=Membership.FROZEN):
+        frozen = Member.objects.filter(pk=member.pk, membership=Membership.ACTIVE, removed_at__isnull=True).update(
+            membership=Membership.FROZEN, phase_since=Now())  # the roster's age counts from the freeze
+        if frozen:
             events.emit(member.space_id, "member.frozen", member=member, actor=actor)
     return _refresh(member)
 
 
 def unfreeze(member: Member, *, actor: str) -> Member:
     with transaction.atomic():
-        if Member.objects.filter(pk=member.pk, membership=Membership.FROZEN, removed_at__isnull=True).update(membership=Membership.ACTIVE):
+        thawed = Member.objects.filter(pk=member.pk, membership=Membership.FROZEN, removed_at__isnull=True).update(
+            membership=Membership.ACTIVE, phase_since=Now())
+        if thawed:
             events.emit(member.space_id, "member.unfrozen", member=member, actor=actor)
             wake_on_commit([member.pk], "resume")
     return _refresh(member)

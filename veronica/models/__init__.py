@@ -10,6 +10,7 @@ from veronica.models.ops import Channel, DeliveryStatus, NotificationDelivery, T
 from veronica.models.runtime import (
     Alarm,
     Approval,
+    ApprovalRule,
     ApprovalStatus,
     Question,
     Run,
@@ -24,7 +25,7 @@ from veronica.models.space import Space
 from veronica.models.tasks import Task, TaskStatus, VerifyPolicy
 
 __all__ = [
-    "AccessRole", "Alarm", "ApiToken", "Approval", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "TaskCheck",
+    "AccessRole", "Alarm", "ApiToken", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "TaskCheck",
     "McpServer", "McpTransport", "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Session", "Skill", "Space", "SpaceAccess",
     "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake", "WebhookDelivery",

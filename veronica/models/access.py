@@ -34,7 +34,10 @@ class SpaceAccess(models.Model):
 
 
 class ApiToken(models.Model):
-    """A per-user token for scripts. Only its SHA-256 is stored; the key is shown once."""
+    """A per-user token for scripts. Only its SHA-256 is stored; the key is shown once.
+
+    It stops working when revoked, when it expires, when its user is disabled, and when its user's
+    password changes (password_stamp is a digest of the password hash it was made under)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=80)
@@ -43,6 +46,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
+    read_only = models.BooleanField(default=False, help_text="Only GET (and the event stream); every change is refused.")
+    password_stamp = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the user's password hash at creation.")
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

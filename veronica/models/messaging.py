@@ -23,6 +23,9 @@ class Message(models.Model):
     accepted_at = models.DateTimeField(null=True, blank=True)
     accepted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     accepted_body = models.TextField(blank=True)
+    # A member's final text for a run woken by operator mail is recorded as its reply (veronica.chat)
+    reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies",
+                                 help_text="The operator's message this reply answers (a run's final text).")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
@@ -44,6 +47,7 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        verbose_name_plural = "webhook deliveries"
         constraints = [models.UniqueConstraint(fields=["space", "signature"], name="webhook_delivery_once")]
 
     def __str__(self) -> str:

@@ -37,6 +37,28 @@ class Approval(models.Model):
         return f"{self.member} → {self.tool_name} ({self.status})"
 
 
+class ApprovalRule(models.Model):
+    """'Always for this tool on this member': the permission gate lets such calls run without holding
+    them (veronica.engine.approvals). Revoking keeps the row (who allowed what, and until when)."""
+
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="approval_rules")
+    member = models.ForeignKey("veronica.Member", on_delete=models.CASCADE, related_name="approval_rules")
+    tool_name = models.CharField(max_length=64)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    from_approval = models.ForeignKey(Approval, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["member", "tool_name"], condition=Q(revoked_at__isnull=True),
+                                               name="approval_rule_one_live")]
+
+    def __str__(self) -> str:
+        return f"always {self.tool_name} for {self.member}"
+
+
 class Question(models.Model):
     """ask_operator: a member waits for an operator's answer."""
 
@@ -118,6 +140,9 @@ class Run(models.Model):
     model_calls = models.IntegerField(default=0)
     tokens = models.IntegerField(default=0)
     error = models.TextField(blank=True)
+    # Built once at the run's start and sent with each of its model calls (the prompt inspector shows
+    # it for past calls); written with the run's end, in the same statement; retention purges it with the run.
+    system_prompt = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -147,6 +172,8 @@ class UsageDay(models.Model):
     model_calls = models.IntegerField(default=0)
     estimated_calls = models.IntegerField(default=0, help_text="Calls whose usage the vendor did not report (estimated).")
     tripped = models.BooleanField(default=False, help_text="The budget breaker tripped; no more runs today.")
+    budget_offset = models.BigIntegerField(default=0, help_text=(
+        "Tokens already used when an owner reset the day: the member's own budget counts from there."))
 
     class Meta:
         ordering = ["-day"]

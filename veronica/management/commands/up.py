@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 from django.conf import settings
 from django.core.management import call_command
@@ -14,6 +16,31 @@ from django.core.management.base import BaseCommand
 from veronica.startup import ensure_demo_login, ensure_demo_space
 
 STOP_GRACE = 8.0  # seconds before SIGKILL; Ctrl-C must finish within 10 s
+SERVE_TIMEOUT = 60.0  # seconds for daphne to answer its first request (a cold start takes ~5 s)
+LOCAL = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}  # where to knock when it listens on every address
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # our own port: never through an http_proxy
+
+
+def knock_host(host: str) -> str:
+    host = LOCAL.get(host, host)
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def wait_until_serving(url: str, web, timeout: float) -> bool:
+    """True once the web server answers `url` (any HTTP status); False if it exits or the time is up.
+    The URL is printed only then: a browser opened on it straight away gets the console, not an error."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if web.poll() is not None:
+            return False
+        try:
+            NO_PROXY.open(url, timeout=2).close()
+            return True
+        except urllib.error.HTTPError:
+            return True  # it answered
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.2)
+    return False
 
 
 class Command(BaseCommand):
@@ -31,6 +58,12 @@ class Command(BaseCommand):
             login = ensure_demo_login(ensure_demo_space())
         children = self.start(host, port)
         url = f"http://{host}:{port}/"
+        self.stdout.write(f"starting web and workers on {url} …")
+        self.stdout.flush()
+        if not wait_until_serving(f"http://{knock_host(host)}:{port}/login/", children["web"], SERVE_TIMEOUT):
+            self.stderr.write(f"the web server did not answer on {url} within {SERVE_TIMEOUT:.0f} s; stopping")
+            self.shutdown(children)
+            return
         self.stdout.write(self.style.SUCCESS(f"\nVeronica is up: {url}"))
         if login:
             self.stdout.write(f"  login: {login[0]} / {login[1]}   (demo space: {url}spaces/demo/ · admin: {url}admin/)")
