@@ -809,6 +809,12 @@ def api_cases(victim: str) -> list[tuple[str, str, dict]]:
         ("PATCH", f"{M}/", {"persona": "p", "max_iterations": 24, "budget_override": 1000, "tools": ["read_file"], "schedule": ""}),
         ("POST", f"{S}/skills/", {"name": "fzs", "body": "b", "description": "d", "overwrite": False}),
         ("POST", f"{M}/skills/", {"name": "fzms", "body": "b", "description": "d", "overwrite": False}),
+        # the steering doors (cockpit-b)
+        ("POST", f"{M}/chat/", {"body": "hi", "subject": "s"}),
+        ("PUT", f"{S}/name/", {"name": "Victim"}),
+        ("PUT", f"{S}/budget/", {"member_daily_tokens": 1000, "daily_token_ceiling": 0, "daily_usd_ceiling": "1.5"}),
+        ("PUT", f"{M}/budget/", {"budget_override": 1000}),
+        ("POST", f"{S}/approval-rules/", {"member": "scout", "tool": "run_command"}),
     ]
 
 
