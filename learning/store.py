@@ -264,10 +264,6 @@ def domains_with_active_rules() -> set[int]:
     )
 
 
-def all_domains() -> list[Domain]:
-    return list(Domain.objects.filter(rules__isnull=False).distinct())
-
-
 # --- learned-rule writes (only from an approved proposal, a person's revert or toggle) -------------
 
 def _record(domain, source, action, actor, before, after, *, proposal=None, reverts=None, summary="") -> RuleChange:

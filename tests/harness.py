@@ -7,10 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 from django.db import connection
 
@@ -26,8 +28,9 @@ def worker_env(**extra: str) -> dict[str, str]:
     if connection.vendor == "sqlite":
         env["VERONICA_SQLITE_PATH"] = str(db["NAME"])
     else:
-        user = db.get("USER") or "postgres"
-        env["DATABASE_URL"] = f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+        user = quote(db.get("USER") or "postgres", safe="")
+        password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
+        env["DATABASE_URL"] = f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
     env["VERONICA_Q_NAME"] = Conf.CLUSTER_NAME
     env.update(extra)
     return env
@@ -56,17 +59,36 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     proc.wait(timeout=5)
 
 
+RUNNING = b"] running."  # django-q2's "Q Cluster <name> [<queue>] running.", logged once its workers are forked
+
+
+def wait_until_running(proc: subprocess.Popen, log_path: Path, timeout: float = 60) -> None:
+    """Until the cluster says it runs (or exits): no fixed sleep, so an idle host does not wait the
+    time a loaded one needs, and a loaded one is not cut short. Wakes enqueued before that simply
+    wait in the broker."""
+    wait_for(lambda: proc.poll() is not None or RUNNING in log_path.read_bytes(), timeout, interval=0.05,
+             message="the cluster to start its workers")
+
+
 @contextmanager
 def qcluster(workers: int = 4, log_path: Path | None = None, **env: str):
-    log = open(log_path or os.devnull, "ab")
+    own_log = log_path is None
+    if own_log:
+        handle, name = tempfile.mkstemp(prefix="qcluster-", suffix=".log")
+        os.close(handle)
+        log_path = Path(name)
+    log = open(log_path, "ab")
+    env.setdefault("LOG_LEVEL", "INFO")  # the readiness line is an INFO line (over the environment's level)
     proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True,
                             env=worker_env(VERONICA_Q_WORKERS=str(workers), **env), stdout=log, stderr=subprocess.STDOUT)
-    time.sleep(2.5)  # the cluster forks its workers; wakes enqueued before that simply wait in the broker
     try:
+        wait_until_running(proc, log_path)
         yield proc
     finally:
         _stop(proc)
         log.close()
+        if own_log:
+            log_path.unlink(missing_ok=True)
 
 
 def kill_cluster(proc: subprocess.Popen) -> None:

@@ -1,7 +1,8 @@
 """A worker host that can be cut off from the database: a qcluster in its own network namespace.
 
-Inside the namespace the cluster reaches PostgreSQL and Redis at their usual 127.0.0.1 ports through
-a relay that crosses over by Unix sockets (files are shared across network namespaces). Taking the
+Inside the namespace the cluster reaches PostgreSQL and Redis at 127.0.0.1, on the ports of the URLs
+the test run was given (`plan()`), through a relay that crosses over by Unix sockets (files are shared
+across network namespaces) to the real host and port. Taking the
 namespace's loopback down then drops every packet between the cluster and its relay, as a real
 partition does: nothing is refused, nothing is acknowledged, the database sees the sessions idle.
 
@@ -15,7 +16,9 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -59,12 +62,37 @@ class Relay:
                 pass
 
 
-def unix_to_tcp(path: Path, port: int) -> Relay:
-    """Host side: a Unix socket file that leads to 127.0.0.1:port."""
+def unix_to_tcp(path: Path, host: str, port: int) -> Relay:
+    """Host side: a Unix socket file that leads to host:port."""
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(64)
-    return Relay(listener, lambda: socket.create_connection(("127.0.0.1", port)))
+    return Relay(listener, lambda: socket.create_connection((host, port)))
+
+
+@dataclass
+class Plan:
+    """Where the host-side relays connect (the services the test run was pointed at), and the URLs
+    the cluster inside the namespace uses: the same ports, on the namespace's own 127.0.0.1."""
+    pg: tuple[str, int]
+    redis: tuple[str, int]
+    database_url: str
+    redis_url: str
+
+
+def on_loopback(url: str, port: int) -> str:
+    """`url` with its host replaced by 127.0.0.1 (credentials, port, path and query kept)."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{userinfo + '@' if userinfo else ''}127.0.0.1:{port}"))
+
+
+def plan(database_url: str, redis_url: str) -> Plan:
+    pg, redis = urlsplit(database_url), urlsplit(redis_url)
+    pg_addr = (pg.hostname or "127.0.0.1", pg.port or 5432)
+    redis_addr = (redis.hostname or "127.0.0.1", redis.port or 6379)
+    return Plan(pg=pg_addr, redis=redis_addr, database_url=on_loopback(database_url, pg_addr[1]),
+                redis_url=on_loopback(redis_url, redis_addr[1]))
 
 
 def tcp_to_unix(port: int, path: str) -> Relay:
@@ -83,9 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--pg-sock", required=True)
-    parser.add_argument("--pg-port", type=int, default=5432)
+    parser.add_argument("--pg-port", type=int, required=True)
     parser.add_argument("--redis-sock", required=True)
-    parser.add_argument("--redis-port", type=int, default=6379)
+    parser.add_argument("--redis-port", type=int, required=True)
     parser.add_argument("command", nargs="+")
     args = parser.parse_args()
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)

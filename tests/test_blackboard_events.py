@@ -67,3 +67,22 @@ def test_saving_a_stale_space_never_rewinds_the_event_counter(space):
     stale.save()
     events.emit(space.pk, "b")  # would hit the unique (space, seq) constraint if the counter rewound
     assert Space.objects.get(pk=space.pk).name == "renamed"
+
+
+def test_a_board_written_under_a_larger_cap_is_cut_at_the_lowered_cap_where_members_read_it(space):
+    from veronica.agent.prompt import wake_brief
+    from veronica.agent.tools import ToolContext, tools_for
+    from veronica.engine import supervisor
+
+    space.blackboard_cap = 1000
+    space.save()
+    blackboard.write(space, "boss", "a" * 150 + "b" * 650)
+    space.blackboard_cap = 150  # lowered afterwards (admin, a register); the stored board is left as it was
+    space.save()
+    w1 = supervisor.get_member(space, "w1")
+    brief = wake_brief(w1, "message", [])
+    read = tools_for("worker")["blackboard_read"].fn(ToolContext(member=w1, space=space), {})
+    for text in (brief, read):
+        assert "a" * 150 + "\n[blackboard truncated: 800 characters, the cap is 150" in text
+        assert "ab" not in text and "b" * 10 not in text
+    assert blackboard.read(space).content.endswith("b" * 650)  # the operator still sees (and can fix) the whole board

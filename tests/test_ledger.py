@@ -85,3 +85,18 @@ def test_bad_dependency_is_refused(space):
     with pytest.raises(VeronicaError) as err:
         ledger.create_task(space, "boss", "t", depends_on=[9999])
     assert err.value.field == "depends_on" and not Task.objects.exists()
+
+
+def test_a_dispatched_task_wakes_its_assignee_with_the_task_source(space, monkeypatch, django_capture_on_commit_callbacks):
+    from veronica import bus
+    from veronica.agent.prompt import wake_brief
+    from veronica.engine import wakes
+
+    rung = []
+    monkeypatch.setattr(wakes, "enqueue_wake", lambda member_id, source: rung.append(source))
+    w1, w2 = supervisor.get_member(space, "w1"), supervisor.get_member(space, "w2")
+    with django_capture_on_commit_callbacks(execute=True):
+        ledger.create_task(space, "boss", "probe", assignee=w1)
+        bus.send(space, "boss", "w2", "hello")
+    assert rung == ["task", "message"]
+    assert wake_brief(w1, rung[0], []).startswith("# Wake: a task was dispatched to you")

@@ -13,6 +13,11 @@ def test_a_removed_leader_frees_the_leader_slot(space):
     boss = space.members.get(role=Role.LEADER)
     Member.objects.filter(pk=boss.pk).update(removed_at="2026-01-01T00:00:00Z")
     Member.objects.create(space=space, name="new-boss", role=Role.LEADER)
+    live = space.members.filter(role=Role.LEADER, removed_at__isnull=True)
+    assert list(live.values_list("name", flat=True)) == ["new-boss"]
+    assert space.members.filter(pk=boss.pk, removed_at__isnull=False).exists(), "the removed leader's row (its history) stays"
+    with pytest.raises(IntegrityError), transaction.atomic():  # and the slot is taken again
+        Member.objects.create(space=space, name="third-boss", role=Role.LEADER)
 
 
 def test_member_name_unique_per_space_but_free_across_spaces(space, tmp_path):

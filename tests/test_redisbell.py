@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 import pytest
 from django.conf import settings
@@ -22,9 +23,32 @@ async def heard(rings: list, count: int, timeout: float = 5.0) -> list:
     return rings
 
 
+@pytest.fixture(autouse=True)
+def own_channels(settings):
+    """Pub/sub channels are server-wide (no database number): a prefix of this test's own, so it hears
+    no other deployment or test run on the same Redis, and they hear nothing of it."""
+    settings.CHANNEL_PREFIX = f"vt-{uuid.uuid4().hex[:8]}"
+    yield settings.CHANNEL_PREFIX
+
+
 def listen(rings: list):
     loop = asyncio.get_running_loop()
     return redisbell.Listener(loop, lambda space_id, seq: rings.append((space_id, seq)))
+
+
+def kill_named(name: str) -> int:
+    """Drop the connection(s) this test made, found by their own unique name, by id: never another
+    client of the Redis the suite is pointed at (another app, another deployment, another test run)."""
+    import redis
+
+    admin = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        ids = [c["id"] for c in admin.client_list() if c.get("name") == name]
+        for client_id in ids:
+            admin.client_kill_filter(_id=client_id)
+        return len(ids)
+    finally:
+        admin.close()
 
 
 def test_a_ring_reaches_the_subscribed_loop():
@@ -41,32 +65,29 @@ def test_a_ring_reaches_the_subscribed_loop():
     assert asyncio.run(scenario()) == [(7, 41), (8, 42)]
 
 
-def test_another_deployments_prefix_is_not_heard(settings):
+def test_another_deployments_prefix_is_not_heard(settings, own_channels):
     async def scenario():
         rings: list = []
         listener = listen(rings)
         await asyncio.wait_for(listener.subscribed.wait(), 5)
-        settings.CHANNEL_PREFIX = "someone-else"
+        settings.CHANNEL_PREFIX = f"{own_channels}-someone-else"
         redisbell._client = None
         await asyncio.to_thread(redisbell.ring, 7, 1)
-        settings.CHANNEL_PREFIX = "veronica"
+        settings.CHANNEL_PREFIX = own_channels
         await asyncio.to_thread(redisbell.ring, 7, 2)
         await heard(rings, 2, timeout=1.0)
         listener.close()
         return rings
 
-    settings.CHANNEL_PREFIX = "veronica"
     assert asyncio.run(scenario()) == [(7, 2)]
 
 
 def test_a_dropped_subscription_is_made_again():
-    import redis
-
     async def scenario():
         rings: list = []
         listener = listen(rings)
         await asyncio.wait_for(listener.subscribed.wait(), 5)
-        redis.Redis.from_url(settings.REDIS_URL).client_kill_filter(_type="pubsub")
+        assert kill_named(listener.name) == 1  # its subscription, and nobody else's
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # rings until the new subscription hears one
             await asyncio.to_thread(redisbell.ring, 9, 1)
@@ -139,8 +160,6 @@ def test_an_unreachable_redis_is_retried_after_a_back_off_not_on_every_commit(se
 def test_a_ring_is_a_write_with_no_reply_and_survives_a_killed_connection():
     """The ringing connection has replies off (a worker never waits for Redis); when Redis drops it,
     a later ring reconnects (the rings in between are the feeds' poll's to deliver)."""
-    import redis
-
     async def scenario():
         rings: list = []
         listener = listen(rings)
@@ -150,19 +169,23 @@ def test_a_ring_is_a_write_with_no_reply_and_survives_a_killed_connection():
         conn = redisbell._client[1]
         conn.send_command("PING", check_health=False)
         assert not conn.can_read(timeout=0.3), "the ringing connection gets no answers: replies are off"
-        admin = redis.Redis.from_url(settings.REDIS_URL)
-        admin.client_kill_filter(_type="normal", skipme=True)
+        assert kill_named(conn.client_name) == 1  # the ringing connection, and nobody else's
         deadline = time.monotonic() + 10
-        seq = 1
-        while time.monotonic() < deadline and (4, seq) not in rings:
+        seq = 1  # (4, 1) was heard before the kill: ring on from 2 until a ring after it is heard
+        while time.monotonic() < deadline:
             seq += 1
             await asyncio.to_thread(redisbell.ring, 4, seq)
             await asyncio.sleep(0.05)
+            if (4, seq) in rings:
+                break
+        fresh = redisbell._client[1]
+        fresh.send_command("PING", check_health=False)
         listener.close()
-        return rings, seq
+        return rings, seq, fresh is not conn and not fresh.can_read(timeout=0.3)
 
-    rings, seq = asyncio.run(scenario())
-    assert (4, seq) in rings and seq < 10, "heard again within a few rings"
+    rings, seq, replies_off = asyncio.run(scenario())
+    assert (4, seq) in rings and 2 < seq < 10, "the ring just after the kill is lost; one a few rings later is heard"
+    assert replies_off, "the ring made a new connection with replies off (a socket redis-py re-opened would answer every ring)"
 
 
 def test_answers_from_a_server_that_ignored_reply_off_are_drained():

@@ -141,6 +141,29 @@ def test_engine_tick_period_is_validated_at_start_up(tmp_path, raw):
     assert result.returncode != 0 and "VERONICA_ENGINE_TICK_SECONDS" in result.stderr
 
 
+def test_every_variable_in_the_readme_configuration_table_is_read_by_the_code():
+    import re
+
+    documented = set()
+    for line in (REPO / "README.md").read_text().splitlines():
+        if line.startswith("| `"):
+            documented |= set(re.findall(r"`(VERONICA_[A-Z0-9_]+)`", line.split(" | ")[0]))
+    sources = [p for folder in ("veronica", "waggle", "learning", "bin") for p in (REPO / folder).rglob("*")
+               if p.is_file() and p.suffix in ("", ".py", ".sh") and "migrations" not in p.parts]
+    code = "\n".join(p.read_text(errors="ignore") for p in sources)
+    assert len(documented) > 30
+    assert sorted(name for name in documented if name not in code) == []
+    # and every setting read from one is used beyond settings.py (a documented knob that turns nothing is a stub)
+    settings_py = (REPO / "veronica" / "settings.py").read_text()
+    elsewhere = "\n".join(p.read_text(errors="ignore") for p in sources if p.name != "settings.py")
+    knobs = re.findall(r'^([A-Z_]+) = env_[a-z]+\("VERONICA_', settings_py, re.M)
+    assert len(knobs) > 20
+    from django.conf import global_settings
+
+    ours = [k for k in knobs if not hasattr(global_settings, k) and not k.startswith("AXES_")]  # Django and axes read theirs
+    assert sorted(k for k in ours if not re.search(rf"\b{k}\b", elsewhere) and len(re.findall(rf"\b{k}\b", settings_py)) < 2) == []
+
+
 @pytest.mark.parametrize("name, raw", [("VERONICA_SANDBOX_PROCS", "-1"), ("VERONICA_SANDBOX_MEMORY_MB", "lots"),
                                        ("VERONICA_SANDBOX_CPU_SECONDS", "1.5"), ("VERONICA_SANDBOX_FILE_MB", "-5"),
                                        ("VERONICA_SANDBOX_TMP_MB", "0")])

@@ -84,9 +84,11 @@ def test_suspend_flags_cancel_only_for_a_run_in_flight(space):
     assert supervisor.halt_all(space, actor="t") == 2  # boss and w2; w1 already suspended
 
 
-def test_skill_changes_mark_members_for_reload_at_next_run(space):
+def test_skill_changes_apply_at_each_members_next_run(space):
+    from veronica.agent.prompt import system_prompt
+
     skills.add_skill(space, "style", "be brief")
-    assert set(Member.objects.filter(space=space).values_list("reload_pending", flat=True)) == {True}
+    assert all("## style\nbe brief" in system_prompt(m) for m in Member.objects.filter(space=space)), "the prompt is built per run"
     with pytest.raises(Conflict):
         skills.add_skill(space, "style", "again")
     w1 = supervisor.get_member(space, "w1")

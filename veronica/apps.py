@@ -1,4 +1,8 @@
+import time
+
 from django.apps import AppConfig
+
+STARTED_AT = time.time()  # when Django set this process up: /metrics' process start time (uptime anchor)
 
 
 class VeronicaConfig(AppConfig):

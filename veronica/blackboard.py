@@ -30,6 +30,18 @@ def read(space: Space) -> Blackboard:
     return board
 
 
+def for_members(space: Space) -> tuple[Blackboard, str]:
+    """The board as a member reads it (wake brief, blackboard_read): cut at the space's cap as it is
+    now. The write side bounds new boards; a board written under a larger cap, before the cap was
+    lowered, would otherwise ride whole into every member's every wake."""
+    board = read(space)
+    cap = space.blackboard_cap
+    if len(board.content) <= cap:
+        return board, board.content
+    return board, (board.content[:cap] + f"\n[blackboard truncated: {len(board.content)} characters, the cap is {cap}; "
+                   f"the last {len(board.content) - cap} are not shown. Rewrite it within the cap.]")
+
+
 def write(space: Space, writer: str, content: str) -> Blackboard:
     """Replace the board. Oversize content fails naming the cap and the overage; empty clears it."""
     if not isinstance(content, str):

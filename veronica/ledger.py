@@ -236,7 +236,7 @@ def retry(task: Task, *, actor: str, assignee: Member | None = None) -> Task:
 def dispatch(task: Task, *, actor: str, auto: bool) -> Task:
     transition(task, S.RUNNING, actor=actor)
     subject, body = assignment_mail(task, auto)
-    bus.send(task.space, bus.SYSTEM if auto else actor, task.assignee.name, body, subject=subject, task=task)
+    bus.send(task.space, bus.SYSTEM if auto else actor, task.assignee.name, body, subject=subject, task=task, wake_source="task")
     return task
 
 

@@ -210,14 +210,19 @@ def _skills(folder: Path) -> dict[str, tuple[str, str]]:
     found: dict[str, tuple[str, str]] = {}
     files: dict[str, str] = {}
     for path in sorted(folder.glob("*.md")):
-        name = path.stem.lower()
-        if text_problem(name) or not SKILL_NAME_RE.match(name):
-            raise ManifestError(path, "name", f"skill file names are lowercase letters, digits, '-' or '_' "
-                                              f"(at most {column_limit(Skill, 'name')} characters) plus '.md'")
+        name, skill = _skill_file(path)
         if name in found:
             raise ManifestError(path, "name", f"'{name}' is also the skill in {files[name]}; skill names ignore case")
-        found[name], files[name] = _skill(path), path.name
+        found[name], files[name] = skill, path.name
     return found
+
+
+def _skill_file(path: Path) -> tuple[str, tuple[str, str]]:
+    name = path.stem.lower()
+    if text_problem(name) or not SKILL_NAME_RE.match(name):
+        raise ManifestError(path, "name", f"skill file names are lowercase letters, digits, '-' or '_' "
+                                          f"(at most {column_limit(Skill, 'name')} characters) plus '.md'")
+    return name, _skill(path)
 
 
 def _member(folder: Path) -> MemberSpec:
@@ -304,37 +309,38 @@ def _ops_settings(space_path: Path, cfg: dict) -> dict:
 def _rules(folder: Path) -> dict[str, list[str]]:
     """User rules by domain: rules/<domain>.toml holds `rules = [...]`, this space's own domain.
     Global domains are staff's, never a manifest's."""
+    return dict(_rule_file(path) for path in _rule_paths(folder))
+
+
+def _rule_paths(folder: Path) -> list[Path]:
+    return [p for p in sorted(folder.iterdir()) if not (p.name.startswith(".") and p.is_file())] if folder.is_dir() else []
+
+
+def _rule_file(path: Path) -> tuple[str, list[str]]:
     from learning import api as learning
     from learning.store import clean_rule_text
 
-    if not folder.is_dir():
-        return {}
-    found: dict[str, list[str]] = {}
-    for path in sorted(folder.iterdir()):
-        if path.name.startswith(".") and path.is_file():
-            continue
-        if not path.is_file() or not path.name.endswith(".toml"):
-            raise ManifestError(path, "file", "rules/ holds only <domain>.toml files")
+    if not path.is_file() or not path.name.endswith(".toml"):
+        raise ManifestError(path, "file", "rules/ holds only <domain>.toml files")
+    try:
+        is_global, name = learning.clean_ref(path.name.removesuffix(".toml"))
+    except learning.RuleInputError as exc:
+        raise ManifestError(path, "domain", exc.message) from None
+    if is_global or name != path.name.removesuffix(".toml"):
+        raise ManifestError(path, "domain", "the file name is one of this space's own domains, lowercase")
+    cfg = _toml(path)
+    if set(cfg) - {"rules"}:
+        raise ManifestError(path, sorted(set(cfg) - {"rules"})[0], "unknown key (known: rules)")
+    texts = cfg.get("rules", [])
+    if not isinstance(texts, list) or len(texts) > learning.MAX_ACTIVE_RULES_PER_DOMAIN:
+        raise ManifestError(path, "rules", f"must be a list of at most {learning.MAX_ACTIVE_RULES_PER_DOMAIN} strings")
+    clean = []
+    for i, text in enumerate(texts):
         try:
-            is_global, name = learning.clean_ref(path.name.removesuffix(".toml"))
+            clean.append(clean_rule_text(text))
         except learning.RuleInputError as exc:
-            raise ManifestError(path, "domain", exc.message) from None
-        if is_global or name != path.name.removesuffix(".toml"):
-            raise ManifestError(path, "domain", "the file name is one of this space's own domains, lowercase")
-        cfg = _toml(path)
-        if set(cfg) - {"rules"}:
-            raise ManifestError(path, sorted(set(cfg) - {"rules"})[0], "unknown key (known: rules)")
-        texts = cfg.get("rules", [])
-        if not isinstance(texts, list) or len(texts) > learning.MAX_ACTIVE_RULES_PER_DOMAIN:
-            raise ManifestError(path, "rules", f"must be a list of at most {learning.MAX_ACTIVE_RULES_PER_DOMAIN} strings")
-        clean = []
-        for i, text in enumerate(texts):
-            try:
-                clean.append(clean_rule_text(text))
-            except learning.RuleInputError as exc:
-                raise ManifestError(path, f"rules[{i}]", exc.message) from None
-        found[name] = clean
-    return found
+            raise ManifestError(path, f"rules[{i}]", exc.message) from None
+    return name, clean
 
 
 def check_space_name(value: object, field_name: str = "name") -> str:
@@ -386,6 +392,14 @@ def load(directory: str | Path, *, slug: str | None = None, name: str | None = N
          workdir: str | Path | None = None) -> SpaceSpec:
     """`slug` and `name` override space.toml's (an imported archive registers under the slug and name
     its creator chose); `own` and `workdir` decide where its files live (see _workdir)."""
+    root = _root_folder(directory, own=own)
+    head = _space_file(root, slug=slug, name=name, own=own, workdir=workdir)
+    members = [_member(d) for d in _member_dirs(root)]
+    _one_leader(root, members)
+    return SpaceSpec(**head, members=members, shared_skills=_skills(root / "skills"), path=root, rules=_rules(root / "rules"))
+
+
+def _root_folder(directory: str | Path, *, own: bool = False) -> Path:
     from veronica.portable import TEMPLATES_DIR
 
     root = Path(directory).resolve()
@@ -394,6 +408,11 @@ def load(directory: str | Path, *, slug: str | None = None, name: str | None = N
     if not own and root.is_relative_to(TEMPLATES_DIR.resolve()):  # a space run there once left its files in every copy
         raise ManifestError(root, "directory", "a bundled template is never registered in place: create a space from "
                                                "it (New space, or `manage.py register --template NAME --slug SLUG`)")
+    return root
+
+
+def _space_file(root: Path, *, slug: str | None, name: str | None, own: bool, workdir: str | Path | None) -> dict:
+    """space.toml: name, slug, workdir, settings and the space's MCP servers."""
     space_path = root / "space.toml"
     cfg = _toml(space_path)
     unknown = set(cfg) - SPACE_KEYS
@@ -412,14 +431,61 @@ def load(directory: str | Path, *, slug: str | None = None, name: str | None = N
         _setting(space_path, key, value)
     settings = {**settings, **_ops_settings(space_path, cfg)}
     servers = _checked(space_path, mcp_servers.check_list, cfg.get("mcp_servers", []))
+    return {"name": name, "slug": slug, "workdir": workdir, "settings": settings, "mcp_servers": servers}
+
+
+def _member_dirs(root: Path) -> list[Path]:
     members_dir = root / "members"
-    members = [_member(d) for d in sorted(members_dir.iterdir()) if d.is_dir()] if members_dir.is_dir() else []
+    return [d for d in sorted(members_dir.iterdir()) if d.is_dir()] if members_dir.is_dir() else []
+
+
+def _one_leader(root: Path, members: list[MemberSpec]) -> None:
     leaders = [m.name for m in members if m.role == Role.LEADER]
     if len(leaders) != 1:
-        raise ManifestError(members_dir, "role", f"a space needs exactly one leader; found {len(leaders)} ({', '.join(leaders) or 'none'})")
-    return SpaceSpec(name=name, slug=slug, workdir=workdir, settings=settings, members=members,
-                     shared_skills=_skills(root / "skills"), path=root, mcp_servers=servers,
-                     rules=_rules(root / "rules"))
+        raise ManifestError(root / "members", "role", f"a space needs exactly one leader; found {len(leaders)} ({', '.join(leaders) or 'none'})")
+
+
+@dataclass
+class Preflight:
+    """What `doctor` learns from a manifest without writing anything."""
+    errors: list[ManifestError]
+    members: list[MemberSpec]
+    slug: str = ""
+
+
+def check(directory: str | Path, *, slug: str | None = None, own: bool = False) -> Preflight:
+    """Every file's first error, where load() stops at the first of all: space.toml, each member's
+    folder, each shared or member skill file, each rules file, then the one-leader rule. `own` as
+    in load(): an archive becomes a space in its own folder."""
+    errors: list[ManifestError] = []
+
+    def first(parse, *args, **kwargs):
+        try:
+            return parse(*args, **kwargs)
+        except ManifestError as exc:
+            if exc.message not in {e.message for e in errors}:  # a member's skill file is read twice
+                errors.append(exc)
+            return None
+
+    root = first(_root_folder, directory, own=own)
+    if root is None:
+        return Preflight(errors, [])
+    head = first(_space_file, root, slug=slug, name=None, own=own, workdir=None) or {}
+    members, broken = [], 0
+    for folder in _member_dirs(root):
+        member = first(_member, folder)
+        members += [member] if member else []
+        broken += member is None
+        for path in sorted((folder / "skills").glob("*.md")):
+            first(_skill_file, path)
+    if not broken:  # with a member unreadable, its role is unknown
+        first(_one_leader, root, members)
+    skill_files = sorted((root / "skills").glob("*.md"))
+    if all([first(_skill_file, path) for path in skill_files]):
+        first(_skills, root / "skills")  # names that differ only by case
+    for path in _rule_paths(root / "rules"):
+        first(_rule_file, path)
+    return Preflight(errors, members, head.get("slug", ""))
 
 
 @dataclass
@@ -468,7 +534,6 @@ def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "
         for skill_name, (description, body) in spec.shared_skills.items():
             Skill.objects.create(space=space, name=skill_name, description=description, body=body)
         mcp_servers.replace_from_manifest(space, None, spec.mcp_servers, actor=actor)
-        Member.objects.filter(space=space, removed_at__isnull=True).update(reload_pending=True)
         _apply_rules(space, spec, actor)
         events.emit(space.pk, "space.registered", actor=actor, created=created, mode=result.mode,
                     members=[m.name for m in spec.members], kept=result.kept[:50], discarded=result.discarded[:50])

@@ -5,6 +5,7 @@ family is one grouped query, so the cost does not grow with the number of rows r
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Quer
 
 from veronica.engine import checks
 from veronica.models import (
-    Approval, ApprovalStatus, Member, Message, NotificationDelivery, Run, RunOutcome, Space, Task, UsageDay, Wake,
+    AlertTally, Approval, ApprovalStatus, Member, Message, NotificationDelivery, Run, RunOutcome, Space, Task, UsageDay, Wake,
 )
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800)
@@ -25,7 +26,7 @@ def _esc(value: object) -> str:
 
 
 def _labels(**labels: object) -> str:
-    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items()) + "}"
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items()) + "}" if labels else ""
 
 
 class Family:
@@ -53,6 +54,7 @@ def render(spaces: QuerySet[Space]) -> str:
         _wakes(ids, slugs), _runs(ids, slugs), _aborts(ids, slugs), _run_duration(ids, slugs), _run_tokens(ids, slugs),
         _tokens(ids, slugs), _usd(ids, slugs), _events(spaces), _messages(ids, slugs), _unread(ids, slugs),
         _tasks(ids, slugs), _members(ids, slugs), _approvals(ids, slugs), _checks(ids, slugs), _deliveries(ids, slugs),
+        _alerts(ids, slugs), *_process(),
     ]
     families += metrics_members.families(ids, slugs)  # iss11-fix: per-member labels and engine counts
     return "\n".join(f.render() for f in families) + "\n"
@@ -80,24 +82,31 @@ def _aborts(ids: list[int], slugs: dict[int, str]) -> Family:
     return fam
 
 
-def _histogram(qs: QuerySet, field: str, buckets: tuple, to_le) -> QuerySet:
-    """Cumulative bucket counts per space in one grouped query."""
+def _histogram(qs: QuerySet, field: str, buckets: tuple, to_le, by: tuple[str, ...] = ("member__space_id",)) -> QuerySet:
+    """Cumulative bucket counts per space (or per `by`) in one grouped query."""
     aggs = {f"le_{i}": Count("id", filter=Q(**{f"{field}__lte": to_le(b)})) for i, b in enumerate(buckets)}
-    return qs.values("member__space_id").annotate(total=Count("id"), total_sum=Sum(field), **aggs).order_by("member__space_id")
+    return qs.values(*by).annotate(total=Count("id"), total_sum=Sum(field), **aggs).order_by(*by)
+
+
+def add_histogram(fam: Family, row: dict, buckets: tuple, total_sum: float | int, **labels: object) -> None:
+    """One histogram's series from a _histogram row: the buckets, +Inf, _sum and _count."""
+    for i, b in enumerate(buckets):
+        fam.add(row[f"le_{i}"], "_bucket", **labels, le=b)
+    fam.add(row["total"], "_bucket", **labels, le="+Inf")
+    fam.add(total_sum, "_sum", **labels)
+    fam.add(row["total"], "_count", **labels)
+
+
+def run_durations(ids: list[int]) -> QuerySet:
+    return Run.objects.filter(member__space_id__in=ids, ended_at__isnull=False).annotate(
+        duration=ExpressionWrapper(F("ended_at") - F("started_at"), output_field=DurationField()))
 
 
 def _run_duration(ids: list[int], slugs: dict[int, str]) -> Family:
     fam = Family("veronica_run_duration_seconds", "histogram", "Wall time of finished runs.")
-    qs = Run.objects.filter(member__space_id__in=ids, ended_at__isnull=False).annotate(
-        duration=ExpressionWrapper(F("ended_at") - F("started_at"), output_field=DurationField()))
-    for row in _histogram(qs, "duration", DURATION_BUCKETS, lambda b: timedelta(seconds=b)):
-        space = slugs[row["member__space_id"]]
-        for i, b in enumerate(DURATION_BUCKETS):
-            fam.add(row[f"le_{i}"], "_bucket", space=space, le=b)
-        fam.add(row["total"], "_bucket", space=space, le="+Inf")
+    for row in _histogram(run_durations(ids), "duration", DURATION_BUCKETS, lambda b: timedelta(seconds=b)):
         total = row["total_sum"] or timedelta(0)
-        fam.add(round(total.total_seconds(), 3), "_sum", space=space)
-        fam.add(row["total"], "_count", space=space)
+        add_histogram(fam, row, DURATION_BUCKETS, round(total.total_seconds(), 3), space=slugs[row["member__space_id"]])
     return fam
 
 
@@ -105,12 +114,7 @@ def _run_tokens(ids: list[int], slugs: dict[int, str]) -> Family:
     fam = Family("veronica_run_tokens", "histogram", "Tokens used per finished run.")
     qs = Run.objects.filter(member__space_id__in=ids, ended_at__isnull=False)
     for row in _histogram(qs, "tokens", TOKEN_BUCKETS, lambda b: b):
-        space = slugs[row["member__space_id"]]
-        for i, b in enumerate(TOKEN_BUCKETS):
-            fam.add(row[f"le_{i}"], "_bucket", space=space, le=b)
-        fam.add(row["total"], "_bucket", space=space, le="+Inf")
-        fam.add(row["total_sum"] or 0, "_sum", space=space)
-        fam.add(row["total"], "_count", space=space)
+        add_histogram(fam, row, TOKEN_BUCKETS, row["total_sum"] or 0, space=slugs[row["member__space_id"]])
     return fam
 
 
@@ -191,3 +195,23 @@ def _deliveries(ids: list[int], slugs: dict[int, str]) -> Family:
     for row in _counts(NotificationDelivery.objects.filter(space_id__in=ids), "space_id", "channel", "status"):
         fam.add(row["n"], space=slugs[row["space_id"]], channel=row["channel"], status=row["status"])
     return fam
+
+
+def _alerts(ids: list[int], slugs: dict[int, str]) -> Family:
+    fam = Family("veronica_ops_alerts_total", "counter",
+                 "Ops alerts raised (each also mailed and notified), by kind: stale_task reminders, mailbox_backlog, stuck_run, ...")
+    for space_id, subject, count in AlertTally.objects.filter(space_id__in=ids).order_by("space_id", "subject").values_list(
+            "space_id", "subject", "count"):
+        fam.add(count, space=slugs[space_id], alert=subject.replace(" ", "_"))
+    return fam
+
+
+def _process() -> list[Family]:
+    """This process's start (the uptime anchor; each web process answers for itself)."""
+    from veronica.apps import STARTED_AT
+
+    start = Family("veronica_process_start_time_seconds", "gauge", "When this process started, in Unix seconds.")
+    start.add(round(STARTED_AT, 3))
+    uptime = Family("veronica_uptime_seconds", "gauge", "Seconds since this process started.")
+    uptime.add(round(time.time() - STARTED_AT, 3))
+    return [start, uptime]

@@ -7,16 +7,44 @@ that started.
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db.models import Count, Q, Sum
 
-from veronica.metrics import Family, _counts
+from veronica.metrics import Family, _counts, _histogram, add_histogram, run_durations
 from veronica.models import Member, Run, Task, UsageDay, Wake
 
 
 def families(ids: list[int], slugs: dict[int, str]) -> list[Family]:
     names = dict(Member.objects.filter(space_id__in=ids).values_list("pk", "name"))
     return [_wakes(ids, slugs, names), _runs(ids, slugs, names), _tokens(ids, slugs, names), _usd(ids, slugs, names),
-            _engine(ids, slugs)]
+            _run_duration(ids, slugs, names), _run_tokens(ids, slugs, names), _engine(ids, slugs)]
+
+
+# The seed's coarse per-member buckets (<10 s, <1 min, <10 min, more; <1k, <10k, <50k, more): with the
+# member label, the space's finer buckets would multiply the series by every member.
+DURATION_BUCKETS = (10, 60, 600)
+TOKEN_BUCKETS = (1000, 10000, 50000)
+BY_MEMBER = ("member__space_id", "member_id")
+
+
+def _run_duration(ids, slugs, names) -> Family:
+    fam = Family("veronica_member_run_duration_seconds", "histogram", "Wall time of finished runs per live member (coarse buckets).")
+    qs = run_durations(ids).filter(member__removed_at__isnull=True)  # a retired clone's series go with it
+    for row in _histogram(qs, "duration", DURATION_BUCKETS, lambda b: timedelta(seconds=b), BY_MEMBER):
+        total = row["total_sum"] or timedelta(0)
+        add_histogram(fam, row, DURATION_BUCKETS, round(total.total_seconds(), 3), space=slugs[row["member__space_id"]],
+                      member=names[row["member_id"]])
+    return fam
+
+
+def _run_tokens(ids, slugs, names) -> Family:
+    fam = Family("veronica_member_run_tokens", "histogram", "Tokens used per finished run per live member (coarse buckets).")
+    qs = Run.objects.filter(member__space_id__in=ids, ended_at__isnull=False, member__removed_at__isnull=True)
+    for row in _histogram(qs, "tokens", TOKEN_BUCKETS, lambda b: b, BY_MEMBER):
+        add_histogram(fam, row, TOKEN_BUCKETS, row["total_sum"] or 0, space=slugs[row["member__space_id"]],
+                      member=names[row["member_id"]])
+    return fam
 
 
 def _wakes(ids, slugs, names) -> Family:

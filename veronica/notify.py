@@ -14,12 +14,13 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import URLValidator, validate_email
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from veronica import outbound
 from veronica.errors import VeronicaError
-from veronica.models import Channel, DeliveryStatus, Event, NotificationDelivery, Space
+from veronica.models import AlertTally, Channel, DeliveryStatus, Event, NotificationDelivery, Space
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,12 @@ def channels_of(space: Space) -> list[tuple[str, str]]:
 # --- the hook: an alert becomes delivery rows ----------------------------------------------------------
 
 def record(event: Event) -> list[int]:
-    """Called by events.emit inside the alert's transaction: one pending row per channel."""
+    """Called by events.emit inside the alert's transaction: the alert is counted, and gets one
+    pending row per channel."""
     space = Space.objects.only("notify_webhook_url", "notify_slack_url", "notify_emails").get(pk=event.space_id)
     payload = event.payload
     subject = str(payload.get("subject", "ops alert"))[:200]
+    tally(event.space_id, subject)
     body = str(payload.get("body", ""))
     now = timezone.now()
     ids = [NotificationDelivery.objects.create(space_id=event.space_id, event=event, seq=event.seq, channel=channel, target=target,
@@ -118,6 +121,18 @@ def record(event: Event) -> list[int]:
     if ids:
         transaction.on_commit(lambda: enqueue(ids))
     return ids
+
+
+def tally(space_id: int, subject: str) -> None:
+    """One more alert of this kind (an F() increment: concurrent alerts never lose a count)."""
+    subject = subject[:40]
+    if AlertTally.objects.filter(space_id=space_id, subject=subject).update(count=F("count") + 1):
+        return
+    try:
+        with transaction.atomic():
+            AlertTally.objects.create(space_id=space_id, subject=subject, count=1)
+    except IntegrityError:  # another alert created the row at the same moment
+        AlertTally.objects.filter(space_id=space_id, subject=subject).update(count=F("count") + 1)
 
 
 def enqueue(ids: list[int]) -> None:

@@ -392,7 +392,23 @@ def create_from_archive(data: bytes, slug: str, *, name: str | None = None, user
         root = _root(Path(tmp))
         try:
             return create_from_folder(root, slug, name=name, user=user, actor=actor)
-        except manifest.ManifestError as exc:  # name the file as it is in the archive, not the temp dir
-            exc.message = exc.message.replace(f"{root}/", "").replace(str(root), ".")
-            exc.args = (exc.message,)
-            raise
+        except manifest.ManifestError as exc:
+            raise _as_in_archive(exc, root)
+
+
+def check_archive(data: bytes) -> manifest.Preflight:
+    """doctor's preflight of an archive: every file's first error, named as in the archive; the
+    archive is unpacked into a temporary folder that is gone afterwards, nothing else is written."""
+    with tempfile.TemporaryDirectory(prefix="veronica-doctor-") as tmp:
+        _unpack(data, Path(tmp))
+        root = _root(Path(tmp))
+        found = manifest.check(root, own=True)  # an archive becomes a space in its own folder
+    found.errors = [_as_in_archive(exc, root) for exc in found.errors]
+    return found
+
+
+def _as_in_archive(exc: manifest.ManifestError, root: Path) -> manifest.ManifestError:
+    """Name the file as it is in the archive, not the temporary folder."""
+    exc.message = exc.message.replace(f"{root}/", "").replace(str(root), ".")
+    exc.args = (exc.message,)
+    return exc

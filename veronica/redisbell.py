@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import time
+import uuid
 from typing import Callable
 
 from django.conf import settings
@@ -34,6 +35,12 @@ def prefix() -> str:
     return f"{settings.CHANNEL_PREFIX}:bell:"
 
 
+def client_name(role: str) -> str:
+    """Each doorbell connection's name in CLIENT LIST: whose it is (deployment, role, process), and
+    unique, so an operator (or a test) can drop exactly that connection (CLIENT KILL ID)."""
+    return f"{settings.CHANNEL_PREFIX}-bell-{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 _client: tuple[int, object] | None = None  # (pid, a redis-py Connection with replies off)
 _retry_at, _retry_after = 0.0, 0.0  # while Redis cannot be reached: when to try again, and the wait
 
@@ -50,7 +57,7 @@ def _connection():
         import redis
 
         pool = redis.ConnectionPool.from_url(settings.REDIS_URL, socket_timeout=SOCKET_TIMEOUT,
-                                             socket_connect_timeout=SOCKET_TIMEOUT)
+                                             socket_connect_timeout=SOCKET_TIMEOUT, client_name=client_name("ring"))
         conn = pool.make_connection()
         try:
             conn.connect()
@@ -111,6 +118,7 @@ class Listener:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_ring: Callable[[int, int], None]) -> None:
         self.loop, self.on_ring = loop, on_ring  # held: a loop's id is its key, and is not reused while it lives
+        self.name = client_name("listen")  # every subscription this listener makes carries it
         self.subscribed = asyncio.Event()
         self.task = loop.create_task(self._run())
 
@@ -119,7 +127,7 @@ class Listener:
 
         pattern, backoff = f"{prefix()}*", 0.2
         while True:
-            client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=SOCKET_TIMEOUT)
+            client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=SOCKET_TIMEOUT, client_name=self.name)
             try:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 await pubsub.psubscribe(pattern)

@@ -250,7 +250,6 @@ X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 
 # --- veronica --------------------------------------------------------------------------------
-WORKSPACES_DIR = env_path("VERONICA_WORKSPACES_DIR", DATA_DIR / "workspaces")
 # run_command is confined with bubblewrap ("bwrap"); "none" runs commands unconfined (opt-in).
 COMMAND_SANDBOX = env_choice("VERONICA_COMMAND_SANDBOX", ("bwrap", "none"), "bwrap")
 # Bounds on every sandboxed command (run_command, verify checks, MCP stdio servers); 0 turns one off.

@@ -13,13 +13,6 @@ NAME_MAX, DESCRIPTION_MAX = column_limit(Skill, "name"), column_limit(Skill, "de
 NAME_RE = re.compile(rf"^[a-z0-9][a-z0-9_-]{{0,{NAME_MAX - 1}}}$")
 
 
-def _mark_reload(space: Space, member: Member | None) -> None:
-    targets = Member.objects.filter(space=space, removed_at__isnull=True)
-    if member is not None:
-        targets = targets.filter(pk=member.pk)
-    targets.update(reload_pending=True)
-
-
 def clean_skill(name: object, body: object, description: object = "") -> tuple[str, str, str]:
     """add_skill's checks without the write (the admin form shows them as field errors)."""
     name = require_text(name, "name", max_len=NAME_MAX).lower()
@@ -40,7 +33,6 @@ def add_skill(space: Space, name: str, body: str, *, member: Member | None = Non
         skill = existing or Skill(space=space, member=member, name=name)
         skill.body, skill.description = body, description
         skill.save()
-        _mark_reload(space, member)
         events.emit(space.pk, "skill.added", member=member, name=name, scope=skill.scope, actor=actor, replaced=bool(existing))
     return skill
 
@@ -51,7 +43,6 @@ def remove_skill(space: Space, name: str, *, member: Member | None = None, actor
         deleted, _ = Skill.objects.filter(space=space, member=member, name=name).delete()
         if not deleted:
             raise NotFound(f"no {'member' if member else 'shared'} skill named '{name}'", field="name")
-        _mark_reload(space, member)
         events.emit(space.pk, "skill.removed", member=member, name=name, scope="member" if member else "shared", actor=actor)
 
 

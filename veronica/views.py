@@ -128,7 +128,7 @@ def task_page(request: HttpRequest, slug: str, task_id: int) -> HttpResponse:
 
     return render(request, "console/task.html", _context(
         space, role, task=sel.task_row(task), attempts=sel.check_results(task, role), verify_checks=sel.configured_checks(space, role),
-        page="task", controls=task_controls(space)))
+        page="task", controls=task_controls(space) if access.allows(role, OPERATOR) else None))  # viewers get no forms
 
 
 @login_required

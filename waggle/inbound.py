@@ -27,7 +27,6 @@ token of the learned *shape*".
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -298,14 +297,6 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
                          example=examples.get(i, "")))
     out.sort(key=lambda h: (-h.used, h.tool, h.key))
     return out
-
-
-def shape_list_json(shapes: Iterable[TokenShape]) -> list[dict]:
-    return [s.to_json() for s in shapes]
-
-
-def _dump(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def route_of(h: Heard, scope: str = "space"):

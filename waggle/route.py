@@ -649,16 +649,6 @@ def prefix_evidence_by_cap(route: Route, index: TraceIndex, m: int, caps: Sequen
     return tallies
 
 
-def element_evidence(route: Route, index: TraceIndex, m: int, cap: int = DEFAULT_FANOUT_CAP
-                     ) -> tuple[int, list[tuple[int, int]]]:
-    """Per position of the replayed tail (fixed steps first, then the fan-out's elements in list
-    order, up to ``cap`` of them): (contexts that would have been offered it, of those the ones
-    where the agent made it itself), over the distinct contexts where the first ``m`` steps occur.
-    Returns (contexts, per-position tallies)."""
-    tallies, per = _sightings(route, index, m, cap, (cap,))
-    return tallies[cap][0], per
-
-
 def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence[int]
                ) -> tuple[dict[int, tuple[int, int, int, float]], list[tuple[int, int]]]:
     calls = index.calls

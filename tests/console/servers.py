@@ -24,6 +24,8 @@ from pathlib import Path
 
 from django.db import connection
 
+from tests.harness import wait_until_running
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
@@ -68,8 +70,10 @@ class ServerProcess:
 
     @classmethod
     def qcluster(cls, env: dict[str, str], workers: int = 2) -> ServerProcess:
-        server = cls([sys.executable, "manage.py", "qcluster"], {**env, "VERONICA_Q_WORKERS": str(workers)}, "qcluster")
-        time.sleep(2.5)  # the cluster forks its workers; wakes enqueued meanwhile wait in the broker
+        # INFO: the readiness line is one (the log is a file of its own)
+        server = cls([sys.executable, "manage.py", "qcluster"], {**env, "LOG_LEVEL": "INFO", "VERONICA_Q_WORKERS": str(workers)},
+                     "qcluster")
+        wait_until_running(server.proc, Path(server.log.name))  # not a fixed sleep: as long as forking takes
         return server
 
     @classmethod

@@ -12,6 +12,7 @@ from django.urls import reverse
 from tests.admin_forms import form_data
 from tests.console.helpers import call
 from veronica import access, ledger, skills
+from veronica.agent.prompt import system_prompt
 from veronica.engine import supervisor
 from veronica.errors import VeronicaError
 from veronica.manifest import register
@@ -84,14 +85,14 @@ def test_a_permission_mode_set_at_either_door_is_runtime_and_survives_register(d
 @pytest.mark.parametrize("door", ["admin", "verb"])
 def test_a_member_edit_at_either_door_writes_the_same_row_and_event(world, admin, door):
     w1, after = supervisor.get_member(world.space, "w1"), seq_of(world.space)
-    Member.objects.filter(pk=w1.pk).update(reload_pending=False)
     edits = {"persona": "You review code.", "max_iterations": 12, "budget_override": 5000}
     if door == "admin":
         assert admin_save(admin, w1, **edits).status_code == 302
     else:
         supervisor.edit_member(w1, edits, actor="owner")
     w1.refresh_from_db()
-    assert (w1.persona, w1.max_iterations, w1.budget_override, w1.reload_pending) == ("You review code.", 12, 5000, True)
+    assert (w1.persona, w1.max_iterations, w1.budget_override) == ("You review code.", 12, 5000)
+    assert system_prompt(w1).startswith("You review code."), "the next run's prompt is built from the row"
     assert trail(world.space, after) == [
         ("member.updated", "w1", {"member_name": "w1", "fields": ["budget_override", "max_iterations", "persona"]})]
 
@@ -114,7 +115,7 @@ def test_a_duplicate_member_name_in_the_admin_is_a_form_error(world, admin):
 def test_internal_member_fields_are_read_only_in_the_admin(world, admin):
     w1 = supervisor.get_member(world.space, "w1")
     fields = admin.get(reverse("admin:veronica_member_change", args=[w1.pk])).context["adminform"].form.fields
-    internal = {"wake_queued_at", "reload_pending", "current_task", "lease_token", "lease_expires_at", "run_status", "phase",
+    internal = {"wake_queued_at", "current_task", "lease_token", "lease_expires_at", "run_status", "phase",
                 "membership", "cancel_requested", "permission_origin", "schedule_origin", "failures", "removed_at"}
     assert not internal & set(fields), internal & set(fields)
     assert {"persona", "model", "permission_mode", "schedule", "budget_override", "max_iterations"} <= set(fields)
@@ -173,7 +174,6 @@ def test_the_admin_refuses_to_assign_a_member_of_another_space(world, admin):
 @pytest.mark.parametrize("door", ["admin_bulk", "admin_page", "verb"])
 def test_removing_a_skill_at_any_door_emits_skill_removed(world, admin, door):
     skill = skills.add_skill(world.space, "notes", "# Notes")
-    Member.objects.filter(space=world.space).update(reload_pending=False)
     after = seq_of(world.space)
     if door == "admin_bulk":
         response = admin.post(reverse("admin:veronica_skill_changelist"),
@@ -184,7 +184,7 @@ def test_removing_a_skill_at_any_door_emits_skill_removed(world, admin, door):
     else:
         skills.remove_skill(world.space, "notes", actor="owner")
     assert not Skill.objects.filter(pk=skill.pk).exists()
-    assert not Member.objects.filter(space=world.space, reload_pending=False).exists(), "members reload at their next run"
+    assert not any("## notes" in system_prompt(m) for m in Member.objects.filter(space=world.space)), "gone at the next run"
     assert trail(world.space, after) == [("skill.removed", None, {"name": "notes", "scope": "shared"})]
 
 

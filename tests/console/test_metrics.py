@@ -51,3 +51,42 @@ def test_metrics_count_wakes_runs_tokens_and_engine_rows(world):
     assert 'veronica_events_total{space="alpha"}' in text and 'space="beta"' in text
     for line in text.splitlines():
         assert line.startswith("#") or line.startswith("veronica_"), line
+
+
+def test_metrics_have_uptime_alert_counts_and_run_histograms_per_member(world, monkeypatch):
+    import re
+    import time
+
+    from veronica.engine import tick, watchdogs
+    from veronica.models import Message, Task
+
+    monkeypatch.setattr(tick, "enqueue_wake", lambda *a: None)
+    w1, w2 = supervisor.get_member(world.space, "w1"), supervisor.get_member(world.space, "w2")
+    now = timezone.now()
+    for member, seconds, tokens in ((w1, 3, 800), (w1, 100, 20000), (w2, 700, 60000)):
+        Run.objects.create(member=member, source="message", lease_token="t", started_at=now - timedelta(seconds=seconds), ended_at=now,
+                           outcome="done", tokens=tokens)
+    task = ledger.create_task(world.space, "boss", "slow job", assignee=w1)
+    Task.objects.filter(pk=task.pk).update(started_at=now - timedelta(hours=5))
+    bus.send(world.space, "boss", "w2", "please look")
+    Message.objects.filter(recipient=w2).update(created_at=now - timedelta(hours=5))
+    tick.tick()
+    tick.tick()  # one alert per episode: the counts do not grow with the ticks
+    Message.objects.filter(recipient=w2).update(read_at=now)
+    watchdogs.mailbox_backlog()  # the episode ends; the marker is cleared, the count stays
+    text = world.client(world.staff).get("/metrics").content.decode()
+
+    assert 'veronica_ops_alerts_total{space="alpha",alert="stale_task"} 1' in text
+    assert 'veronica_ops_alerts_total{space="alpha",alert="mailbox_backlog"} 1' in text
+    started = float(re.search(r"^veronica_process_start_time_seconds (\S+)$", text, re.M).group(1))
+    uptime = float(re.search(r"^veronica_uptime_seconds (\S+)$", text, re.M).group(1))
+    assert started < time.time() and abs(started + uptime - time.time()) < 5
+    assert 'veronica_member_run_duration_seconds_bucket{space="alpha",member="w1",le="10"} 1' in text
+    assert 'veronica_member_run_duration_seconds_bucket{space="alpha",member="w1",le="600"} 2' in text
+    assert 'veronica_member_run_duration_seconds_count{space="alpha",member="w2"} 1' in text
+    assert 'veronica_member_run_duration_seconds_bucket{space="alpha",member="w2",le="600"} 0' in text
+    assert 'veronica_member_run_tokens_bucket{space="alpha",member="w1",le="1000"} 1' in text
+    assert 'veronica_member_run_tokens_sum{space="alpha",member="w2"} 60000' in text
+    assert 'veronica_member_run_tokens_bucket{space="alpha",member="w2",le="+Inf"} 1' in text
+    buckets = [line for line in text.splitlines() if line.startswith("veronica_member_run_tokens_bucket")]
+    assert len(buckets) == 2 * 4, "coarse buckets: 3 bounds and +Inf per member with runs"

@@ -51,13 +51,14 @@ def test_a_role_and_the_per_member_address_both_reach_one_member(world, secret):
     assert clash.status_code == 400 and clash.json()["field"] == "to"
 
 
-def test_bad_signature_stale_and_missing_headers_are_401_and_deliver_nothing(world, secret):
-    now = int(time.time())
+def test_bad_signature_stale_and_missing_headers_are_401_and_deliver_nothing(world, secret, monkeypatch):
+    now = 1_700_000_000  # the server's clock, frozen: a slow request cannot move a stamp across the window's edge
+    monkeypatch.setattr(webhooks, "clock", lambda: float(now))
     cases = {
         "wrong secret": dict(sig=webhooks.sign("whsec_other", now, b'{"to": "w1", "body": "x"}'), stamp=now),
         "stale": dict(stamp=now - 301),
         "future": dict(stamp=now + 301),
-        "no signature": dict(sig=""),
+        "no signature": dict(sig="", stamp=now),
     }
     for label, kwargs in cases.items():
         response = post("alpha", secret, {"to": "w1", "body": "x"}, **kwargs)
@@ -70,6 +71,8 @@ def test_bad_signature_stale_and_missing_headers_are_401_and_deliver_nothing(wor
     tampered = post("alpha", secret, None, raw=b'{"to": "w1", "body": "y"}', sig=webhooks.sign(secret, now, body), stamp=now)
     assert tampered.status_code == 401 and "does not match" in tampered.json()["error"]
     assert not Message.objects.filter(sender_name="webhook").exists()
+    for edge in (now - 300, now + 300):  # the window's edges themselves are inside it
+        assert post("alpha", secret, {"to": "w1", "body": f"edge {edge}"}, stamp=edge).status_code == 202
 
 
 def test_a_replayed_delivery_is_409_and_mails_once(world, secret):

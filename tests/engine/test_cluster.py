@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import close_old_connections
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from tests.conftest import make_space
@@ -88,10 +89,11 @@ def test_killed_worker_loses_no_message_and_the_member_runs_again_after_the_leas
         wait_for(lambda: Run.objects.filter(member=w1, ended_at__isnull=True).exists(), 30, message="run in flight")
         kill_cluster(proc)
     assert unread(w1) == 1, "the message must survive the crash unread"
-    Member.objects.filter(pk=w1.pk).update(lease_expires_at=timezone.now() + timedelta(seconds=3))
+    Member.objects.filter(pk=w1.pk).update(lease_expires_at=timezone.now() + timedelta(seconds=1))
     with qcluster(workers=2):
-        time.sleep(3.5)  # the lease runs out
-        tick.tick()  # the watchdog (normally the q2 schedule) releases and re-wakes
+        wait_for(lambda: Member.objects.filter(pk=w1.pk, lease_expires_at__lt=Now()).exists() or not unread(w1), 10,
+                 interval=0.1, message="the lease to run out")  # on the database's clock, not a fixed sleep
+        tick.tick()  # the watchdog (normally the cluster's own ticker) releases and re-wakes
         wait_for(lambda: unread(w1) == 0, 60, message="message processed after the lease expired")
         wait_for(lambda: Run.objects.filter(member=w1, outcome=RunOutcome.DONE).exists(), 30, message="a clean run")
     assert Run.objects.filter(member=w1, outcome=RunOutcome.LEASE_EXPIRED).count() == 1

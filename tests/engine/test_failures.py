@@ -144,7 +144,7 @@ def test_a_crash_is_retried_with_backoff_too(space, scripted, monkeypatch):
     import veronica.agent.loop as loop
 
     scripted("x")
-    monkeypatch.setattr(loop, "system_prompt", lambda m: (_ for _ in ()).throw(RuntimeError("template bug")))
+    monkeypatch.setattr(loop, "system_prompt", lambda *args: (_ for _ in ()).throw(RuntimeError("template bug")))
     bus.send(space, "boss", "w1", "x")
     assert runner.wake(w1_of(space).pk, "message") == "error"
     w1 = w1_of(space)

@@ -140,3 +140,22 @@ def test_two_calls_of_one_tool_in_a_reply_each_restart_the_stall_clock(space, sc
     assert runner.wake(supervisor.get_member(space, "w1").pk, "message") == "done"
     assert len(clock_at_call) == 2
     assert clock_at_call[1] > timezone.now() - timedelta(minutes=1), "the second call re-stamped the stall clock"
+
+
+def test_watchdog_alerts_reach_the_leader_once_per_episode_but_never_about_itself(space):
+    hold_lease(supervisor.get_member(space, "w1"), minutes_in_phase=45)
+    bus.send(space, "boss", "w2", "please look")
+    Message.objects.filter(recipient__name="w2").update(created_at=timezone.now() - timedelta(minutes=90))
+    for _ in range(3):  # a storm of ticks: one mail per alert, deduped like the alert
+        tick.tick()
+    to_boss = sorted(Message.objects.filter(recipient_name="boss", sender_name=bus.SYSTEM).values_list("subject", flat=True))
+    assert to_boss == ["Mailbox backlog: w2", "Stuck run: w1"]
+    assert Message.objects.filter(recipient_name="operator", subject="Stuck run: w1").count() == 1
+
+    hold_lease(supervisor.get_member(space, "boss"), minutes_in_phase=45)
+    Message.objects.filter(recipient__name="boss").update(created_at=timezone.now() - timedelta(minutes=90))
+    tick.tick()
+    assert {a.payload["member_name"] for a in alerts(space, "stuck run")} == {"w1", "boss"}
+    assert {a.payload["member_name"] for a in alerts(space, "mailbox backlog")} == {"w2", "boss"}
+    assert Message.objects.filter(recipient_name="operator", subject__endswith=": boss").count() == 2
+    assert not Message.objects.filter(recipient_name="boss", subject__endswith=": boss").exists(), "no mail to itself about itself"

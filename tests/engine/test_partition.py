@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.db import close_old_connections, connection
 
 from tests.conftest import make_space
 from tests.harness import REPO, isolate_queue, wait_for, worker_env
-from tests.netns import unix_to_tcp
+from tests.netns import plan, unix_to_tcp
 from veronica import bus
 from veronica.models import Message
 
@@ -31,6 +32,8 @@ CUT_OFF = dict(VERONICA_DB_IDLE_IN_TRANSACTION_TIMEOUT=str(IDLE_TX), VERONICA_DB
 def can_partition() -> str:
     if connection.vendor != "postgresql":
         return "a network partition needs the hosted database"
+    if (connection.settings_dict.get("HOST") or "").startswith("/"):
+        return "the database is reached by a Unix socket: no network to cut"
     if not (shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")):
         return "needs unshare, nsenter and ip (util-linux, iproute2)"
     if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
@@ -53,14 +56,17 @@ def isolated_host(tmp_path):
     if reason:
         pytest.skip(reason)
     isolate_queue()
-    relays = [unix_to_tcp(tmp_path / "pg.sock", int(connection.settings_dict.get("PORT") or 5432)),
-              unix_to_tcp(tmp_path / "redis.sock", 6379)]
+    env = worker_env(**CUT_OFF)
+    route = plan(env["DATABASE_URL"], settings.REDIS_URL)  # the URLs this run was given, whatever their ports
+    env.update(DATABASE_URL=route.database_url, REDIS_URL=route.redis_url)
+    relays = [unix_to_tcp(tmp_path / "pg.sock", *route.pg), unix_to_tcp(tmp_path / "redis.sock", *route.redis)]
     log_path, pidfile = tmp_path / "cluster.log", tmp_path / "qcluster.pid"
     log = open(log_path, "ab")
     launcher = subprocess.Popen(
         ["unshare", "-n", sys.executable, str(REPO / "tests" / "netns.py"), "--pidfile", str(pidfile),
-         "--pg-sock", str(tmp_path / "pg.sock"), "--redis-sock", str(tmp_path / "redis.sock"), "--", "manage.py", "qcluster"],
-        cwd=REPO, env=worker_env(**CUT_OFF), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+         "--pg-sock", str(tmp_path / "pg.sock"), "--pg-port", str(route.pg[1]), "--redis-sock", str(tmp_path / "redis.sock"),
+         "--redis-port", str(route.redis[1]), "--", "manage.py", "qcluster"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     qcluster_pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 10, message="the isolated qcluster"))
     wait_for(lambda: b"is the active ticker" in log_path.read_bytes(), 20, message="the isolated cluster's ticker")
 

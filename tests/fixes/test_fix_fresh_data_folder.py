@@ -20,9 +20,11 @@ def _fresh(tmp_path, *command: str) -> subprocess.CompletedProcess:
 
 def test_doctor_on_a_fresh_data_folder_migrates_first(tmp_path):
     done = _fresh(tmp_path, "doctor", "--no-probe")
-    assert done.returncode == 0, done.stderr[-2000:]
     assert "no such table" not in done.stderr
     assert "database: sqlite (migrated)" in done.stdout
+    # the one problem: no qcluster was started on this data folder
+    assert done.returncode == 1 and "1 problem(s)" in done.stderr, done.stderr[-2000:]
+    assert "engine ticker: none alive" in done.stdout
 
 
 def test_demo_on_a_fresh_data_folder_migrates_first(tmp_path):
@@ -35,6 +37,9 @@ def test_demo_on_a_fresh_data_folder_migrates_first(tmp_path):
 def test_doctor_reports_the_system_check_warnings():
     from learning import api
 
+    from veronica.engine import leases, ticker
+
+    leases.hold_role(ticker.ROLE, "test-host:1:abc", 60)  # a qcluster is running
     api.add_user_rule("nobody-reads-this", "A rule routed to no member.", actor="test")
     out = io.StringIO()
     call_command("doctor", "--no-probe", stdout=out)

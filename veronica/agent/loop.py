@@ -65,8 +65,6 @@ UNFUSED_VERBS = frozenset({"waggle_run"})
 
 def run_member(member: Member, ctx: RunContext) -> str:
     with ctx.fenced():
-        if member.reload_pending:  # skills / prompt changes apply here, at the run boundary
-            Member.objects.filter(pk=member.pk).update(reload_pending=False)
         session = transcript.open_session(member)
     tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
     log_ = transcript.Log(session)  # the transcript, in memory for the whole run

@@ -84,10 +84,10 @@ def brief_parts(member: Member, source: str, unread: list[Message]) -> list[tupl
     tasks = Task.objects.filter(assignee=member).exclude(status__in=[TaskStatus.DONE, TaskStatus.CANCELLED]).order_by("id")[:20]
     if tasks:
         parts.append(("tasks", "\n".join(["\n## Your open tasks"] + [f"- #{t.pk} [{t.status}] {t.title}" for t in tasks])))
-    board = blackboard.read(member.space)
-    if board.content:
+    board, content = blackboard.for_members(member.space)  # cut at the space's current cap, and says so
+    if content:
         parts.append(("blackboard", f"\n## Blackboard (updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n"
-                                    f"{board.content}"))
+                                    f"{content}"))
     return parts
 
 

@@ -13,9 +13,8 @@ from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import wake_on_commit
 from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
 from veronica.models import (
-    Member, Membership, Message, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus, Session, Skill, Space, Task,
+    Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus, Session, Skill, Space,
 )
-from veronica.models.tasks import TaskStatus
 
 # True while a run holds the slot: that run must see the cancel at its next step.
 _HAS_LEASE = Case(When(lease_token="", then=Value(False)), default=Value(True), output_field=BooleanField())
@@ -41,10 +40,6 @@ def get_member(space: Space, name: str) -> Member:
 def _refresh(member: Member) -> Member:
     member.refresh_from_db()
     return member
-
-
-def has_unread(member: Member) -> bool:
-    return Message.objects.filter(recipient=member, read_at__isnull=True).exists()
 
 
 def is_busy(member: Member) -> bool:
@@ -278,32 +273,7 @@ def retire(member: Member, *, actor: str) -> Member:
     return removed
 
 
-def retire_idle_clones(space: Space | None = None) -> list[str]:
-    """on_complete clones go once they finished a task, hold no open one, are idle with no mail."""
-    qs = Member.objects.filter(retire_policy=RetirePolicy.ON_COMPLETE, removed_at__isnull=True, run_status=RunStatus.IDLE, lease_token="")
-    if space is not None:
-        qs = qs.filter(space=space)
-    retired = []
-    for clone in qs:
-        tasks = Task.objects.filter(assignee=clone)
-        if not tasks.filter(status=TaskStatus.DONE).exists() or tasks.exclude(status__in=[TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED]).exists():
-            continue
-        if has_unread(clone):
-            continue
-        try:
-            retire(clone, actor=bus.SYSTEM)
-            retired.append(clone.name)
-        except (Conflict, NotFound):
-            continue
-    return retired
-
-
 # --- session / schedule / mode / skills --------------------------------------------------------------
-
-def _refuse_busy(member: Member, verb: str) -> None:
-    if is_busy(_refresh(member)):
-        raise Conflict(f"cannot {verb} '{member.name}' while it is running; suspend it or wait", field="member")
-
 
 def clear_session(member: Member, *, actor: str) -> None:
     """Wipe the conversation, keep the seat: membership, schedule, skills, memory and budget stay."""
@@ -381,16 +351,6 @@ def _check_role(member: Member, role: object) -> None:
         raise Conflict("this space already has a leader; a space has at most one", field="role")
 
 
-def reload_skills(member: Member | None = None, *, space: Space | None = None, actor: str) -> int:
-    """Flag a re-read of the skills catalog; the prompt is rebuilt at each member's next run."""
-    qs = Member.objects.filter(removed_at__isnull=True)
-    qs = qs.filter(pk=member.pk) if member is not None else qs.filter(space=space)
-    with transaction.atomic():
-        count = qs.update(reload_pending=True)
-        events.emit((member or space).space_id if member else space.pk, "member.skills_reload", member=member, actor=actor, count=count)
-    return count
-
-
 # --- editing a member's configuration ----------------------------------------------------------------
 
 # the fields edit_member writes itself; schedule and permission_mode go through their own verbs
@@ -457,8 +417,7 @@ def edit_member(member: Member, changes: dict, *, actor: str) -> Member:
         if changed:
             marked = sorted(set(member.runtime_fields or []) | set(changed))
             try:
-                Member.objects.filter(pk=member.pk).update(**{f: values[f] for f in changed}, runtime_fields=marked,
-                                                           reload_pending=True)
+                Member.objects.filter(pk=member.pk).update(**{f: values[f] for f in changed}, runtime_fields=marked)
             except IntegrityError:  # a leader added meanwhile: the partial unique index refused the second
                 raise Conflict("this space already has a leader; a space has at most one", field="role") from None
             events.emit(member.space_id, "member.updated", member=member, fields=changed, actor=actor)

@@ -6,7 +6,7 @@ clock: every step re-stamps it, even when the phase is unchanged (two calls of o
 A run past its lease is not a stall but a dead holder: the lease recovery releases and re-wakes it
 within lease + 5 s, so it is not alerted here.
 
-Each raises one `ops.alert` (which the notifier sends on) plus a mail to the operator, once per
+Each raises one `ops.alert` (which the notifier sends on) plus a mail to the operator and the leader, once per
 episode: a marker column on the member is set with a conditional update when the alert fires and
 cleared when the condition ends, so the next episode alerts again.
 """
@@ -21,18 +21,27 @@ from django.db.models.functions import Now
 
 from veronica import bus, events, notify
 from veronica.engine import checks, clock
-from veronica.models import Member, Membership, Message, Phase, Space
+from veronica.models import Member, Membership, Message, Phase, Role, Space
 
 log = logging.getLogger(__name__)
 WAITING_ON_PEOPLE = (Phase.WAITING_APPROVAL, Phase.WAITING_INPUT)  # a human's turn, not a stuck run
 
 
 def _alert(space: Space, member: Member, subject: str, body: str) -> None:
+    """The seed's notifyOps: the event, a mail to the operator and one to the leader (it re-plans
+    around the member). Callers hold the episode marker, so each goes out once per episode."""
     events.emit(space.pk, "ops.alert", member=member, subject=subject, body=body)
-    try:
-        bus.send(space, bus.SYSTEM, bus.OPERATOR, body, subject=f"{subject.capitalize()}: {member.name}")
-    except Exception:
-        log.warning("could not mail the operator about %s (%s)", member.name, subject, exc_info=True)
+    for to in (bus.OPERATOR, *_leader_of(space, member)):
+        try:
+            bus.send(space, bus.SYSTEM, to, body, subject=f"{subject.capitalize()}: {member.name}")
+        except Exception:
+            log.warning("could not mail %s about %s (%s)", to, member.name, subject, exc_info=True)
+
+
+def _leader_of(space: Space, member: Member) -> list[str]:
+    """The leader's name, unless the alert is about the leader itself: mail to a stuck or backlogged
+    leader only adds to what it is not reading (and would wake it to read about itself)."""
+    return list(bus.live_members(space).filter(role=Role.LEADER).exclude(pk=member.pk).values_list("name", flat=True)[:1])
 
 
 # The shortest threshold a space can set: one indexed query finds every candidate in every space,

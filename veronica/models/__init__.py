@@ -6,7 +6,7 @@ from veronica.models.events import Event
 from veronica.models.mcp import McpServer, McpTransport
 from veronica.models.member import Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus
 from veronica.models.messaging import Message, WebhookDelivery
-from veronica.models.ops import Channel, DeliveryStatus, NotificationDelivery, TaskCheck
+from veronica.models.ops import AlertTally, Channel, DeliveryStatus, NotificationDelivery, TaskCheck
 from veronica.models.runtime import (
     Alarm,
     Approval,
@@ -25,7 +25,7 @@ from veronica.models.space import Space
 from veronica.models.tasks import Task, TaskStatus, VerifyPolicy
 
 __all__ = [
-    "AccessRole", "Alarm", "ApiToken", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "TaskCheck",
+    "AccessRole", "Alarm", "AlertTally", "ApiToken", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "TaskCheck",
     "McpServer", "McpTransport", "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Session", "Skill", "Space", "SpaceAccess",
     "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake", "WebhookDelivery",

@@ -38,13 +38,11 @@ class RetirePolicy(models.TextChoices):
 
 class Phase(models.TextChoices):
     READY = "ready"
-    RUNNING = "running"
     THINKING = "thinking"
     TEXTING = "texting"
     EXECUTING = "executing"
     WAITING_APPROVAL = "waiting-approval"
     WAITING_INPUT = "waiting-input"
-    DRAINING = "draining"
     COMPACTING = "compacting"
     PAUSED = "paused"
     ERROR = "error"
@@ -93,7 +91,6 @@ class Member(models.Model):
     error_reason = models.TextField(blank=True, help_text="The last failure, shown on the roster and member page.")
     parked_config = models.CharField(max_length=200, blank=True,
                                      help_text="Parked by a permanent error under this 'model|permission mode'; resume or a change un-parks.")
-    reload_pending = models.BooleanField(default=False, help_text="Skills changed; applied at the next run boundary.")
     rule_domains = models.JSONField(default=list, blank=True)
     max_iterations = models.IntegerField(default=24)
     # the member's tool set (seed: active and deferred tools): None offers every tool of its role; a list

@@ -70,3 +70,18 @@ class NotificationDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel} #{self.seq}: {self.status}"
+
+
+class AlertTally(models.Model):
+    """How many ops alerts of one kind a space has raised, for /metrics: a counter that retention
+    never lowers (the alerts' events and the watchdogs' episode markers do not last)."""
+
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="alert_tallies")
+    subject = models.CharField(max_length=40, help_text="The alert's subject: stale task, mailbox backlog, stuck run, ...")
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["space", "subject"], name="alert_tally_one_per_subject")]
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.count}"

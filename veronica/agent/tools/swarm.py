@@ -133,10 +133,10 @@ def task_update_status(ctx: ToolContext, args: dict) -> str:
 
 
 def blackboard_read(ctx: ToolContext, args: dict) -> str:
-    board = blackboard.read(ctx.space)
-    if not board.content:
+    board, content = blackboard.for_members(ctx.space)
+    if not content:
         return "(the blackboard is empty)"
-    return f"(updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n{board.content}"
+    return f"(updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n{content}"
 
 
 def blackboard_write(ctx: ToolContext, args: dict) -> str:

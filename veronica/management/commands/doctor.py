@@ -1,8 +1,11 @@
-"""Preflight: the database, the broker, every space's workdir, every member's model spec and keys,
-one real authenticated request per distinct model endpoint, and a price for every model."""
+"""Preflight, the whole ladder: a manifest folder or archive before `register` (every file's error,
+nothing written), the database, the broker, a live engine ticker (so a live qcluster), every space's
+workdir, every member's model spec and keys, one real authenticated request per distinct model
+endpoint, and a price for every model."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -10,20 +13,26 @@ from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
+from django.db.models.functions import Now
 
 from veronica.agent.providers import get_provider, pricing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.providers.probe import endpoint_for, probe
+from veronica.engine.ticker import ROLE as TICKER_ROLE
 from veronica.errors import VeronicaError
-from veronica.models import Member, Space
+from veronica.manifest import MemberSpec, Preflight, check
+from veronica.models import EngineLease, Member, Space
+from veronica.portable import check_archive
 
 
 class Command(BaseCommand):
     requires_system_checks = []  # run after migrating (below), so a fresh data folder gets real answers
-    help = ("Migrate, then check the database, the broker, every space's workdir and every member's provider: keys, one list-models "
-            "request per distinct endpoint (wrong key, dead URL, doubled /v1) and a known price per model.")
+    help = ("Migrate, then check a manifest folder or archive (if given) as register would read it, without writing it; the "
+            "database, the broker, that an engine ticker (a qcluster) is alive, every space's workdir and every member's provider: "
+            "keys, one list-models request per distinct endpoint (wrong key, dead URL, doubled /v1) and a known price per model.")
 
     def add_arguments(self, parser):
+        parser.add_argument("manifest", nargs="?", help="a manifest folder or an exported archive to check before `register`")
         parser.add_argument("--no-probe", action="store_true", help="skip the network requests to model endpoints")
 
     def handle(self, *args, **options):
@@ -50,7 +59,11 @@ class Command(BaseCommand):
                 report(True, "redis: reachable")
             except redis.RedisError as exc:
                 report(False, f"redis: {exc}")
+        self.ticker(report)
         specs: dict[str, list[str]] = {}  # model spec -> who uses it
+        if options.get("manifest"):
+            for member in self.preflight(options["manifest"], report):
+                specs.setdefault(member.model, []).append(f"manifest/{member.name}")
         for space in Space.objects.all():
             report(Path(space.workdir).is_dir(), f"space {space.slug}: workdir {space.workdir}")
             for member in Member.objects.filter(space=space, removed_at__isnull=True):
@@ -76,6 +89,36 @@ class Command(BaseCommand):
         if problems:
             raise CommandError(f"{problems} problem(s) found" + (f", {warnings} warning(s)" if warnings else ""))
         self.stdout.write(self.style.SUCCESS("all checks passed" + (f" ({warnings} warning(s))" if warnings else "")))
+
+    def preflight(self, source: str, report) -> list[MemberSpec]:
+        """The manifest as register would read it: each file's first error with its field; nothing is
+        written (an archive is unpacked into a temporary folder). The members that parsed are returned
+        so their models and keys are checked below, before anything registers."""
+        path = Path(source)
+        try:
+            found = check_archive(path.read_bytes()) if path.is_file() else check(path)
+        except VeronicaError as exc:  # an unreadable or hostile archive
+            found = Preflight([exc], [])
+        for error in found.errors:
+            report(False, f"manifest: {error.message}")
+        if not found.errors:
+            leader = next(m.name for m in found.members if m.role == "leader")
+            exists = Space.objects.filter(slug=found.slug).exists()
+            report(True, f"manifest {source}: space '{found.slug}' ({'a register refreshes it' if exists else 'new'}), "
+                         f"{len(found.members)} member(s), leader {leader}")
+        return found.members
+
+    def ticker(self, report) -> None:
+        """Liveness read off the database: every qcluster runs an engine ticker while its workers run,
+        and the active one renews the role's lease every beat. No live lease: no worker is running, so
+        no wake, timer, alarm or lease recovery happens."""
+        slack = timedelta(seconds=2 * settings.ENGINE_TICK_SECONDS)  # a beat a little late is not a death
+        holder = EngineLease.objects.filter(name=TICKER_ROLE, expires_at__gt=Now() - slack).values_list("holder", flat=True).first()
+        if holder:
+            report(True, f"engine ticker: alive ({holder}), so a qcluster is running")
+        else:
+            report(False, "engine ticker: none alive, so no qcluster is running: nothing wakes members, fires schedules or "
+                          "recovers leases. Start `manage.py qcluster` (or `manage.py up`)")
 
     def system_checks(self, report, warn) -> None:
         """Django's system checks (learning.W001: rules no member reads, ...), errors as problems."""
