@@ -690,7 +690,7 @@ def exhaust(w: World) -> dict:
         return re.sub(r"\s+", " ", text)[:n]
 
     # processes
-    forks = "i=0; while [ $i -lt 1000 ]; do sleep 4 & i=$((i+1)); done 2>/dev/null; echo procs=$(ls -d /proc/[0-9]* | wc -l)"
+    forks = "i=0; while [ $i -lt 1000 ]; do sleep 15 & i=$((i+1)); done 2>/dev/null; echo procs=$(ls -d /proc/[0-9]* | wc -l)"
     measure("1000 processes (run_command)", lambda: run(forks),
             lambda out, _: ("process limit" in out or ((m := re.search(r"procs=(\d+)", out)) is not None and int(m.group(1)) < 1000), first(out)))
     alloc = "python3 -c \"b = b'x' * (1536 * 1024 * 1024); print('ALLOCATED', len(b))\" 2>&1 | tail -1"
