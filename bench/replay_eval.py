@@ -18,7 +18,12 @@ for the model:
   recorded output of that call when any trajectory made it);
 * a replayed step is *used* if the recorded model makes that same call (tool and arguments) before
   its next non-matching call: it is then skipped (not made, not observed) and saves one round
-  trip; every other replayed step is a *miss*;
+  trip; every other replayed step is a *miss*. That is the harness's truth (``precision_pct``);
+* the ledger is kept by the host's own judge, as in a live run: each model reply (its text and
+  the calls a replay did not stand in for) goes to ``service.judge_reply`` and the end of the
+  trajectory to ``service.end_run``; what it booked is ``booked_precision_pct`` (used steps over
+  replayed steps in the ledger), and its demotions steer the rest of the walk. ``--truth-ledger``
+  books the harness's truth instead (``service.settle``), as runs before the honest ledger did;
 * tokens: each model request reads the system prompt and every message before it (chars / 4).
   A used step's request and result leave the conversation; a replay block enters it right after
   the tool result it was appended to, so every later request reads it (a miss costs its output
@@ -106,6 +111,8 @@ class Tally:
     input_tokens: int = 0
     input_tokens_with_waggle: int = 0
     routes: int = 0
+    booked_steps: int = 0  # replayed steps in the ledger (what the host's judge booked)
+    booked_used: int = 0   # ... of those booked used
     per_route: dict = field(default_factory=dict)  # route name -> [replayed, used] (diagnostics)
 
     def line(self) -> dict:
@@ -117,6 +124,7 @@ class Tally:
             "replayed_steps_used": self.replayed_steps_used,
             # nothing replayed: nothing was wrong
             "precision_pct": round(100 * self.replayed_steps_used / self.replayed_steps, 2) if self.replayed_steps else 100.0,
+            "booked_precision_pct": round(100 * self.booked_used / self.booked_steps, 2) if self.booked_steps else 100.0,
             "net_tokens_saved_pct": round(100 * (self.input_tokens - self.input_tokens_with_waggle)
                                           / max(1, self.input_tokens), 3),
             "fires": self.fires,
@@ -144,6 +152,7 @@ class Harness:
         self.exec_log: list[tuple[str, dict]] = []
         self.verbose = False
         self.deaf = False  # --deaf: leave the user messages out (the call-only figures)
+        self.truth_ledger = False  # --truth-ledger: book the harness's truth, not the host's judge
 
     def exec(self, tool: str, args: dict) -> str:
         self.exec_log.append((tool, dict(args)))
@@ -184,6 +193,12 @@ class Harness:
                 print(w.script, "reach", w.route.get("reach"), file=sys.stderr)
         for i, t in enumerate(t for t in self.traces if t["task_id"] not in train):
             self.walk(space, f"held-{i}", t, frozen, tally)
+        from django.db.models import Sum
+        from waggle.models import LedgerEntry
+
+        booked = LedgerEntry.objects.filter(space_key=space, on_demand=False, settled=True).aggregate(
+            steps=Sum("steps"), used=Sum("used_steps"))
+        tally.booked_steps, tally.booked_used = booked["steps"] or 0, booked["used"] or 0
         return tally
 
     def walk(self, space: str, session: str, traj: dict, cfg, tally: Tally) -> None:
@@ -200,7 +215,7 @@ class Harness:
                 counts = tally.per_route.setdefault(name, [0, 0])
                 counts[0] += len(used)
                 counts[1] += sum(used)
-                if hasattr(svc, "settle"):  # today's main has no settle: its ledger never hears
+                if self.truth_ledger and hasattr(svc, "settle"):
                     svc.settle(space, session, used, config=cfg)
             open_fires.clear()
 
@@ -218,6 +233,8 @@ class Harness:
                     tally.replayed_steps += len(steps)
                     inserted[i] = inserted.get(i, 0) + tokens("\n\n" + block)
                 continue
+            if m["role"] == "assistant" and not self.truth_ledger:
+                self.judge(space, session, m, open_fires, cfg)
             if m["role"] != "assistant" or not m.get("tool_calls"):
                 continue
             skipped_all = True
@@ -259,8 +276,32 @@ class Harness:
             if skipped_all:
                 removed.add(i)
         close()
+        if not self.truth_ledger and hasattr(svc, "end_run"):  # the run ends: what no reply drew on is unused
+            svc.end_run(space, session, config=cfg)
         tally.input_tokens += self.input_tokens(msgs, set(), {})
         tally.input_tokens_with_waggle += self.input_tokens(msgs, removed, inserted)
+
+    def judge(self, space: str, session: str, m: dict, open_fires: list, cfg) -> None:
+        """The host's judge hears the reply as a live run would: its text, and the calls no open
+        replay stood in for (those the harness skips: the model never made them)."""
+        used = [list(u) for _, u, _ in open_fires]
+        calls = []
+        for call in m.get("tool_calls") or []:
+            name, args = call["name"], call["args"] if isinstance(call["args"], dict) else {}
+            hit = False
+            if len(calls) == 0:  # (the harness's hits end at the reply's first call no replay made)
+                for (steps, _, _), flags in zip(open_fires, used):
+                    j = next((j for j, (tool, targs) in enumerate(steps)
+                              if not flags[j] and tool == name and norm(targs) == norm(args)), None)
+                    if j is not None:
+                        flags[j] = hit = True
+                        break
+            if not hit:
+                calls.append((name, args))
+        try:
+            self.service.judge_reply(space, session, calls, text=m.get("content") or "", config=cfg)
+        except TypeError:  # a service from before the honest ledger: no text
+            self.service.judge_reply(space, session, calls, config=cfg)
 
     def input_tokens(self, msgs: list[dict], removed: set[int], inserted: dict[int, int]) -> int:
         total = 0
@@ -327,13 +368,14 @@ def evaluate(args) -> dict:
     h = Harness(service, config, traces, tool_kinds(path, args.mutating or []), system_tokens(path))
     h.verbose = args.verbose
     h.deaf = args.deaf
+    h.truth_ledger = args.truth_ledger
     lines = []
     pooled = Tally()
     for seed in args.only or range(args.folds or args.seeds):
         tally = h.run_seed(seed, args.train_frac, args.folds)
         lines.append(tally.line())
         for f in ("read_only_calls", "round_trips_saved", "replayed_steps", "replayed_steps_used", "fires", "heard_fires",
-                  "input_tokens", "input_tokens_with_waggle", "routes"):
+                  "input_tokens", "input_tokens_with_waggle", "routes", "booked_steps", "booked_used"):
             setattr(pooled, f, getattr(pooled, f) + getattr(tally, f))
         print(f"seed {seed}: {json.dumps(tally.line())}", file=sys.stderr)
         if args.verbose:
@@ -381,6 +423,8 @@ def main() -> None:
     ap.add_argument("--baseline-ref", default="main")
     ap.add_argument("--only", type=int, action="append", help="run only this seed / fold (diagnostics)")
     ap.add_argument("--deaf", action="store_true", help="do not pass the user messages in (no inbound routes)")
+    ap.add_argument("--truth-ledger", action="store_true",
+                    help="book the harness's truth in the ledger instead of the host's judge (runs before issue 24)")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-route figures on stderr")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one waggle default for this run (sensitivity analysis; not the baseline)")

@@ -29,7 +29,7 @@ from .models import (
     RuleSource,
     WriterLease,
 )
-from .ops import diff_text
+from .ops import GateError, diff_text
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -102,6 +102,18 @@ class RuleForm(forms.ModelForm):
             return store.clean_rule_text(self.cleaned_data.get("text", ""))
         except store.RuleInputError as exc:
             raise ValidationError(exc.message) from None
+
+    def clean_enabled(self):
+        """Enabling a learned rule keeps its domain within the active cap (the same check as the verb)."""
+        enabled = self.cleaned_data.get("enabled")
+        rule = self.instance
+        if enabled and rule.pk and rule.source == RuleSource.LEARNED and not rule.enabled:
+            before = store.learned_snapshot(rule.domain_id)
+            try:
+                store.check_cap(rule.domain, before, [dict(r, enabled=True) if r["id"] == rule.pk else r for r in before])
+            except GateError as exc:
+                raise ValidationError(str(exc)) from None
+        return enabled
 
 
 @admin.register(Rule)

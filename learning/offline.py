@@ -140,25 +140,33 @@ def _learn(payload: dict) -> dict:
     learned = payload.get("learned_rules", [])
     users = [r["text"] for r in payload.get("user_rules", [])]
     ops: list[dict] = []
-    agreed: set[str] = set()
-    added: list[str] = []
-    for reflection in payload.get("reflections", []):
-        text = reflection.get("text", "")
+    covered: list[str] = []  # reflections a user rule or an earlier op of this answer already covers
+    by_rule: dict[str, dict] = {}
+    added: list[tuple[str, dict]] = []
+    for i, reflection in enumerate(payload.get("reflections", [])):
+        text, ref = reflection.get("text", ""), reflection.get("ref", f"R{i + 1}")
         if not text or any(_similar(text, u) for u in users):
+            covered.append(ref)
             continue
         match = next((r for r in learned if _similar(text, r["text"])), None)
         if match is not None:
-            if match["ref"] not in agreed:
-                agreed.add(match["ref"])
-                ops.append({"op": "agree", "rule": match["ref"]})
+            if match["ref"] in by_rule:
+                by_rule[match["ref"]]["from"].append(ref)
+            elif len(ops) < 12:
+                by_rule[match["ref"]] = {"op": "agree", "rule": match["ref"], "from": [ref]}
+                ops.append(by_rule[match["ref"]])
             continue
-        if any(_similar(text, a) for a in added):
+        same = next((op for a, op in added if _similar(text, a)), None)
+        if same is not None:
+            same["from"].append(ref)
             continue
-        added.append(text)
-        ops.append({"op": "add", "text": text})
-    ops = ops[:12]
+        if len(ops) < 12:  # a proposal holds at most 12 ops: the rest wait for the next pass
+            op = {"op": "add", "text": text, "from": [ref]}
+            added.append((text, op))
+            ops.append(op)
     n_add = sum(1 for o in ops if o["op"] == "add")
-    return {"operations": ops, "rationale": f"offline: {n_add} new lesson(s), {len(ops) - n_add} confirmation(s)."}
+    return {"operations": ops, "covered": covered,
+            "rationale": f"offline: {n_add} new lesson(s), {len(ops) - n_add} confirmation(s)."}
 
 
 # --- distill ---------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from .models import (
     Proposal,
     Reflection,
 )
-from .ops import GateError, OpError, apply_ops, canonicalize, snapshot_diff
+from .ops import MAX_OPS_PER_PROPOSAL, GateError, OpError, apply_ops, canonicalize, norm_text, snapshot_diff
 from .parsing import ParseError
 from .prompts import (
     DISTILL_SYSTEM,
@@ -43,7 +43,7 @@ from .prompts import (
     distill_prompt,
     learn_prompt,
     parse_distill,
-    parse_learn,
+    parse_learn_covering,
     parse_reflect,
     reflect_prompt,
 )
@@ -256,7 +256,7 @@ def run_learn(domain=None, complete: Complete | None = None, auto_approve=False,
             if raw is None:
                 continue
             try:
-                ops, rationale = parse_learn(raw)
+                ops, rationale, covered = parse_learn_covering(raw)
                 ops = canonicalize(ops, base, [u["text"] for u in users])
                 result = apply_ops(base, ops, max_active=MAX_ACTIVE_RULES_PER_DOMAIN)
             except GateError as exc:
@@ -266,7 +266,10 @@ def run_learn(domain=None, complete: Complete | None = None, auto_approve=False,
             except (ParseError, OpError) as exc:
                 r.error(f"domain:{d}", f"bad model output: {exc}")
                 continue
-            ids = [x.pk for x in reflections]
+            ids = [x.pk for i, x in enumerate(reflections) if _covers(covered, ops, i, x.text)]
+            left = len(reflections) - len(ids)
+            if left:
+                r.count("reflections_waiting", left)
             with r.lock.fence():
                 now = timezone.now()
                 if not ops:
@@ -293,6 +296,16 @@ def run_learn(domain=None, complete: Complete | None = None, auto_approve=False,
                     r.error(f"domain:{d}", f"auto-approve refused, left for review: {exc}")
 
     return _Run(PassKind.LEARN, progress, wait, lock_ttl).execute(body)
+
+
+def _covers(covered: set[int] | None, ops: list[dict], index: int, text: str) -> bool:
+    """Whether the answer covers this reflection, so it is consumed: cited by the answer, or (an
+    answer that cites nothing) the proposal had room for every lesson, or an op carries its text."""
+    if covered is not None:
+        return index in covered
+    if len(ops) < MAX_OPS_PER_PROPOSAL:
+        return True
+    return any(norm_text(op.get("text", "")) == norm_text(text) for op in ops)
 
 
 # --- distill --------------------------------------------------------------------------------------

@@ -45,8 +45,11 @@ new reflections. Propose SMALL operations on the learned rules only, never a rew
 Prefer agree over add when a rule already covers the lesson. At most one op per rule, at most
 {MAX_OPS_PER_PROPOSAL} ops. The domain may hold at most `max_active_rules` active learned rules; do
 not grow it past that. Return an empty list if nothing should change.
+Each reflection has a ref like "R3". Give each op the reflections it covers ("from": ["R3", "R7"]),
+and list under "covered" the reflections an existing rule already covers (no op needed). A
+reflection you neither cite nor list waits for the next pass.
 Answer with JSON only:
-{{"operations": [...], "rationale": "one or two sentences"}}"""
+{{"operations": [...], "covered": ["R5"], "rationale": "one or two sentences"}}"""
 
 DISTILL_SYSTEM = f"""{MARK_DISTILL}
 You turn one finished session of an AI agent into durable notes for that agent's memory files:
@@ -92,8 +95,8 @@ def reflect_prompt(kind: str, key: str, domains: list[str], *, member: str = "",
 
 
 def parse_reflect(raw: str, domains: list[str]) -> list[tuple[str, str]]:
-    """-> [(domain, lesson)]; a lesson without a (valid) domain goes to the item's first domain: one
-    lesson is one reflection, so one correction never becomes identical proposals in several domains."""
+    """-> [(domain, lesson)]; a lesson without a (valid) domain goes to the item's first domain, and
+    each lesson to one domain only."""
     data = extract_json_object(raw)
     lessons = data.get("lessons")
     if not isinstance(lessons, list):
@@ -107,8 +110,10 @@ def parse_reflect(raw: str, domains: list[str]) -> list[tuple[str, str]]:
             domain = lesson.get("domain")
             lesson = lesson.get("text", lesson.get("lesson"))
         text = clean_text(lesson, field=f"lesson {i + 1}", max_chars=MAX_LESSON_CHARS)
+        # one lesson, one domain: the one it names, else the item's first (a lesson copied into each of
+        # a member's domains became as many identical proposals)
         target = domain if isinstance(domain, str) and domain in domains else (domains[0] if domains else None)
-        if target is not None and (target, text) not in out:
+        if target is not None and all(t != text for _, t in out):
             out.append((target, text))
     return out
 
@@ -126,19 +131,40 @@ def learn_prompt(domain: str, user_rules: list[dict], learned: list[dict], refle
             {"ref": f"L{r['id']}", "text": r["text"], "strength": r["strength"]}
             for r in learned if r.get("enabled", True)
         ],
-        "reflections": [{"kind": r["kind"], "text": r["text"]} for r in reflections],
+        "reflections": [{"ref": f"R{i + 1}", "kind": r["kind"], "text": r["text"]} for i, r in enumerate(reflections)],
     }
     return payload_prompt(f"Consolidate new reflections into the learned rules of domain {domain!r}:", payload)
 
 
 def parse_learn(raw: str) -> tuple[list[dict], str]:
+    ops, rationale, _ = parse_learn_covering(raw)
+    return ops, rationale
+
+
+_REFLECTION_REF = re.compile(r"^\s*R?\s*(\d+)\s*$", re.I)
+
+
+def parse_learn_covering(raw: str) -> tuple[list[dict], str, set[int] | None]:
+    """-> (ops, rationale, the indexes of the reflections the answer covers: cited by an op's
+    "from" or listed under "covered"; None when it cites none at all)."""
     data = extract_json_object(raw)
     if "operations" not in data and "ops" not in data:
         raise ParseError("learn output has no 'operations' list")
     ops = normalize_ops(data)
     rationale = data.get("rationale", "")
     rationale = " ".join(rationale.split())[:2000] if isinstance(rationale, str) else ""
-    return ops, rationale
+    cited: list = list(data.get("covered") or []) if isinstance(data.get("covered"), list) else []
+    for op in data.get("operations", data.get("ops")) or []:
+        if isinstance(op, dict) and isinstance(op.get("from"), list):
+            cited.extend(op["from"])
+    covered = set()
+    for ref in cited:
+        m = _REFLECTION_REF.match(str(ref)) if isinstance(ref, (str, int)) and not isinstance(ref, bool) else None
+        if m:
+            covered.add(int(m.group(1)) - 1)
+    has_citations = "covered" in data or any(isinstance(op, dict) and "from" in op
+                                             for op in data.get("operations", data.get("ops")) or [])
+    return ops, rationale, covered if has_citations else None
 
 
 # --- distill ---------------------------------------------------------------------------------

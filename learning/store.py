@@ -274,9 +274,22 @@ def _record(domain, source, action, actor, before, after, *, proposal=None, reve
     )
 
 
-def _write_learned(domain: Domain, current: list[dict], target: list[dict], actor: str) -> None:
+def check_cap(domain, before: list[dict], target: list[dict], max_active: int = MAX_ACTIVE_RULES_PER_DOMAIN) -> None:
+    """Every path that activates learned rules keeps the domain within the cap: a change that ends
+    above it and has more active rules than before is refused (GateError names the limit)."""
+    after = ops_mod.count_active(target)
+    if after > max_active and after > ops_mod.count_active(before):
+        label = getattr(domain, "label", domain)
+        raise ops_mod.GateError(f"{label!r} would have {after} active learned rules; the limit is {max_active} "
+                                "(disable or remove one first)")
+
+
+def _write_learned(domain: Domain, current: list[dict], target: list[dict], actor: str,
+                   max_active: int = MAX_ACTIVE_RULES_PER_DOMAIN) -> None:
     """Make the domain's learned rules equal `target` (ids None = new rows). Learned rows only:
-    every query is filtered on source=learned and this domain, so no id can reach a user rule."""
+    every query is filtered on source=learned and this domain, so no id can reach a user rule.
+    Refuses to grow the domain past the active cap (check_cap)."""
+    check_cap(domain, current, target, max_active)
     existing = {r.pk: r for r in Rule.objects.filter(domain=domain, source=RuleSource.LEARNED)}
     keep = set()
     for item in target:
@@ -313,7 +326,7 @@ def apply_ops(domain, ops: list[dict], *, actor: str, proposal: Proposal | None 
         bump_stamp()
         before = learned_snapshot(domain)
         target = ops_mod.apply_ops(before, ops, max_active=max_active)
-        _write_learned(domain, before, target, actor)
+        _write_learned(domain, before, target, actor, max_active)
         after = learned_snapshot(domain)
         return _record(domain, RuleSource.LEARNED, ChangeAction.APPLY, actor, before, after, proposal=proposal,
                        summary=f"proposal #{proposal.pk}" if proposal else "ops")
@@ -347,6 +360,8 @@ def set_learned_enabled(rule_id: int, enabled: bool, *, actor: str, scope=None, 
         if rule.enabled == bool(enabled):
             return None
         before = learned_snapshot(rule.domain_id)
+        if enabled:
+            check_cap(rule.domain, before, [dict(r, enabled=True) if r["id"] == rule.pk else r for r in before])
         rule.enabled = bool(enabled)
         if rule.enabled and rule.strength == 0:
             rule.strength = 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from waggle.route import DEFAULT_FANOUT_CAP, ConcreteStep, Route, tail_of
@@ -79,14 +79,34 @@ def _alignments(route: Route, recent: Sequence[Call], min_prefix: int, cap: int 
     return None
 
 
+ReachesOut = Callable[[str], bool]
+"""reaches_out(tool) -> True when the tool reaches outside the space (the network, an MCP server not
+declared closed-world). A value taken from a tool's output never becomes its argument without the model."""
+
+
+def guarded(route: Route, reaches_out: ReachesOut | None) -> Route:
+    """The route as far as it may replay: up to (not including) its first step that would pass a
+    value from an earlier output to a tool that reaches outside the space. ``reaches_out`` None:
+    the host said no tool does."""
+    if reaches_out is None:
+        return route
+    for i, step in enumerate(route.steps):
+        if step.refs and reaches_out(step.tool):
+            return replace(route, steps=route.steps[:i])
+    return route
+
+
 def _is_prefix(a: Sequence[ConcreteStep], b: Sequence[ConcreteStep]) -> bool:
     return len(a) <= len(b) and tuple(b[: len(a)]) == tuple(a)
 
 
 def find_plan(recent: Sequence[Call], routes: Iterable[Route], min_prefix: int = 2,
-              fired: Collection[str] = (), cap: int = DEFAULT_FANOUT_CAP) -> Plan | None:
+              fired: Collection[str] = (), cap: int = DEFAULT_FANOUT_CAP,
+              reaches_out: ReachesOut | None = None) -> Plan | None:
     """The plan to run now, or None. ``recent`` is the session's calls, oldest first; the last one
-    is the call that just completed. ``cap`` bounds the calls one fan-out step makes."""
+    is the call that just completed. ``cap`` bounds the calls one fan-out step makes. A route
+    replays only up to its first step that would pass an output's value to a tool that reaches
+    outside the space (see :func:`guarded`)."""
     m0 = clamp_prefix(min_prefix)
     if len(recent) < m0 or recent[-1].barrier:
         return None
@@ -94,6 +114,7 @@ def find_plan(recent: Sequence[Call], routes: Iterable[Route], min_prefix: int =
     made = {c.invocation() for c in recent}  # a step the session already made is never replayed
     matches: list[Plan] = []
     for route in routes:
+        route = guarded(route, reaches_out)
         if len(route.steps) < m0 or not any(s.tool == last_tool for s in route.steps[m0 - 1:]):
             continue
         plan = _alignments(route, recent, m0, cap, made)
@@ -161,13 +182,19 @@ def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: st
 
 
 def run_route(route: Route, params: Mapping[str, str], exec: ExecFn, *, cap: int = DEFAULT_FANOUT_CAP,
-              verb: str = "ran waggle") -> tuple[list[ConcreteStep], Outcome]:
+              verb: str = "ran waggle", reaches_out: ReachesOut | None = None) -> tuple[list[ConcreteStep], Outcome]:
     """Run a whole route on demand, step by step: output refs (and fan-outs) resolve against the
-    outputs of the steps already run. ``params`` are JSON texts. Never raises."""
+    outputs of the steps already run. ``params`` are JSON texts. A step that would pass an output's
+    value to a tool reaching outside the space is refused (the model makes that call itself, having
+    read the value). Never raises."""
     done: list[Call] = []
     tail: list[ConcreteStep] = []
     outputs: list[str] = []
     for i, step in enumerate(route.steps, 1):
+        if step.refs and reaches_out is not None and reaches_out(step.tool):
+            return tail, Outcome(ok=False, error=f"step {i} ({step.tool}) would take a value from an earlier step's "
+                                 "output to a tool that reaches outside the space; read the output and make that "
+                                 "call yourself", outputs=outputs)
         conc = step.concretes(params, done, cap)
         if conc is None:
             return tail, Outcome(ok=False, error=f"step {i} ({step.tool}) needs a value no earlier step gave",

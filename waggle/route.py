@@ -530,8 +530,11 @@ class TraceIndex:
     found without scanning the trace (or every call of its first tool). ``sessions`` gives the
     session of each position (default: a new session after every ``None`` barrier)."""
 
-    def __init__(self, calls: Sequence[Call | None], sessions: Sequence[int] | None = None) -> None:
+    def __init__(self, calls: Sequence[Call | None], sessions: Sequence[int] | None = None,
+                 episodes: Sequence | None = None) -> None:
         self.calls = calls
+        # each position's episode: the inbound message that started it (what a wake brought)
+        self.episodes = episodes if episodes is not None and len(episodes) == len(calls) else [""] * len(calls)
         if sessions is None:
             sessions, current = [], 0
             for c in calls:
@@ -615,20 +618,27 @@ def used_flags(tail: Sequence[ConcreteStep], calls: Sequence[Call | None], start
 HISTORY = 200  # earlier calls of the session a replay leaves out when already made (the ring's size)
 
 
-def context_of(route: Route, window: Sequence[Call], session: int) -> tuple:
-    """What makes two sightings of a prefix different evidence: the values at its varying
-    positions (parameters and refs). Near-copies of one task (the same user, the same ids) are one
-    context however often they recur. A prefix of literals only varies by session."""
+def context_of(route: Route, window: Sequence[Call], session: int, episode: Any = "") -> tuple:
+    """What makes two sightings of a prefix different evidence: what differs between them, never
+    the session they came from. The values at its varying positions (parameters and refs); a prefix
+    of literals only differs by what its calls returned (their outputs' content) and by the
+    episode it served (the inbound message that started it: two tasks orienting in one workspace
+    are two contexts). Near-copies of one task (the same message, the same ids, the same outputs)
+    are one context however often, and in however many sessions, they recur. (``session`` is kept
+    for callers; it decides nothing.)"""
     values = tuple(window[j].arg_dict.get(k) for j, s in enumerate(route.steps[:len(window)])
                    for k in [k for k, _ in s.binds] + [k for k, _ in s.refs])
-    return values if values else ("session", session)
+    return values if values else ("content", episode) + tuple(c.out_hash for c in window)
 
 
 def _made_before(index: TraceIndex, p: int) -> set:
-    """The session's calls (at most HISTORY) before position ``p``."""
+    """The episode's calls (at most HISTORY) before position ``p``: what an earlier episode of a
+    long-lived session made (another wake's orientation) does not count as made for this one."""
     out = set()
-    for c in index.calls[max(0, p - HISTORY):p][::-1]:
-        if c is None:
+    episode = index.episodes[p]
+    for i in range(p - 1, max(0, p - HISTORY) - 1, -1):
+        c = index.calls[i]
+        if c is None or index.episodes[i] != episode:
             break
         out.add(c.invocation())
     return out
@@ -669,7 +679,7 @@ def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence
         got = tail_of(route, window, top, _made_before(index, p))  # type: ignore[arg-type]
         if got is None or not got[1]:
             continue
-        ctx = context_of(route, window, index.sessions[p])  # type: ignore[arg-type]
+        ctx = context_of(route, window, index.sessions[p], index.episodes[p])  # type: ignore[arg-type]
         if ctx in seen:
             continue
         seen.add(ctx)

@@ -26,12 +26,13 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from waggle.config import DEFAULT_MIN_FAILS, DEFAULT_STALE_AGE, WaggleConfig, default_config
+from waggle import evidence
 from waggle.guard import current as current_guard, write_guard
 from waggle.miner import Candidate, mine, segments_to_trace
 from waggle.inbound import INBOUND_TOOL, is_message, message_call, mine_heard, plan_heard, route_of
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.recorder import Recorder
-from waggle.replay import clamp_prefix, estimate_yield, find_plan, run_route, run_steps
+from waggle.replay import clamp_prefix, estimate_yield, find_plan, plan_key, run_route, run_steps
 from waggle.route import (Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary,
                           wilson_lower, wilson_upper)
 from waggle.trace import Call, args_json, clean_text, decode_value, flatten_args, flatten_value, refs_from_json, storable
@@ -43,7 +44,8 @@ ExecFn = Callable[[str, dict[str, Any]], str]
 The host applies the same safety checks and output truncation as for a model-driven call."""
 
 __all__ = [
-    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "inbound", "judge_reply", "settle",
+    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "inbound", "judge_reply", "end_run",
+    "settle",
     "list_waggles", "run_waggle", "curate", "saved_tokens_per_day", "sweep",
 ]
 
@@ -70,6 +72,8 @@ class _Pin:
     synced: bool = False  # the ring was checked against the database once under this pin
     routes: "list[Route] | None" = None  # the space's enabled routes, read once under this pin
     none_pending: bool = False  # no replay of the session waits for judgement
+    maybe_pending: bool = False  # a replay fired, or one was found waiting, under this pin (end_run looks)
+    start: int | None = None  # the session's last seq when the run began: its episode is what follows
 
 
 _pins: dict[tuple[str, str], _Pin] = {}
@@ -110,6 +114,8 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
             .order_by("-seq").values_list("seq", flat=True).first()) or 0
     if pin is not None:
         pin.synced = True
+        if pin.start is None:
+            pin.start = last
     if ring is None or ring.last_seq != last or ring.capacity != cfg.ring_capacity:
         ring = Recorder(cfg.ring_capacity)
         rows = list(ForageCall.objects.filter(space_key=space_key, session_key=session_key)
@@ -284,22 +290,35 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
 # --------------------------------------------------------------------------------------------
 # miner + promoter
 # --------------------------------------------------------------------------------------------
-def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False) -> list[list[Call | None]]:
+def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False,
+                    episodes: list | None = None) -> list[list[Call | None]]:
     """The space's newest calls, one segment per session in call order. A call a replay made is
     never mining input: it stands as a barrier (no route spans the place where the model relied
     on a replay). Inbound messages are left out, unless ``messages`` (inbound routes are mined
-    from messages and calls together)."""
+    from messages and calls together). ``episodes``, when given, receives per segment the episode
+    of each call: a fingerprint of the inbound message that started it (what the wake brought)."""
     rows = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
                 .values_list("session_key", "seq", "replayed", *_ROW)[: cfg.mine_window])
     by_session: dict[str, list[tuple[int, Call | None]]] = {}
     for session, seq, replayed, *row in rows:
-        if row[0] == INBOUND_TOOL and not messages:
-            continue
         by_session.setdefault(session, []).append((seq, None if replayed else _call_from_row(*row)))
     segments = []
     for session in sorted(by_session):
         items = sorted(by_session[session], key=lambda t: t[0])
-        segments.append([c for _, c in items])
+        if messages:
+            segments.append([c for _, c in items])
+            continue
+        seg, marks, episode = [], [], ""
+        for _, c in items:
+            if is_message(c):
+                episode = c.out_hash or hash(c.refs)  # (rows read back keep their refs: the message's words)
+                continue
+            seg.append(c)
+            marks.append(episode)
+        if seg:
+            segments.append(seg)
+            if episodes is not None:
+                episodes.append(marks)
     return segments
 
 
@@ -367,16 +386,18 @@ def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | Non
 
 
 def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
-    segments = _space_segments(space_key, cfg)
+    marks: list = []
+    segments = _space_segments(space_key, cfg, episodes=marks)
     trace = segments_to_trace(segments)
     sessions = [n for n, seg in enumerate(segments) for _ in range(len(seg) + (n > 0))]
+    episodes = [e for n, seg in enumerate(marks) for e in ([""] if n > 0 else []) + seg]
     candidates = mine(trace, cfg.mine_config)
     created = None
     if candidates:
         own = {name: (count, disabled) for name, count, disabled in Waggle.objects.filter(
             scope=Waggle.SCOPE_SPACE, space_key=space_key).values_list("name", "mined_count", "disabled")}
         known = set(own) | set(Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL).values_list("name", flat=True))
-        index = TraceIndex(trace, sessions)
+        index = TraceIndex(trace, sessions, episodes)
         judged = 0
         for cand in candidates:
             route = Route.from_candidate(cand)
@@ -524,7 +545,8 @@ def _ledger(route: Route, space_key: str, session_key: str, steps: int, yield_to
                                       settled=settled, used_steps=0 if fail or not settled else steps)
 
 
-def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConfig | None = None) -> str | None:
+def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConfig | None = None,
+           reaches_out: Callable[[str], bool] | None = None) -> str | None:
     """Call after :func:`observe` of a read-only call. If the session's latest calls walked the
     first >= ``min_prefix`` steps of an enabled route of this space (or a global one) and the
     remaining steps are fully determined by the values seen, run those steps through ``exec``
@@ -534,6 +556,10 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
         --- step 1/N: tool(arg="value")
         ...output...
         [waggle: end of NAME]
+
+    ``reaches_out(tool)`` says which tools reach outside the space (the network, MCP servers not
+    declared closed-world; None: none does): a value from a tool's output never becomes their
+    argument without the model, so a route replays only up to such a step.
 
     Returns None when nothing fires. A concrete plan (route + parameter values) fires at most
     once per session, across processes (claimed in the database before it runs). An exec error
@@ -547,7 +573,7 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
         if pin is not None and pin.routes == []:
             return None  # nothing to replay in this space: no savepoint, no query
         with _contained():
-            return _follow(space_key, session_key, exec, cfg)
+            return _follow(space_key, session_key, exec, cfg, reaches_out)
     except Exception:  # noqa: BLE001 - best effort by contract
         log.exception("waggle: follow failed (space=%r session=%r); ignored", space_key, session_key)
         return None
@@ -563,28 +589,36 @@ def _session_routes(space_key: str, session_key: str):
     return pin.routes
 
 
-def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
+def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,
+            reaches_out: Callable[[str], bool] | None = None) -> str | None:
     pin = _pins.get((space_key, session_key))
     routes = _session_routes(space_key, session_key)
     if not routes:
         return None
     ring = _ring(space_key, session_key, cfg)
-    # the whole ring (messages aside): routes align with its end; its calls are never replayed again
-    recent = [c for c in ring.recent() if not is_message(c)]
+    # the whole ring (messages aside): routes align with its end; its calls are never replayed again.
+    # A run of a long-lived session is its own episode: only its own calls count, and a plan fires
+    # once per run (another wake's orientation is made again, and may be replayed again)
+    calls = ring.recent()
+    episode = pin.start if pin is not None and pin.start is not None else None
+    if episode is not None:
+        calls = calls[max(0, len(calls) - max(0, ring.last_seq - episode)):]
+    recent = [c for c in calls if not is_message(c)]
     if not recent or recent[-1].barrier:
         return None
-    plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix), cap=cfg.fanout_cap)
+    plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix), cap=cfg.fanout_cap, reaches_out=reaches_out)
     if plan is None:
         return None
+    key = plan.key if episode is None else plan_key(plan.key, [("(episode)", (("from", str(episode)),))])
     try:
         with transaction.atomic():
-            fired = FiredPlan.objects.create(space_key=space_key, session_key=session_key, plan_key=plan.key,
+            fired = FiredPlan.objects.create(space_key=space_key, session_key=session_key, plan_key=key,
                                              name=plan.route.name, settled=False,
                                              tail=[[tool, dict(args)] for tool, args in plan.tail])
     except IntegrityError:
         return None  # this plan already fired in this session (maybe in another process)
     if pin is not None:
-        pin.none_pending = False
+        pin.none_pending, pin.maybe_pending = False, True
     outcome = run_steps(plan.route.name, plan.tail, exec)
     if not outcome.ok:
         _ledger(plan.route, space_key, session_key, plan.steps, 0, True, detail=outcome.error)
@@ -598,8 +632,9 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig) -
         # per step: the call, its yield, its *setting* keys (literal arguments: a reply that asks
         # the same object with other settings contradicts the replay; see judge_reply), and where
         # it stood (alignment, tail position: the ledger judges each position; see _learn_reach)
+        known, at = _known(ring), ring.last_seq
         tail = [[tool, dict(args), estimate_yield([(tool, args)], [out]), _setting_keys(plan.route, plan.matched, tool),
-                 plan.matched, pos]
+                 plan.matched, pos, evidence.step_evidence(args_json(args), out, known), None, at]
                 for (tool, args), out, pos in zip(plan.tail, outcome.outputs, plan.positions)]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=tail)
         member = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
@@ -646,8 +681,6 @@ def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: 
         return None
     route, call = got
     tail = (call,)
-    from waggle.replay import plan_key
-
     try:
         with transaction.atomic():
             fired = FiredPlan.objects.create(space_key=space_key, session_key=session_key,
@@ -656,7 +689,7 @@ def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: 
     except IntegrityError:
         return None  # already replayed in this session
     if pin is not None:
-        pin.none_pending = False
+        pin.none_pending, pin.maybe_pending = False, True
     outcome = run_steps(route.name, tail, exec)
     if not outcome.ok:
         _ledger(route, space_key, session_key, 1, 0, True, detail=outcome.error)
@@ -666,7 +699,10 @@ def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: 
     with transaction.atomic():
         entry = _ledger(route, space_key, session_key, 1, 0, False, settled=False,
                         detail=f"~{outcome.yield_tokens} tokens if the step is used")
-        rows = [[tool, dict(args), estimate_yield([(tool, args)], [out]), _setting_keys(route, 0, tool)]
+        ring = _ring(space_key, session_key, cfg)
+        known, at = _known(ring), ring.last_seq
+        rows = [[tool, dict(args), estimate_yield([(tool, args)], [out]), _setting_keys(route, 0, tool), -1, -1,
+                 evidence.step_evidence(args_json(args), out, known), None, at]
                 for (tool, args), out in zip(tail, outcome.outputs)]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=rows)
         for (tool, args), out in zip(tail, outcome.outputs):
@@ -680,10 +716,18 @@ def _setting_keys(route: Route, matched: int, tool: str) -> list[str]:
     return sorted({k for s in route.steps[matched:] if s.tool == tool for k, _ in s.literals})
 
 
-def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str:
-    """How the model's reply treated one replayed step: ``"used"``, ``"re-issued"`` (it made the
-    call itself: it ignored the replay) or ``"contradicted"`` (it asked the same tool about the
-    same object with other settings: the replayed output was not what it needed)."""
+def _known(ring: Recorder) -> set[str]:
+    """Every value the session held (arguments, output leaves, message words): not evidence of use."""
+    out: set[str] = set()
+    for c in ring.recent():
+        out |= evidence.values_of(c)
+    return out
+
+
+def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str | None:
+    """How the model's reply treated one replayed step: ``"re-issued"`` (it made the call itself: it
+    ignored the replay), ``"contradicted"`` (it asked the same tool about the same object with other
+    settings: the replayed output was not what it needed), or None (neither: see :func:`judge_reply`)."""
     tool, args = step[0], tuple(sorted((step[1] or {}).items()))
     settings = set(step[3]) if len(step) > 3 and isinstance(step[3], list) else set()
     own = dict(args)
@@ -698,7 +742,23 @@ def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str:
         differing = {k for k in own if own[k] != other[k]}
         if differing and settings and differing <= settings:
             return "contradicted"
-    return "used"
+    return None
+
+
+def _verdict(step: list) -> str | None:
+    return step[7] if len(step) > 7 else None
+
+
+def _learned_since(ring: Recorder, at: int, replayed: set) -> set[str]:
+    """Values the session's own calls and messages brought after position ``at`` (a replay's): a
+    reply naming one of them may have drawn on those, not on the replay."""
+    calls = ring.recent()
+    newer = calls[max(0, len(calls) - max(0, ring.last_seq - at)):] if ring.last_seq > at else []
+    out: set[str] = set()
+    for c in newer:
+        if c.invocation() not in replayed:
+            out |= evidence.values_of(c)
+    return out
 
 
 def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
@@ -706,35 +766,87 @@ def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
     if pin is not None and pin.none_pending:
         return []
     rows = list(FiredPlan.objects.filter(space_key=space_key, session_key=session_key, settled=False).order_by("id"))
-    if pin is not None and not rows:
-        pin.none_pending = True
+    if pin is not None:
+        pin.none_pending, pin.maybe_pending = not rows, pin.maybe_pending or bool(rows)
     return rows
 
 
-def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] | None, *,
+def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] | None, *, text: str | None = "",
                 config: WaggleConfig | None = None) -> int:
-    """Call when the model's reply after a replay arrives, with the tool calls it makes
-    (``[(tool, args), ...]``; empty for a text answer). A replayed step is *used* only when the
-    model relied on it: it does not issue that call itself, and its next calls are consistent
-    with the replayed output, i.e. none asks the same tool about the same object with other
-    settings (a replayed ``git_log(path=p, limit=5)`` followed by the model's own
-    ``git_log(path=p, limit=50)``: the replay was not what it needed). A re-issued or contradicted
-    step is a *miss*. Settles every replay of the session still waiting for a judgement; returns
-    how many. Never raises."""
+    """Call with each reply of the model while a replay waits for its judgement: the tool calls it
+    makes (``[(tool, args), ...]``) and its text. A replayed step is *used* when the reply draws on
+    what it returned: its text or its calls' arguments name a value that only the step's output
+    brought (an id, a value, a name: see :mod:`waggle.evidence`). It is a *miss* when the model
+    issues that call itself, or asks the same tool about the same object with other settings (a
+    replayed ``git_log(path=p, limit=5)`` followed by its own ``git_log(path=p, limit=50)``). A
+    step the reply does neither for keeps waiting for later replies; the run's end books it unused
+    (:func:`end_run`). A replay is settled once each of its steps is decided. Returns how many
+    replays were settled. Never raises."""
     try:
         pending = _pending(space_key, session_key)
         if not pending:
             return 0
+        cfg = (config or default_config()).normalized()
         issued = [(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])]
+        said = evidence.reply_text(text if isinstance(text, str) else "", calls or [])
+        ring = _ring(space_key, session_key, cfg)
+        settled = 0
         for fired in pending:
-            verdicts = [_judge_step(step, issued) for step in fired.tail]
-            misses = Counter(v for v in verdicts if v != "used")
-            why = ", ".join(f"{n} {v}" for v, n in sorted(misses.items()))
-            settle(space_key, session_key, [v == "used" for v in verdicts], fired=fired, config=config, why=why)
-        return len(pending)
+            tail = [list(step) for step in fired.tail]
+            replayed = {(str(s[0]), tuple(sorted((s[1] or {}).items()))) for s in tail}  # (args kept as JSON texts)
+            changed, since = False, None
+            for step in tail:
+                if _verdict(step) is not None:
+                    continue
+                verdict = _judge_step(step, issued)
+                if verdict is None and len(step) > 8 and step[6]:
+                    if since is None:
+                        since = _learned_since(ring, int(step[8]), replayed)
+                    verdict = "used" if evidence.drawn(step[6], said, since) else None
+                if verdict is not None:
+                    step.extend([None] * (8 - len(step)))  # (a row written before verdicts were kept)
+                    step[7], changed = verdict, True
+            if all(_verdict(step) is not None for step in tail):
+                _close(space_key, session_key, fired, tail, cfg)
+                settled += 1
+            elif changed:
+                FiredPlan.objects.filter(pk=fired.pk, settled=False).update(tail=tail)
+        return settled
     except Exception:  # noqa: BLE001 - best effort by contract
         log.exception("waggle: judging a reply failed (space=%r session=%r); ignored", space_key, session_key)
         return 0
+
+
+def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = None) -> int:
+    """Call when a member's run ends (its last reply given, stopped, failed or waiting): every
+    replayed step of the session no reply drew on is booked unused, and its replays settled. A
+    session that ends books nothing as used. Returns how many replays were settled. Never raises."""
+    try:
+        pin = _pins.get((space_key, session_key))
+        if pin is not None and not pin.maybe_pending:
+            return 0  # nothing fired and nothing was found waiting under this pin: no query
+        pending = _pending(space_key, session_key)
+        cfg = (config or default_config()).normalized()
+        for fired in pending:
+            _close(space_key, session_key, fired, [list(step) for step in fired.tail], cfg)
+        if pin is not None:
+            pin.none_pending, pin.maybe_pending = True, False
+        return len(pending)
+    except Exception:  # noqa: BLE001 - best effort by contract
+        log.exception("waggle: ending a run failed (space=%r session=%r); ignored", space_key, session_key)
+        return 0
+
+
+def _close(space_key: str, session_key: str, fired: FiredPlan, tail: list, cfg: WaggleConfig) -> None:
+    """Settle a replay from its steps' verdicts (a step still undecided was not drawn on: unused)."""
+    verdicts = [_verdict(step) or "not drawn on" for step in tail]
+    for step, verdict in zip(tail, verdicts):  # kept on the row: why each step was booked as it was
+        step.extend([None] * (8 - len(step)))
+        step[7] = verdict
+    fired.tail = tail
+    misses = Counter(v for v in verdicts if v != "used")
+    why = ", ".join(f"{n} {v}" for v, n in sorted(misses.items()))
+    settle(space_key, session_key, [v == "used" for v in verdicts], fired=fired, config=cfg, why=why)
 
 
 def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPlan | None = None,
@@ -749,7 +861,7 @@ def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPl
     if fired is None:
         return
     with transaction.atomic():
-        if not FiredPlan.objects.filter(pk=fired.pk, settled=False).update(settled=True):
+        if not FiredPlan.objects.filter(pk=fired.pk, settled=False).update(settled=True, tail=fired.tail):
             return  # settled by someone else meanwhile
         entry = LedgerEntry.objects.filter(pk=fired.ledger_id).first() if fired.ledger_id else None
         if entry is None:
@@ -769,7 +881,8 @@ def _learn_reach(scope: str, store_key: str, name: str, tail: list, used: list[b
     mined from and its live replays together, falls below ``min_confidence`` is no longer
     replayed at that alignment (nor anything after it), while the route's earlier positions keep
     firing. (Routes stored without a reach only demote whole.)"""
-    items = [(int(s[4]), int(s[5]), bool(u)) for s, u in zip(tail, used) if len(s) > 5]
+    items = [(int(s[4]), int(s[5]), bool(u)) for s, u in zip(tail, used)
+             if len(s) > 5 and isinstance(s[4], int) and s[4] >= 0]
     if not items:
         return
     w = Waggle.objects.select_for_update().filter(scope=scope, space_key=store_key, name=name).first()
@@ -878,7 +991,8 @@ def list_waggles(space_key: str) -> list[dict]:
     return out
 
 
-def run_waggle(space_key: str, name: str, params: dict[str, str], exec: ExecFn) -> str:
+def run_waggle(space_key: str, name: str, params: dict[str, str], exec: ExecFn, *,
+               reaches_out: Callable[[str], bool] | None = None) -> str:
     """Run a waggle on demand with bound parameters; returns the marked block of its outputs.
 
     Raises WaggleError with a clear message for an unknown or disabled waggle, for missing or
@@ -913,7 +1027,7 @@ def run_waggle(space_key: str, name: str, params: dict[str, str], exec: ExecFn) 
             parts.append(f"unknown parameter(s): {', '.join(unknown)}")
         expected = ", ".join(route.params) or "none"
         raise WaggleError(f"waggle {name!r}: {'; '.join(parts)} (expected: {expected})")
-    steps, outcome = run_route(route, params, exec, cap=default_config().fanout_cap)
+    steps, outcome = run_route(route, params, exec, cap=default_config().fanout_cap, reaches_out=reaches_out)
     try:
         _ledger(route, space_key, "", len(steps), outcome.yield_tokens if outcome.ok else 0, not outcome.ok,
                 on_demand=True, detail=outcome.error)

@@ -80,8 +80,8 @@ def flatten_value(value: Any) -> str:
     """One argument value as canonical JSON text (``"x"`` for a string, ``false``, ``[1,2]``)."""
     try:
         return json.dumps(clean_json(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):
-        return json.dumps(clean_text(str(value)), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # (nested deeper than Python recurses: kept as text)
+        return json.dumps(clean_text(str(value)[:MAX_LITERAL_CHARS + 1]), ensure_ascii=False)
 
 
 def decode_value(text: str) -> Any:
@@ -125,7 +125,7 @@ def output_refs(text: str | None) -> Refs:
         return ()
     try:
         data = json.loads(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # an output nested thousands deep has no refs; its call is still recorded
         return ()
     out: list[tuple[Path, str]] = []
 

@@ -67,15 +67,15 @@ def test_the_mail_that_woke_a_member_replays_the_call_it_names_before_the_model_
     from waggle.models import LedgerEntry, Waggle
 
     Path(space.workdir, "notes").mkdir()
-    Path(space.workdir, "notes", "plan.md").write_text("step one: ship it\n")
+    Path(space.workdir, "notes", "plan.md").write_text("step one: ship release R7-alpha\n")
     shape = TokenShape.learn(["docs/a.md", "src/main.py", "notes/todo.txt"])
     route = route_of(Heard(tool="read_file", key="path", literals=(), shape=shape, rivals=(), contexts=5, used=5.0))
     Waggle.objects.create(name=route.name, space_key=str(space.pk), route=route.to_json(), script="x", length=1)
-    provider = scripted(("task_list", {}), "done")
+    provider = scripted(("task_list", {}), "It says to ship release R7-alpha.")  # the answer draws on the replay
     bus.send(space, "boss", "w1", "Please look at notes/plan.md and tell me what it says.")
     runner.wake(supervisor.get_member(space, "w1").pk, "message")
     brief = provider.requests[0][-1]["content"]
-    assert f"[waggle: replayed route {route.name}" in brief and "step one: ship it" in brief
+    assert f"[waggle: replayed route {route.name}" in brief and "step one: ship release R7-alpha" in brief
     assert brief.index("## Unread mail") < brief.index("[waggle:")  # the mail comes first, the replay after it
     entry = LedgerEntry.objects.get(name=route.name)
     assert entry.settled and entry.used_steps == 1  # the model did not read the file again

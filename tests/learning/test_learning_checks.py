@@ -40,7 +40,7 @@ def test_warns_on_domain_over_25_active_learned_rules(settings):
     store.apply_ops("ops", [{"op": "add", "text": f"Rule {i}."} for i in range(12)], actor="t")
     store.apply_ops("ops", [{"op": "add", "text": f"Rule b{i}."} for i in range(13)], actor="t")
     assert check_rule_domains() == []  # 25 is the limit, not over it
-    # a person may re-enable rules past the limit (the gate only stops passes growing it)
+    # a domain past the limit (data from before every path checked it; here a caller raising the limit)
     store.apply_ops("ops", [{"op": "add", "text": "x"}], actor="t", max_active=100)
     [warning] = check_rule_domains()
     assert warning.id == "learning.W002" and "26 active learned rules" in warning.msg

@@ -189,13 +189,13 @@ def teach(space, users=USERS):
 @pytest.mark.django_db
 def test_the_message_that_woke_the_member_replays_the_lookup_before_the_model_asks():
     w = teach("1")
-    exe = FakeExec({"get_user_details": '{"id": "zoe_park_5150", "reservations": []}'})
+    exe = FakeExec({"get_user_details": '{"id": "zoe_park_5150", "reservations": ["K8TQ2Z"]}'})
     block = service.inbound("1", "live", "m", "Hi! I am zoe_park_5150 and need help.", exe, config=QUIET)
     assert exe.calls == [("get_user_details", {"user_id": "zoe_park_5150"})]
     assert block.startswith(f"[waggle: replayed route {w.name}") and "zoe_park_5150" in block
     assert ForageCall.objects.filter(session_key="live", replayed=True).count() == 1
-    # the model relies on it (its next call is something else): used
-    assert service.judge_reply("1", "live", [("search", {"q": "flights"})], config=QUIET) == 1
+    # the model draws on it (its next call takes the reservation the replay listed): used
+    assert service.judge_reply("1", "live", [("get_reservation", {"id": "K8TQ2Z"})], config=QUIET) == 1
     entry = LedgerEntry.objects.get(session_key="live")
     assert entry.settled and entry.used_steps == 1 and not entry.fail
     # the same plan never fires twice in a session

@@ -99,8 +99,11 @@ def test_periodic_sweep_promotes_a_repeated_route(cfg):
 
 def test_one_new_waggle_per_sweep_with_content_stable_names(cfg):
     other = [("task_list", {"status": "open"}), ("task_get", {"id": "7"}), ("list_members", {})]
-    for i, m in enumerate(("m1", "m2", "m3")):  # a route of literals varies only by session: three
-        feed("1", f"s{i}", routine(m) + noise(i) + other + noise(10 + i), QUIET)
+    for i, m in enumerate(("m1", "m2", "m3")):  # a route of literals varies by what it returned: three
+        feed("1", f"s{i}", routine(m) + noise(i), QUIET)
+        for tool, args in other:
+            service.observe("1", f"s{i}", "m1", tool, args, False, f"{tool} in week {i}", config=QUIET)
+        feed("1", f"s{i}", noise(10 + i), QUIET)
     first = service.sweep("1", config=cfg)
     assert first is not None and Waggle.objects.count() == 1
     second = service.sweep("1", config=cfg)
@@ -138,22 +141,24 @@ def test_unreliable_trigger_is_not_stored(cfg):
 # --- replay -----------------------------------------------------------------------------------
 def test_follow_replays_the_tail_through_exec(cfg):
     w = teach("1", cfg)
-    exe = FakeExec(answers={"read_file": "file body"})
+    exe = FakeExec(answers={"read_file": "file body of Fresh42"})
     feed("1", "s2", routine("fresh")[:1], cfg)
     assert service.follow("1", "s2", exe, config=cfg) is None  # one matching step is not enough
     feed("1", "s2", routine("fresh")[1:2], cfg)
     block = service.follow("1", "s2", exe, config=cfg)
     assert block is not None
     assert block.startswith(f"[waggle: replayed route {w.name} \u2014 3 steps, ~")
-    assert "tokens saved (estimate)]" in block.splitlines()[0] and "file body" in block
+    assert "tokens saved (estimate)]" in block.splitlines()[0] and "file body of Fresh42" in block
     assert exe.calls == [("read_file", {"path": "fresh"}), ("git_log", {"limit": 5, "path": "fresh"}),
                          ("blackboard_read", {})]  # the int stays an int
     entry = LedgerEntry.objects.get()
     assert (entry.name, entry.steps, entry.fail, entry.space_key, entry.scope) == (w.name, 3, False, "1", "space")
     assert not entry.settled and entry.yield_tokens == 0  # booked only once the model's reply says so
-    service.judge_reply("1", "s2", [("task_done", {"result": "ok"})], config=cfg)
+    # the reply draws on the file's body only; the run ends: the other two steps were not used
+    service.judge_reply("1", "s2", [("task_done", {"result": "Fresh42 fixed"})], config=cfg)
+    service.end_run("1", "s2", config=cfg)
     entry.refresh_from_db()
-    assert entry.settled and entry.used_steps == 3 and entry.yield_tokens > 0
+    assert entry.settled and entry.used_steps == 1 and entry.yield_tokens > 0
     replayed = ForageCall.objects.filter(session_key="s2", replayed=True).order_by("seq")
     assert [r.tool for r in replayed] == ["read_file", "git_log", "blackboard_read"]
 
@@ -223,9 +228,10 @@ def test_global_waggle_fires_everywhere_and_disabled_never(cfg):
 def test_list_waggles(cfg):
     w = teach("1", cfg)
     trigger("1", "s2", "fresh", cfg)
-    service.follow("1", "s2", FakeExec(), config=cfg)
+    service.follow("1", "s2", FakeExec(answers={"read_file": "Alpha1", "git_log": "Beta22", "blackboard_read": "Gamma333"}),
+                   config=cfg)
     assert service.list_waggles("1")[0]["stats"]["uses"] == 0  # not yet judged by the model's reply
-    service.judge_reply("1", "s2", [], config=cfg)  # a text answer re-issues nothing: every step used
+    service.judge_reply("1", "s2", [], text="Alpha1, Beta22 and Gamma333.", config=cfg)  # it draws on all three
     [item] = service.list_waggles("1")
     assert item["name"] == w.name and item["scope"] == "space" and item["disabled"] is False
     assert item["stats"]["steps_replayed"] == 3 and item["stats"]["steps_used"] == 3

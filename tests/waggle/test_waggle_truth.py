@@ -28,9 +28,13 @@ def teach(space, cfg, modules=("m1", "m2", "m3")):
     return w
 
 
+ANSWERS = {"read_file": "Body1 of the file", "git_log": "commit Log22", "blackboard_read": "note Board333"}
+DRAWN = "Body1, Log22 and Board333"  # a reply that draws on each replayed step's output
+
+
 def fire(space, session, module, cfg, exe=None):
     feed(space, session, routine(module)[:2], cfg)
-    return service.follow(space, session, exe or FakeExec(), config=cfg)
+    return service.follow(space, session, exe or FakeExec(answers=ANSWERS), config=cfg)
 
 
 # --- 1. the ledger tells the truth --------------------------------------------------------------
@@ -38,7 +42,7 @@ def test_a_replay_the_model_repeats_itself_is_a_miss_and_demotes_the_route(cfg):
     w = teach("1", cfg)
     assert fire("1", "s1", "fresh", cfg) is not None
     tail = [(t, a) for t, a in routine("fresh")[2:]]
-    service.judge_reply("1", "s1", tail[:1], config=cfg)  # the model fetched read_file again itself
+    service.judge_reply("1", "s1", tail[:1], text=DRAWN, config=cfg)  # the model fetched read_file again itself
     entry = LedgerEntry.objects.get()
     assert entry.settled and entry.used_steps == 2 and not entry.fail  # the other two were relied on
     assert not Waggle.objects.get(name=w.name).disabled
@@ -56,11 +60,11 @@ def test_a_reply_that_contradicts_a_replayed_step_makes_it_a_miss(cfg):
     # the model asks git_log about the same path with another setting: the replayed log was not
     # what it needed; another path with the same setting contradicts nothing
     service.judge_reply("1", "s1", [("git_log", {"path": "fresh", "limit": 50}),
-                                    ("read_file", {"path": "elsewhere"})], config=cfg)
+                                    ("read_file", {"path": "elsewhere"})], text=DRAWN, config=cfg)
     entry = LedgerEntry.objects.get()
     assert entry.settled and entry.used_steps == 2 and "1 contradicted" in entry.detail
     assert fire("1", "s2", "x2", cfg) is not None
-    service.judge_reply("1", "s2", [("git_log", {"path": "other", "limit": 5})], config=cfg)
+    service.judge_reply("1", "s2", [("git_log", {"path": "other", "limit": 5})], text=DRAWN, config=cfg)
     assert LedgerEntry.objects.get(session_key="s2").used_steps == 3
 
 
@@ -218,6 +222,14 @@ def test_mining_sees_repeats_further_apart_than_two_thousand_calls(cfg):
     assert service.sweep("1", config=cfg) is not None
 
 
+class SeatExec(FakeExec):
+    """A reservation's output names its seat (Seat-<id>): what a reply drawing on it names."""
+
+    def __call__(self, tool, args):
+        super().__call__(tool, args)
+        return json.dumps({"id": args.get("reservation_id"), "seat": f"Seat-{args.get('reservation_id')}"})
+
+
 def test_the_ledger_stops_replaying_a_position_the_model_keeps_redoing(cfg):
     # user -> reservations [0], [1], [2], [3]; mined from 4 users who all walked the whole list
     steps = (Step("get_user", binds=(("user_id", "u"),)),) + tuple(
@@ -230,11 +242,12 @@ def test_the_ledger_stops_replaying_a_position_the_model_keeps_redoing(cfg):
     for n in range(4):
         ids = [f"R{n}{j}" for j in range(4)]
         walk("1", f"s{n}", f"user{n}", ids, 1, cfg)
-        exe = FakeExec()
+        exe = SeatExec()
         assert service.follow("1", f"s{n}", exe, config=cfg) is not None
         replayed.append([a["reservation_id"] for _, a in exe.calls])
-        # the model relies on [1] and [2] but fetches [3] again itself: position 2 is a miss
-        service.judge_reply("1", f"s{n}", [("get_reservation", {"reservation_id": ids[3]})], config=cfg)
+        # the model draws on [1] and [2] but fetches [3] again itself: position 2 is a miss
+        service.judge_reply("1", f"s{n}", [("get_reservation", {"reservation_id": ids[3]})],
+                            text="Seats " + " and ".join(f"Seat-{rid}" for rid in ids[1:3]), config=cfg)
     # 4 mined contexts and 3 live misses: the upper bound of "used" at position 2 is below 0.75
     assert [len(r) for r in replayed] == [3, 3, 3, 2]
     w = Waggle.objects.get(name="walk4")

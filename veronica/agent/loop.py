@@ -172,12 +172,12 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             if reply.truncated:  # not a final answer: the next call (or the next run) continues it
                 log_.append(TurnRole.USER, CONTINUE)
             if fuse and not tripped and not stopping(ctx):
-                waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # before the results: it settles replays
+                waggle_bridge.on_model_reply(member, tctx, reply.tool_calls, reply.text)  # before the results: it settles replays
                 done, waiting, judged = *run_fused(member, ctx, tools, tctx, calls), True
             nxt = calls[done] if done < len(calls) and not waiting else None
             announced = nxt is not None and not tripped and announce(member, ctx, tools, nxt)
         if not judged:
-            waggle_bridge.on_model_reply(member, tctx, reply.tool_calls)  # settles replays: used or missed
+            waggle_bridge.on_model_reply(member, tctx, reply.tool_calls, reply.text)  # settles replays: used or missed
         if tripped:
             return stop_for_budget(member, ctx, tctx, reply)
         if waiting:

@@ -4,7 +4,8 @@ waggle never imports veronica; everything crosses as strings, dicts and callable
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 from veronica.agent.tools.base import S, Tool, ToolContext, ToolError, truncate
 from veronica.errors import VeronicaError, check_tree
@@ -24,18 +25,25 @@ def _flat(args: dict) -> dict:
     return {str(k): v for k, v in args.items() if not str(k).startswith("_")}
 
 
-def pinned(member: "Member", tctx: ToolContext):
-    """For the length of a run, which holds the member's slot: waggle may trust its view of the session."""
-    from contextlib import nullcontext
-
+@contextmanager
+def pinned(member: "Member", tctx: ToolContext) -> Iterator[None]:
+    """For the length of a run, which holds the member's slot: waggle may trust its view of the session.
+    When the run ends (however: answered, stopped, failed, waiting), a replayed step no reply drew on
+    is booked unused."""
     try:
         from waggle import service
 
         space_key, session_key, _ = _keys(member, tctx)
-        return service.pinned(space_key, session_key)
+        pin = service.pinned(space_key, session_key)
     except Exception:  # best effort
         log.warning("waggle pin failed", exc_info=True)
-        return nullcontext()
+        yield
+        return
+    with pin:
+        try:
+            yield
+        finally:
+            service.end_run(space_key, session_key)  # never raises; no statement when nothing fired
 
 
 def make_exec(tctx: ToolContext, tools: dict[str, Tool]):
@@ -45,6 +53,14 @@ def make_exec(tctx: ToolContext, tools: dict[str, Tool]):
             raise ToolError(f"waggle may only replay read-only tools; '{name}' is not one")
         return truncate(tool.fn(tctx, dict(args)))  # raises on a tool error: waggle records a failure
     return exec_step
+
+
+def reaches_out(tools: dict[str, Tool]):
+    """For waggle: which tools reach outside the space (an unknown tool is taken to)."""
+    def check(name: str) -> bool:
+        tool = tools.get(name)
+        return tool is None or bool(tool.reaches_out)
+    return check
 
 
 def observe(member: "Member", tctx: ToolContext, name: str, args: dict, output: str, *, mutates: bool) -> None:
@@ -64,7 +80,7 @@ def after_call(member: "Member", tctx: ToolContext, tools: dict[str, Tool], name
         from waggle import service
 
         space_key, session_key, _ = _keys(member, tctx)
-        block = service.follow(space_key, session_key, make_exec(tctx, tools))
+        block = service.follow(space_key, session_key, make_exec(tctx, tools), reaches_out=reaches_out(tools))
     except Exception:
         log.warning("waggle follow failed", exc_info=True)
         return ""
@@ -97,15 +113,16 @@ def on_inbound(member: "Member", tctx: ToolContext, tools: dict[str, Tool], text
     return "\n\n" + block
 
 
-def on_model_reply(member: "Member", tctx: ToolContext, tool_calls) -> None:
-    """The model's reply after tool results arrived: settle the session's replays (a replayed step
-    the model issues again itself was not relied on: a miss that demotes the route)."""
+def on_model_reply(member: "Member", tctx: ToolContext, tool_calls, text: str | None = "") -> None:
+    """The model's reply after tool results arrived: judge the session's replays (a replayed step
+    is used when the reply's text or calls draw on what it returned, a miss when the model issues
+    it again itself)."""
     try:
         from waggle import service
 
         space_key, session_key, _ = _keys(member, tctx)
         calls = [(c.name, _flat(c.args if isinstance(c.args, dict) else {})) for c in (tool_calls or [])]
-        service.judge_reply(space_key, session_key, calls)
+        service.judge_reply(space_key, session_key, calls, text=text or "")
     except Exception:  # best effort: waggle never fails a turn
         log.warning("waggle judge_reply failed", exc_info=True)
 
@@ -132,8 +149,9 @@ def _waggle_run(tctx: ToolContext, args: dict) -> str:
     except VeronicaError as exc:
         raise ToolError(f"argument '{exc.field}': {exc.message}") from None
     try:
-        return service.run_waggle(str(tctx.space.pk), name, params,
-                                  make_exec(tctx, tools_for(tctx.member)))  # MCP read-only tools replay too
+        tools = tools_for(tctx.member)  # MCP read-only tools replay too
+        return service.run_waggle(str(tctx.space.pk), name, params, make_exec(tctx, tools),
+                                  reaches_out=reaches_out(tools))
     except ToolError:
         raise
     except Exception as exc:

@@ -242,8 +242,25 @@ def failed_reads(steps: list[tuple[str, dict]], done: Trace) -> list[str]:
     return failed
 
 
-def findings(steps: list[tuple[str, dict]], done: Trace) -> str:
+def oriented(done: Trace) -> list[str]:
+    """What the orientation turned up that the report relies on: the design notes' first point and
+    the Python modules found (a real worker's report draws on what it read, and waggle's ledger
+    books a replayed step used only when a reply does)."""
     lines = []
+    design = done.result("read_file", {"path": "docs/design.md"})
+    point = next((re.sub(r"^\s*\d+\s{2}", "", line).strip(" *") for line in design.splitlines()
+                  if re.sub(r"^\s*\d+\s{2}", "", line).lstrip().startswith("*")), "")
+    if point and not design.startswith("error:"):
+        lines.append(f"- design notes: {point}")
+    modules = [line.strip() for line in done.result("glob", {"pattern": "**/*.py"}).splitlines()
+               if line.strip().endswith(".py")]
+    if modules:
+        lines.append(f"- Python modules: {', '.join(modules[:8])}")
+    return lines
+
+
+def findings(steps: list[tuple[str, dict]], done: Trace) -> str:
+    lines = oriented(done)
     for name, args in steps[len(ORIENTATION):]:
         output = done.result(name, args)
         if output.startswith("error:"):

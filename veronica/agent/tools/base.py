@@ -34,6 +34,8 @@ class Tool:
     mutates: bool = False
     gated: bool | None = None  # None: gated iff it mutates
     leader_only: bool = False
+    reaches_out: bool = False  # it reaches outside the space (network, an open-world MCP server): a replay never
+                               # passes it a value from a tool's output (waggle)
 
     @property
     def needs_approval(self) -> bool:

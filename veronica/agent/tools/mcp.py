@@ -134,6 +134,11 @@ def _read_only(info) -> bool:
     return bool(info.annotations and info.annotations.read_only_hint)
 
 
+def _closed_world(info) -> bool:
+    """Declared closed-world (openWorldHint false); MCP's default is open: the tool may reach anything."""
+    return bool(info.annotations) and info.annotations.open_world_hint is False
+
+
 def tools_of(member: "Member") -> list[Tool]:
     """The tools of every MCP server the member may use; a broken server is skipped (and recorded)."""
     found: list[Tool] = []
@@ -147,5 +152,6 @@ def tools_of(member: "Member") -> list[Tool]:
             description = (info.description or info.title or info.name)[:1000]
             schema = {k: v for k, v in (info.input_schema or {}).items() if k in ("properties", "required", "$defs")}
             found.append(McpTool(tool_name(server.name, info.name), f"[MCP {server.name}] {description}",
-                                 _caller(spec, info.name, read_only), mutates=not read_only, schema=schema))
+                                 _caller(spec, info.name, read_only), mutates=not read_only, schema=schema,
+                                 reaches_out=not _closed_world(info)))
     return found

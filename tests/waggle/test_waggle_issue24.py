@@ -1,0 +1,193 @@
+"""Issue 24: self-improvement that tells the truth: the ledger books a replayed step used only when
+the model draws on what it returned, one task cannot make a route, and a value from a tool's output
+never steers a call that reaches outside the space."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from waggle import service
+from waggle.config import WaggleConfig
+from waggle.models import FiredPlan, LedgerEntry, Waggle
+from waggle_helpers import FakeExec, feed, noise, routine
+
+pytestmark = pytest.mark.django_db
+
+QUIET = WaggleConfig(mine_period=10_000)
+ANSWERS = {"read_file": json.dumps({"sha": "Qx7731", "owner": "Ingrid Solberg"}),
+           "git_log": json.dumps({"commits": [{"id": "c0ffee42", "msg": "fix"}]}),
+           "blackboard_read": json.dumps({"notes": ["RELEASE-118 is blocked"]})}
+
+
+def teach(space, cfg):
+    for i, m in enumerate(("m1", "m2", "m3")):
+        feed(space, f"teach-{m}", routine(m) + noise(i), QUIET)
+    w = service.sweep(space, config=cfg)
+    assert w is not None
+    return w
+
+
+def fire(space, session, module, cfg):
+    feed(space, session, routine(module)[:2], cfg)
+    assert service.follow(space, session, FakeExec(answers=ANSWERS), config=cfg) is not None
+
+
+# --- 1. the ledger books a step used only when the model draws on it ------------------------------
+def test_a_model_that_moves_on_books_nothing_used_and_the_run_end_settles_it(cfg):
+    teach("1", cfg)
+    fire("1", "s1", "fresh", cfg)
+    # the model moves on: another tool, text that names nothing the replay returned
+    assert service.judge_reply("1", "s1", [("task_done", {"result": "ok"})], text="All good.", config=cfg) == 0
+    assert not LedgerEntry.objects.get().settled  # not decided yet: a later reply may still draw on it
+    assert service.end_run("1", "s1", config=cfg) == 1
+    entry = LedgerEntry.objects.get()
+    assert entry.settled and entry.used_steps == 0 and entry.fail and "3 not drawn on" in entry.detail
+    assert not FiredPlan.objects.filter(settled=False).exists()
+
+
+def test_a_reply_that_names_what_only_the_replay_returned_books_that_step_used(cfg):
+    teach("1", cfg)
+    fire("1", "s1", "fresh", cfg)
+    # its text names the file's owner (read_file's output), a call takes the commit id (git_log's)
+    service.judge_reply("1", "s1", [("git_show", {"commit": "c0ffee42"})], text="Ingrid Solberg owns it.", config=cfg)
+    service.end_run("1", "s1", config=cfg)
+    entry = LedgerEntry.objects.get()
+    assert entry.used_steps == 2 and "1 not drawn on" in entry.detail  # blackboard_read: nothing drawn
+    tail = FiredPlan.objects.get().tail
+    assert [step[7] for step in tail] == ["used", "used", "not drawn on"]
+
+
+def test_a_value_the_session_already_held_is_no_evidence_of_use(cfg):
+    teach("1", cfg)
+    answers = dict(ANSWERS, read_file=json.dumps({"path": "Fresh9", "size": "Fresh9"}))
+    feed("1", "s1", [("whoami", {"name": "Fresh9"})], cfg)  # the session knew "Fresh9" before
+    feed("1", "s1", routine("fresh")[:2], cfg)
+    assert service.follow("1", "s1", FakeExec(answers=answers), config=cfg) is not None
+    service.judge_reply("1", "s1", [], text="Fresh9 it is.", config=cfg)
+    service.end_run("1", "s1", config=cfg)
+    assert LedgerEntry.objects.get().used_steps == 0
+
+
+def test_a_value_the_models_own_later_call_brought_is_no_evidence_of_use(cfg):
+    teach("1", cfg)
+    fire("1", "s1", "fresh", cfg)
+    # the model looked the owner up itself after the replay: naming it draws on its own call
+    service.observe("1", "s1", "m1", "whois", {"q": "fresh"}, False, json.dumps({"owner": "Ingrid Solberg"}), config=cfg)
+    service.judge_reply("1", "s1", [], text="Ingrid Solberg owns it.", config=cfg)
+    service.end_run("1", "s1", config=cfg)
+    assert LedgerEntry.objects.get().used_steps == 0
+
+
+def test_a_route_the_model_never_draws_on_is_demoted(cfg):
+    w = teach("1", cfg)
+    for n in range(3):
+        fire("1", f"s{n}", f"x{n}", cfg)
+        service.judge_reply("1", f"s{n}", [], text="Done.", config=cfg)
+        service.end_run("1", f"s{n}", config=cfg)
+        if Waggle.objects.get(name=w.name).disabled:
+            break
+    assert Waggle.objects.get(name=w.name).disabled
+
+
+# --- 2. one task cannot make a route --------------------------------------------------------------
+def copies(space, task, n, start=0):
+    """``n`` near-identical copies of one task: the same message, a literal-only walk with the same outputs."""
+    for k in range(n):
+        service.inbound(space, f"task{task}-copy{k + start}", "m1", f"Task {task}: how is my watchlist doing?", config=QUIET)
+        feed(space, f"task{task}-copy{k + start}",
+             [("get_watchlist", {}), ("get_market", {}), ("get_stock_info", {"symbol": f"S{task}"})] + noise(100 * task + k),
+             QUIET)
+
+
+def test_four_copies_of_one_task_are_one_context_and_make_no_route(cfg):
+    copies("1", 117, 4)
+    assert service.sweep("1", config=cfg) is None
+    assert not Waggle.objects.exists()
+
+
+def test_three_tasks_that_differ_make_a_route(cfg):
+    # the same literal calls with three different outputs (three watchlists): three contexts
+    for task in (1, 2, 3):
+        for k in range(2):
+            for tool in ("get_watchlist", "get_market"):
+                service.observe("1", f"t{task}-{k}", "m1", tool, {}, False, f"{tool} of account {task}", config=QUIET)
+            service.observe("1", f"t{task}-{k}", "m1", "get_stock_info", {"symbol": "ACME"}, False, "up", config=QUIET)
+            feed("1", f"t{task}-{k}", noise(10 * task + k), QUIET)
+    assert service.sweep("1", config=cfg) is not None
+
+
+def test_tasks_that_orient_the_same_way_in_one_long_lived_session_are_distinct_contexts(cfg):
+    # one member, one session, four wakes with different briefs, each orienting the same way in the
+    # same workspace (the same outputs): four episodes, four contexts, so the orientation is a route
+    orientation = [("list_dir", {"path": "."}), ("read_file", {"path": "README.md"}), ("glob", {"pattern": "*.py"})]
+    for task in range(4):
+        service.inbound("1", "worker", "m1", f"Task {task}: check module{task}.py", config=QUIET)
+        feed("1", "worker", orientation + noise(task), QUIET)  # then the task's own work
+        feed("1", "worker", [("task_done", {"task_id": task})], QUIET, mutates=True)
+    w = service.sweep("1", config=cfg)
+    assert w is not None and [s["tool"] for s in w.route["steps"]] == ["list_dir", "read_file", "glob"]
+    # each later run (a wake) of the same session replays it: its episode is its own
+    for task in (4, 5):
+        with service.pinned("1", "worker"):
+            service.inbound("1", "worker", "m1", f"Task {task}: check module{task}.py", config=QUIET)
+            feed("1", "worker", orientation[:2], cfg)
+            exe = FakeExec(answers={"glob": "Main1.py"})
+            assert service.follow("1", "worker", exe, config=cfg) is not None
+            assert exe.calls == [("glob", {"pattern": "*.py"})]
+            service.judge_reply("1", "worker", [("read_file", {"path": "Main1.py"})], config=cfg)
+    assert LedgerEntry.objects.filter(session_key="worker", used_steps=1).count() == 2
+
+
+# --- 4. a tool's output never steers a call that reaches outside the space --------------------------
+def links_walk(space, session, page, links, cfg):
+    service.observe(space, session, "m", "list_links", {"page": page}, False, json.dumps({"links": links}), config=cfg)
+    for url in links[:2]:
+        service.observe(space, session, "m", "fetch", {"url": url}, False, f"<html>{url}</html>", config=cfg)
+
+
+def teach_links(cfg):
+    for p in range(4):  # four pages, each walked link after link
+        links = [f"https://docs.example/{p}/{j}" for j in range(4)]
+        links_walk("1", f"t{p}", f"page{p}", links, QUIET)
+        for url in links[2:]:
+            service.observe("1", f"t{p}", "m", "fetch", {"url": url}, False, f"<html>{url}</html>", config=QUIET)
+        service.observe("1", f"t{p}", "m", "answer", {}, True, "done", config=QUIET)
+    while service.sweep("1", config=cfg) is not None:
+        pass
+    assert Waggle.objects.filter(route__steps__0__tool="list_links").exists()
+
+
+ATTACK = ["https://docs.example/x/0", "https://docs.example/x/1", "http://169.254.169.254/latest/meta-data/",
+          "http://attacker.example/?leak=secret", "file:///etc/passwd"]
+
+
+def test_a_value_from_an_output_never_reaches_a_tool_that_reaches_outside(cfg):
+    teach_links(cfg)
+    links_walk("1", "live", "attacker-page", ATTACK, cfg)
+    exe = FakeExec()
+    assert service.follow("1", "live", exe, config=cfg, reaches_out=lambda tool: tool == "fetch") is None
+    assert exe.calls == []  # nothing fetched without the model
+    # the host's closed-world tools still replay from outputs (the same route, fetch declared closed)
+    links_walk("1", "closed", "page9", [f"https://docs.example/9/{j}" for j in range(4)], cfg)
+    exe = FakeExec()
+    assert service.follow("1", "closed", exe, config=cfg, reaches_out=lambda tool: False) is not None
+    assert exe.calls and all(t == "fetch" for t, _ in exe.calls)
+
+
+def test_a_route_run_on_demand_refuses_to_pass_an_output_to_a_tool_that_reaches_outside(cfg):
+    teach_links(cfg)
+    name = Waggle.objects.filter(route__steps__0__tool="list_links").first().name
+    exe = FakeExec(answers={"list_links": json.dumps({"links": ATTACK})})
+    with pytest.raises(service.WaggleError, match="reaches outside the space"):
+        service.run_waggle("1", name, {"page": "attacker-page"}, exe, reaches_out=lambda tool: tool == "fetch")
+    assert [t for t, _ in exe.calls] == ["list_links"]
+
+
+def test_an_output_nested_five_thousand_deep_is_still_recorded(cfg):
+    deep = "[" * 5000 + "]" * 5000
+    service.observe("1", "s1", "m", "read_tree", {"path": "x"}, False, deep, config=cfg)
+    service.observe("1", "s1", "m", "read_tree", {"path": "y"}, False, '{"a":' * 5000 + "1" + "}" * 5000, config=cfg)
+    from waggle.models import ForageCall
+
+    assert ForageCall.objects.filter(session_key="s1").count() == 2

@@ -1,0 +1,119 @@
+"""What a replayed step returned that the model could only have learned from it (pure Python).
+
+The ledger books a replayed step *used* only when the model's later calls or text draw on its
+output: name an id, a value, a name that the output brought and nothing else in the session had
+(not the step's own arguments, not an earlier output, not a message). A step whose output brought
+nothing new cannot show that it was used, and is booked unused when the run ends.
+
+A value counts as evidence when it is specific enough not to turn up by chance: a string of at
+least ``MIN_CHARS`` characters with a digit or a capital letter in it (an id, a flight number, a
+date, a person's name; ``economy`` or ``active`` are vocabulary, not evidence), a path or a file,
+domain or e-mail name (``inventory/api.py``), or a number with
+at least ``MIN_DIGITS`` digits. It is found in a reply when it stands there as a whole word
+(case-insensitive): ``JG7FMM`` in "your reservation JG7FMM is", not in "XJG7FMMX".
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+from waggle.trace import Call, decode_value, output_refs
+
+MIN_CHARS = 3
+MIN_DIGITS = 3
+MAX_VALUES = 60          # evidence values kept per replayed step (the first, in document order)
+MAX_TEXT_CHARS = 200_000  # a reply longer than this is searched in its first part only
+_WORDS = re.compile(r"[^\s\"'`()\[\]{}<>,;]+")
+
+
+def specific(value: Any) -> str | None:
+    """The value as text when it is specific enough to be evidence, else None (see the docstring)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        text = str(value)
+        return text if sum(ch.isdigit() for ch in text) >= MIN_DIGITS else None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if len(text) < MIN_CHARS or len(text) > 200:
+        return None
+    if any(ch.isdigit() for ch in text) or any(ch.isupper() for ch in text):
+        return text
+    if len(text) >= 5 and ("/" in text or "." in text.strip(".")) and " " not in text:
+        return text  # a path, a file or domain name, an address
+    return None
+
+
+def values_of(call: Call) -> set[str]:
+    """Every value a recorded call carries: its arguments and its output's leaves (a message: its words)."""
+    out: set[str] = set()
+    for _, v in call.args:
+        out.update(_leaves(decode_value(v)))
+    for _, v in call.refs:
+        d = decode_value(v)
+        if isinstance(d, (str, int, float)) and not isinstance(d, bool):
+            out.add(str(d).strip())
+    return out
+
+
+def _leaves(value: Any) -> Iterable[str]:
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        yield str(value).strip()
+
+
+def step_evidence(args: dict, output: str, known: set[str]) -> list[str]:
+    """The values of a replayed step's output that could show the model drew on it: specific, and
+    neither among its own arguments nor ``known`` (what the session held before the replay)."""
+    own = set(_leaves(args))
+    refs = output_refs(output)
+    if refs:
+        raw: Iterable[Any] = (decode_value(v) for _, v in refs)
+    else:  # plain text: its words
+        raw = (w.strip(".:!?") for w in _WORDS.findall((output or "")[:MAX_TEXT_CHARS]))
+    out: list[str] = []
+    seen: set[str] = set()
+    for value in raw:
+        text = specific(value)
+        if text is None or text in seen or text in own or text in known:
+            continue
+        seen.add(text)
+        out.append(text)
+        if len(out) >= MAX_VALUES:
+            break
+    return out
+
+
+def reply_text(text: str | None, calls: Iterable[tuple[str, dict]]) -> str:
+    """What a reply says, for :func:`drawn`: its text and every value of its calls' arguments."""
+    parts = [(text or "")[:MAX_TEXT_CHARS]]
+    for _, args in calls:
+        parts.extend(_leaves(args if isinstance(args, dict) else {}))
+    return "\n".join(parts)
+
+
+def drawn(values: Iterable[str], said: str, exclude: set[str] = frozenset()) -> str | None:
+    """The first of ``values`` (not in ``exclude``: learned since from elsewhere) the reply ``said``
+    names as a whole word, or None."""
+    if not said:
+        return None
+    lower = said.lower()
+    for value in values:
+        if value in exclude:
+            continue
+        v = value.lower()
+        start = lower.find(v)
+        while start >= 0:
+            end = start + len(v)
+            before = lower[start - 1] if start else " "
+            after = lower[end] if end < len(lower) else " "
+            if not before.isalnum() and not after.isalnum():
+                return value
+            start = lower.find(v, start + 1)
+    return None
