@@ -1030,6 +1030,7 @@ def main() -> None:
     from _setup import isolated_env
 
     summary = {}
+    head = git_head()  # the revision the servers run, read before any of them starts
     for mode in args.modes.split(","):
         log(f"=== {mode} ===")
         with isolated_env(mode, "attack") as env:
@@ -1041,7 +1042,6 @@ def main() -> None:
                 raise SystemExit(f"{mode} run failed (exit {proc.returncode})")
             summary[mode] = json.loads(lines[-1])
         log("")
-    head = git_head()
     print(json.dumps({"main": head, **{mode: compact(r) for mode, r in summary.items()}}))
 
 
