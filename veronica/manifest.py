@@ -88,6 +88,8 @@ def _text_file(path: Path, what: str = "file") -> str:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ManifestError(path, what, "missing") from None
+    except IsADirectoryError:  # an archive may carry a folder by that name: the tenant's mistake, never a 500
+        raise ManifestError(path, what, "is a folder, not a file") from None
     except UnicodeDecodeError as exc:
         raise ManifestError(path, what, f"is not UTF-8 text (byte {exc.start})") from None
     if text_problem(text):

@@ -164,7 +164,10 @@ def sandboxed(root: Path, command: str) -> tuple[list[str], str]:
             "--bind", str(root), SANDBOX_ROOT]
     if Path("/etc/alternatives").is_dir():
         argv += ["--ro-bind", "/etc/alternatives", "/etc/alternatives"]
-    argv += ["--remount-ro", "/dev", "--remount-ro", "/",  # bwrap's own tmpfs root and /dev: no unbounded RAM to fill
+    # /proc read-only: the sandbox uid is the server's own (root here) outside, and bwrap covers /proc/sys
+    # only when its mode says writable, so kernel.core_pattern and every other host sysctl were writable
+    argv += ["--remount-ro", "/proc",
+             "--remount-ro", "/dev", "--remount-ro", "/",  # bwrap's own tmpfs root and /dev: no unbounded RAM to fill
              "--chdir", SANDBOX_ROOT, "--unshare-all", "--unshare-user", "--disable-userns",
              "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
     return argv + ["/bin/sh", "-c", command], SANDBOX_ROOT
