@@ -121,6 +121,29 @@ def _idle_ticks(ticks: int) -> tuple[int, float, float, int]:
     return max(counts), pct(times, 50), pct(times, 99), len(woken)
 
 
+def tick_seq_scans() -> list[str]:
+    """The tables an idle tick reads by scanning them whole (PostgreSQL's plans; SQLite: not measured)."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from veronica.engine import tick
+
+    if connection.vendor != "postgresql":
+        return []
+    with CaptureQueriesContext(connection) as queries:
+        tick.tick()
+    scanned = set()
+    with connection.cursor() as cur:
+        for q in queries.captured_queries:
+            if q["sql"].lstrip().upper().startswith("SELECT"):
+                cur.execute("EXPLAIN " + q["sql"])
+                plan = "\n".join(row[0] for row in cur.fetchall())
+                scanned.update(re.findall(r"Seq Scan on (\w+)", plan))
+    return sorted(scanned)
+
+
 def child_idle(p: dict) -> dict:
     import tempfile
 
@@ -147,6 +170,7 @@ def child_idle(p: dict) -> dict:
     per_member = (wide_queries - register_queries[-1]) / p["members"]
     members = Member.objects.filter(removed_at__isnull=True).exclude(space__slug="wide").count()
     runs_before, wakes_before = Run.objects.count(), Wake.objects.count()
+    _analyze()
     statements, p50, p99, woken = _idle_ticks(p["ticks"])
     decile = max(1, len(register_ms) // 10)
     early, late = sorted(register_ms[:decile])[decile // 2], sorted(register_ms[-decile:])[decile // 2]
@@ -162,6 +186,7 @@ def child_idle(p: dict) -> dict:
         "idle_wakes_per_day": woken * ticks_per_day // p["ticks"],
         "idle_runs_per_day": Run.objects.count() - runs_before + Wake.objects.count() - wakes_before,
         "idle_day_statements": statements * ticks_per_day,
+        "tick_seq_scans": tick_seq_scans(),
         "register_queries_per_space": register_queries[-1],
         "register_queries_per_member": per_member,
         "register_ms_early": round(early, 1),
