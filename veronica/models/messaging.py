@@ -30,7 +30,9 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["recipient", "read_at"], name="msg_unread_idx")]
+        indexes = [models.Index(fields=["recipient", "read_at"], name="msg_unread_idx"),
+                   # the tick's sweep and backlog watchdog start from old unread mail, not from members
+                   models.Index(fields=["created_at"], condition=models.Q(read_at__isnull=True), name="msg_unread_age_idx")]
 
     def __str__(self) -> str:
         return f"{self.sender_name} → {self.recipient_name}: {self.subject or self.body[:40]}"
