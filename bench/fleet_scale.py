@@ -78,6 +78,9 @@ def _migrate() -> None:
     call_command("migrate", verbosity=0)
 
 
+SLOWEST: dict = {}  # the slowest statement of the last capture: where a slow page spends its time
+
+
 def _statements(fn) -> tuple[int, float, object]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -87,6 +90,9 @@ def _statements(fn) -> tuple[int, float, object]:
         start = time.perf_counter()
         result = fn()
         ms = (time.perf_counter() - start) * 1000
+    if queries.captured_queries:
+        top = max(queries.captured_queries, key=lambda q: float(q["time"]))
+        SLOWEST.update(ms=round(float(top["time"]) * 1000, 1), sql=top["sql"][:300])
     return len(queries), ms, result
 
 
@@ -208,12 +214,13 @@ def seed_big(space, members: list, events: int, tasks: int, messages_per_member:
     from veronica.models import Event, Message, Space, Task
 
     now = timezone.now()
-    head = start["events"]
+    head = Space.objects.filter(pk=space.pk).values_list("event_seq", flat=True).get()  # verbs may have emitted since
+    adding = max(0, events - start["events"])
     step = 20000
-    for lo in range(head, events, step):
+    for lo in range(head, head + adding, step):
         _bulk(Event, [Event(space=space, seq=i + 1, kind="bench.step", payload={"member_name": "m1", "n": i}, created_at=now)
-                      for i in range(lo, min(events, lo + step))])
-    Space.objects.filter(pk=space.pk).update(event_seq=max(events, head))
+                      for i in range(lo, min(head + adding, lo + step))])
+    Space.objects.filter(pk=space.pk).update(event_seq=head + adding)
     statuses = ["done"] * 8 + ["pending", "running"]
     for lo in range(start["tasks"], tasks, step):
         _bulk(Task, [Task(space=space, title=f"task {i}", creator_name="lead", assignee=members[i % len(members)],
@@ -224,25 +231,25 @@ def seed_big(space, members: list, events: int, tasks: int, messages_per_member:
             _bulk(Message, [Message(space=space, sender=members[0], sender_name=members[0].name, recipient=member,
                                     recipient_name=member.name, body=f"note {i}", read_at=now)
                             for i in range(lo, min(messages_per_member, lo + step))])
-    return {"events": max(events, head), "tasks": max(tasks, start["tasks"]),
+    return {"events": start["events"] + adding, "tasks": max(tasks, start["tasks"]),
             "messages_per_member": max(messages_per_member, start["messages_per_member"])}
 
 
-def _pages(space, member, task, run) -> dict:
-    from asgiref.sync import async_to_sync
-
+def pages_of(space, member, task, run) -> dict:
     from veronica import consumers
 
     s = space.slug
 
     def replay():
-        last = async_to_sync(consumers._head)(space.pk)
-        return async_to_sync(consumers._events_after)(space.pk, max(0, last - 200))
+        """The socket's connect-time reads (its head, then the replay batch), run as the consumer runs them
+        but on this thread (the consumer wraps them in database_sync_to_async)."""
+        last = consumers._head.func(space.pk)
+        return consumers._events_after.func(space.pk, max(0, last - 200))
 
     return {
         "space": f"/spaces/{s}/",
         "board": f"/spaces/{s}/panels/tasks/",
-        "timeline": lambda: f"/api/spaces/{s}/events/?after={_head_seq(space) - 200}&limit=200",
+        "timeline": lambda: f"/api/spaces/{s}/events/?after={max(0, _head_seq(space) - 200)}&limit=200",
         "member": f"/spaces/{s}/members/{member.name}/",
         "task": f"/spaces/{s}/tasks/{task.pk}/",
         "run": f"/spaces/{s}/runs/{run.pk}/",
@@ -257,7 +264,7 @@ def _head_seq(space) -> int:
     return Space.objects.filter(pk=space.pk).values_list("event_seq", flat=True).get()
 
 
-def _measure(client, pages: dict, reps: int) -> dict:
+def measure_pages(client, pages: dict, reps: int) -> dict:
     out = {}
     for name, target in pages.items():
         def once():
@@ -273,7 +280,10 @@ def _measure(client, pages: dict, reps: int) -> dict:
         if status != 200:
             raise RuntimeError(f"{name}: HTTP {status}")
         times = [_statements(once)[1] for _ in range(reps)]
-        out[name] = {"queries": queries, "p50_ms": round(pct(times, 50), 1), "p99_ms": round(pct(times, 99), 1)}
+        out[name] = {"queries": queries}
+        if times:
+            out[name]["slowest_query"] = dict(SLOWEST)
+            out[name].update(p50_ms=round(pct(times, 50), 1), p99_ms=round(pct(times, 99), 1))
     return out
 
 
@@ -307,13 +317,13 @@ def child_big(p: dict) -> dict:
     space.refresh_from_db()
     task = Task.objects.filter(space=space).order_by("id").first()
     run = Run.objects.filter(member=members[1]).first()
-    pages = _pages(space, members[1], task, run)
-    at_small = _measure(client, pages, 2)
+    pages = pages_of(space, members[1], task, run)
+    at_small = measure_pages(client, pages, 2)
     have = seed_big(space, members, p["events"], p["tasks"], p["messages_per_member"], have)
     seed_s = time.perf_counter() - t0
     space.refresh_from_db()
     _analyze()
-    at_full = _measure(client, pages, p["reps"])
+    at_full = measure_pages(client, pages, p["reps"])
     fixed = {name: at_small[name]["queries"] == at_full[name]["queries"] for name in pages}
     return {
         "big_space": {"events": have["events"], "tasks": have["tasks"], "members": len(members),
