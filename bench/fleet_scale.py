@@ -343,7 +343,7 @@ def _analyze() -> None:
 
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
-            cur.execute("ANALYZE")
+            cur.execute("VACUUM ANALYZE")  # what autovacuum leaves behind bulk loads: statistics, the visibility map
 
 
 def retention_month(days: int = 30, keep_days: int = 7, per_day: int = 2000) -> dict:
