@@ -49,10 +49,18 @@ def close_stray_connections(django_db_setup, django_db_blocker):
     """Threads that keep a persistent PostgreSQL connection (the socket feed) would otherwise block
     dropping the test database at the end of the session."""
     yield
+    from django.conf import settings
     from django.db import connection
 
     with django_db_blocker.unblock():
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and getattr(settings, "DB_POOLER", "none") == "transaction":
+            # Through PgBouncer our own connection's server session stays in its pool: end every
+            # session on the test database from a connection to another one.
+            connection.close()
+            with connection._nodb_cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                               [connection.settings_dict["NAME"]])
+        elif connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                "WHERE datname = current_database() AND pid <> pg_backend_pid()")

@@ -95,8 +95,8 @@ def test_database_mode_matches_the_environment(db, settings):
     assert connection.settings_dict["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
 
 
-def _hosted_database_settings(tmp_path, **extra) -> subprocess.CompletedProcess:
-    code = "import json; from django.conf import settings; print(json.dumps(settings.DATABASES['default']['OPTIONS']))"
+def _hosted_database_settings(tmp_path, key: str = "OPTIONS", **extra) -> subprocess.CompletedProcess:
+    code = f"import json; from django.conf import settings; print(json.dumps(settings.DATABASES['default'].get('{key}')))"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VERONICA_DB_")}
     environ.update(DATABASE_URL="postgres://postgres@127.0.0.1:5432/whatever", REDIS_URL="redis://127.0.0.1:6379/9",
                    VERONICA_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="veronica.settings", **extra)
@@ -133,6 +133,22 @@ def test_hosted_statements_are_prepared_unless_turned_off(tmp_path):
     assert "server_side_binding" not in off and "prepare_threshold" not in off
     bad = _hosted_database_settings(tmp_path, VERONICA_DB_PREPARE_THRESHOLD="-1")
     assert bad.returncode != 0 and "VERONICA_DB_PREPARE_THRESHOLD" in bad.stderr
+
+
+def test_a_transaction_pooler_gets_no_prepared_statements_startup_options_or_server_cursors(tmp_path):
+    """PgBouncer in transaction mode (Debian's 1.18) refuses the `options` startup parameter, cannot keep
+    prepared statements and hands each transaction its own server connection (issue 25.2)."""
+    import json
+
+    options = json.loads(_hosted_database_settings(tmp_path, VERONICA_DB_POOLER="transaction").stdout)
+    assert "options" not in options and "server_side_binding" not in options and "prepare_threshold" not in options
+    assert options["connect_timeout"] == 10, "client-side timeouts still apply"
+    kept = json.loads(_hosted_database_settings(tmp_path, VERONICA_DB_POOLER="transaction", VERONICA_DB_PREPARE_THRESHOLD="5").stdout)
+    assert kept["prepare_threshold"] == 5, "a pooler that keeps prepared statements (PgBouncer 1.21+) can have them back"
+    cursors = _hosted_database_settings(tmp_path, "DISABLE_SERVER_SIDE_CURSORS", VERONICA_DB_POOLER="transaction")
+    assert cursors.stdout.strip() == "true", cursors.stderr
+    bad = _hosted_database_settings(tmp_path, VERONICA_DB_POOLER="session")
+    assert bad.returncode != 0 and "VERONICA_DB_POOLER" in bad.stderr
 
 
 @pytest.mark.parametrize("raw", ["0", "61", "fast"])

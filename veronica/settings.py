@@ -108,7 +108,16 @@ if HOSTED:
     # server once a connection has run them this many times: parse and plan are skipped, a fifth of a
     # hosted step. 0 turns prepared statements off (parameters are then bound client-side, Django's
     # default), for a transaction-mode pooler that cannot keep them (PgBouncer before 1.21).
-    DB_PREPARE_THRESHOLD = env_int("VERONICA_DB_PREPARE_THRESHOLD", 5, minimum=0)
+    # VERONICA_DB_POOLER=transaction says DATABASE_URL is such a pooler (PgBouncer, pool_mode =
+    # transaction): prepared statements default to off, no server-side cursors (a transaction's
+    # server connection is not the next one's), and the server timeouts below are not sent as a
+    # startup `options` parameter (PgBouncer refuses it): the pooler sets them on its server
+    # connections (connect_query, see README's hosted section). The code keeps no session state
+    # (no session SET, advisory lock, LISTEN or WITH HOLD cursor), so nothing else changes.
+    DB_POOLER = env_choice("VERONICA_DB_POOLER", ("none", "transaction"), "none")
+    DB_PREPARE_THRESHOLD = env_int("VERONICA_DB_PREPARE_THRESHOLD", 0 if DB_POOLER == "transaction" else 5, minimum=0)
+    if DB_POOLER == "transaction":
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     db_options = DATABASES["default"].setdefault("OPTIONS", {})
     if DB_PREPARE_THRESHOLD:
         db_options.setdefault("server_side_binding", True)
@@ -119,12 +128,11 @@ if HOSTED:
         db_options.setdefault(key, value)
     # lock_timeout above idle_in_transaction: a writer queued behind a dead session's lock waits
     # for the server to end that session and then succeeds, instead of failing first.
-    db_options["options"] = " ".join(filter(None, [
-        db_options.get("options", ""),
-        f"-c statement_timeout={DB_STATEMENT_TIMEOUT * 1000}",
-        f"-c idle_in_transaction_session_timeout={DB_IDLE_IN_TRANSACTION_TIMEOUT * 1000}",
-        f"-c lock_timeout={DB_LOCK_TIMEOUT * 1000}",
-    ]))
+    DB_SERVER_SETTINGS = (f"statement_timeout={DB_STATEMENT_TIMEOUT * 1000}",
+                          f"idle_in_transaction_session_timeout={DB_IDLE_IN_TRANSACTION_TIMEOUT * 1000}",
+                          f"lock_timeout={DB_LOCK_TIMEOUT * 1000}")
+    if DB_POOLER != "transaction":
+        db_options["options"] = " ".join(filter(None, [db_options.get("options", ""), *(f"-c {s}" for s in DB_SERVER_SETTINGS)]))
 else:
     # VERONICA_SQLITE_PATH lets a worker process join a given file (the engine tests point their
     # cluster at the test database this way).

@@ -56,7 +56,12 @@ def sweep_unread() -> list[int]:
     idle = idle.filter(failures.RUNNABLE)  # parked or backing off: the failure model wakes them
     waiting = Q(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # mail waits for the decision, which wakes them
     work = (Exists(unread) & ~waiting) | Exists(decided) | Exists(answered)
-    ids = list(idle.filter(work).exclude(Exists(woken_lately)).values_list("pk", flat=True))
+    # Start from what is owed (old unread mail, unfolded decisions and answers: small, partially
+    # indexed sets), so an idle tick reads no member row (issue 25.3).
+    owed = (Message.objects.filter(read_at__isnull=True, created_at__lt=cutoff).order_by().values("recipient_id").union(
+        Approval.objects.filter(consumed=False, decided_at__lt=cutoff).order_by().values("member_id"),
+        Question.objects.filter(consumed=False, answered_at__lt=cutoff).order_by().values("member_id")))
+    ids = list(idle.filter(pk__in=owed).filter(work).exclude(Exists(woken_lately)).values_list("pk", flat=True))
     for member_id in ids:
         enqueue_wake(member_id, "message")
     return ids

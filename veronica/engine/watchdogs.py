@@ -87,7 +87,10 @@ def mailbox_backlog() -> int:
         minutes = member.space.mailbox_backlog_minutes
         if member.oldest is None or not minutes or member.oldest >= now - timedelta(minutes=minutes):
             Member.objects.filter(pk=member.pk).update(backlog_alerted_at=None)
-    candidates = Member.objects.filter(removed_at__isnull=True, backlog_alerted_at__isnull=True, space__mailbox_backlog_minutes__gt=0)
+    # from old unread mail (a partial index holds only unread rows), never from every member
+    waiting = Message.objects.filter(read_at__isnull=True, created_at__lt=now - MIN_THRESHOLD).values("recipient_id")
+    candidates = Member.objects.filter(pk__in=waiting, removed_at__isnull=True, backlog_alerted_at__isnull=True,
+                                       space__mailbox_backlog_minutes__gt=0)
     candidates = candidates.exclude(membership=Membership.FROZEN).annotate(oldest=_oldest_unread()).filter(oldest__lt=now - MIN_THRESHOLD)
     count = 0
     for member in candidates.select_related("space"):

@@ -121,7 +121,18 @@ class Member(models.Model):
             _choices_check("retire_policy", RetirePolicy, "member_retire_policy_valid"),
             models.CheckConstraint(condition=Q(max_iterations__gte=1), name="member_max_iterations_min"),
         ]
-        indexes = [models.Index(fields=["run_status", "membership"])]
+        # The engine tick's reads (issue 25.3): each duty finds what is due through a partial index
+        # holding only the members that could be, so a tick costs nothing per idle member.
+        indexes = [
+            models.Index(fields=["run_status", "membership"]),
+            models.Index(fields=["lease_expires_at"], condition=~Q(lease_token=""), name="member_live_lease_idx"),
+            models.Index(fields=["schedule_next_at"], condition=Q(removed_at__isnull=True) & ~Q(schedule=""), name="member_cron_due_idx"),
+            models.Index(fields=["retry_at"], condition=Q(retry_at__isnull=False), name="member_retry_due_idx"),
+            models.Index(fields=["parked_config"], condition=Q(parked_config__gt=""), name="member_parked_idx"),
+            models.Index(fields=["space"], condition=Q(retire_policy="on_complete", removed_at__isnull=True), name="member_clone_idx"),
+            models.Index(fields=["stuck_alerted_at"], condition=Q(stuck_alerted_at__isnull=False), name="member_stuck_alert_idx"),
+            models.Index(fields=["backlog_alerted_at"], condition=Q(backlog_alerted_at__isnull=False), name="member_backlog_alert_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name}@{self.space_id}"

@@ -32,6 +32,8 @@ class Approval(models.Model):
     class Meta:
         ordering = ["-id"]
         constraints = [models.CheckConstraint(condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid")]
+        # the tick's sweep: decisions a run has not folded in yet
+        indexes = [models.Index(fields=["decided_at"], condition=Q(consumed=False, decided_at__isnull=False), name="approval_unconsumed_idx")]
 
     def __str__(self) -> str:
         return f"{self.member} → {self.tool_name} ({self.status})"
@@ -74,6 +76,7 @@ class Question(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        indexes = [models.Index(fields=["answered_at"], condition=Q(consumed=False, answered_at__isnull=False), name="question_unconsumed_idx")]
 
 
 class Session(models.Model):

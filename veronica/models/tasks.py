@@ -51,7 +51,15 @@ class Task(models.Model):
             models.CheckConstraint(condition=Q(status__in=TaskStatus.values), name="task_status_valid"),
             models.CheckConstraint(condition=Q(verify_policy__in=VerifyPolicy.values), name="task_verify_policy_valid"),
         ]
-        indexes = [models.Index(fields=["space", "status"]), models.Index(fields=["assignee", "status"])]
+        indexes = [
+            models.Index(fields=["space", "status"]), models.Index(fields=["assignee", "status"]),
+            # the board's columns, newest first, however many tasks a column holds
+            models.Index(fields=["space", "status", "-updated_at", "-id"], name="task_board_idx"),
+            # the engine tick: running tasks not yet reminded, pending ones with a start time, engine-managed open ones
+            models.Index(fields=["started_at"], condition=Q(status="running", stale_notified_at__isnull=True), name="task_running_idx"),
+            models.Index(fields=["not_before"], condition=Q(status="pending", not_before__isnull=False), name="task_not_before_idx"),
+            models.Index(fields=["space"], condition=Q(engine_managed=True, status__in=["pending", "ready"]), name="task_engine_open_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.title}"
