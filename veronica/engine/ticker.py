@@ -7,7 +7,8 @@ renewing, and a follower takes the role over within `role_ttl()` seconds. So a k
 member is running again within its run lease + about one tick period, and an idle deployment costs
 a handful of indexed statements per period, none per member.
 
-A ticker cut off from its database logs every failed beat and keeps retrying; it never holds up
+A ticker cut off from its database logs every failed beat and keeps retrying, and marks its host
+cut off (veronica.engine.outage: the host fetches no wakes) until a beat gets through; it never holds up
 the cluster's shutdown (it is a daemon thread, and the qcluster command bounds the stop).
 """
 from __future__ import annotations
@@ -20,8 +21,8 @@ import time
 import uuid
 
 from django.conf import settings
-from django.db import close_old_connections, connection
-from veronica.engine import clock, leases
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from veronica.engine import clock, leases, outage
 
 log = logging.getLogger(__name__)
 ROLE = "engine-ticker"
@@ -98,6 +99,8 @@ class Ticker(threading.Thread):
         except Exception as exc:
             self.failures += 1
             self.leading = False
+            if isinstance(exc, (OperationalError, InterfaceError)):
+                outage.mark_down()  # this host's pusher stops fetching wakes until a beat gets through
             log.warning("engine ticker %s: beat failed (%s: %s); retry %d in %.0fs", self.holder, type(exc).__name__,
                         str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "", self.failures, self.period)
             if not connection.in_atomic_block:
@@ -108,6 +111,7 @@ class Ticker(threading.Thread):
             return None
 
     def _recovered(self) -> None:
+        outage.mark_up()  # the beat's statements got through: the host takes wakes again
         if self.failures:
             log.warning("engine ticker %s: database reachable again after %d failed beats", self.holder, self.failures)
         self.failures = 0
