@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -117,8 +118,6 @@ DB_ADDRESS, HOST_SIDE = "10.77.0.1", "10.77.0.2"
 
 def serve_database(port: int, path: str) -> None:
     """In the database namespace: wait for DB_ADDRESS to be configured, then relay it to the socket file."""
-    import time
-
     while True:
         try:
             listener = socket.create_server((DB_ADDRESS, port), backlog=64)
@@ -140,6 +139,9 @@ def database_over_veth(port: int, path: str, pidfile: str) -> None:
     run = lambda *cmd: subprocess.run(cmd, check=True)  # noqa: E731
     run("ip", "link", "add", "vdb0", "type", "veth", "peer", "name", "vdb1")
     far = subprocess.Popen(["unshare", "-n", sys.executable, __file__, "--serve-database", str(port), "--pg-sock", path])
+    ours = os.readlink("/proc/self/ns/net")
+    while os.readlink(f"/proc/{far.pid}/ns/net") == ours:  # until unshare has made the new namespace
+        time.sleep(0.02)
     run("ip", "link", "set", "vdb1", "netns", str(far.pid))
     inside = ["nsenter", "-t", str(far.pid), "-n"]
     run(*inside, "ip", "link", "set", "lo", "up")

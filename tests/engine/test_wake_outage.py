@@ -81,3 +81,24 @@ def test_a_host_cut_off_from_the_database_fetches_no_wakes_until_its_ticker_gets
     monkeypatch.setattr("veronica.engine.leases.hold_role", lambda *a: False)
     ticker.beat()
     assert pusher.dequeue() == [("ack", "task")], "the first beat that got through lets the host fetch again"
+
+
+def test_a_beat_stuck_on_the_database_stops_the_host_fetching_before_the_timeout_fails_it(monkeypatch, tmp_path):
+    """A packet nobody answers fails only after the connect or TCP user timeout (10-20 s): the
+    qcluster's main loop watches the beat's role statement and marks the host cut off past
+    stall_seconds(); the beat that gets through lifts the note."""
+    import time
+
+    from veronica.engine.ticker import Ticker
+
+    monkeypatch.setenv(outage.MARK_ENV, str(tmp_path / "outage"))
+    ticker = Ticker(period=1, holder="t")
+    ticker.beat_started = time.monotonic() - 1
+    ticker.watch()
+    assert not outage.is_down(), "a beat of a second is no stall"
+    ticker.beat_started = time.monotonic() - ticker.stall_seconds() - 1
+    ticker.watch()
+    assert outage.is_down(), "a beat stuck past stall_seconds() marks the host cut off"
+    monkeypatch.setattr("veronica.engine.leases.hold_role", lambda *a: False)
+    ticker.beat()
+    assert not outage.is_down() and ticker.beat_started is None

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 ROLE = "engine-ticker"
 
 
+STALL_SLACK = 5.0  # a beat's statements take milliseconds; one this late is waiting on a database it cannot reach
+
+
 def role_ttl(period: float) -> float:
     """How long a holder keeps the role without renewing: one beat plus a second of slack. Short, as
     a dead holder's members wait on it: with kills every few seconds the holder and then its successor
@@ -49,6 +52,8 @@ class Ticker(threading.Thread):
         self.leading = False
         self.failures = 0
         self.expiry_deadline: float | None = None  # time.monotonic() when the soonest run lease runs out
+        self.beat_started: float | None = None  # time.monotonic() when the beat's role statement was sent
+        self._stall_noted = False
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -77,10 +82,13 @@ class Ticker(threading.Thread):
         """One period: hold (or try to take) the role; the holder ticks. Never raises."""
         from veronica.engine import tick
 
+        self.beat_started = time.monotonic()
         try:
             if not connection.in_atomic_block:  # (tests call beat() inside their transaction)
                 close_old_connections()  # the thread's own connection: health-checked like a request's
-            if not leases.hold_role(ROLE, self.holder, role_ttl(self.period)):
+            held = leases.hold_role(ROLE, self.holder, role_ttl(self.period))
+            self.beat_started = None  # (watched: one indexed UPDATE; the tick's duties may take long)
+            if not held:
                 if self.leading:
                     log.warning("engine ticker %s lost the role to another process", self.holder)
                 self.leading = False
@@ -109,6 +117,26 @@ class Ticker(threading.Thread):
                 except Exception:
                     pass
             return None
+        finally:
+            self.beat_started = None
+
+    def stall_seconds(self) -> float:
+        return self.period + STALL_SLACK
+
+    def watch(self) -> None:
+        """Called from another thread (the qcluster's main loop): a beat's role statement stuck on the
+        database for longer than stall_seconds() is a partition until it says otherwise (a packet that is never
+        answered fails only after the connect or TCP user timeout, 10-20 s): the host stops fetching
+        wakes now, and the beat that gets through lifts the note."""
+        started = self.beat_started
+        if started is None or time.monotonic() - started < self.stall_seconds():
+            self._stall_noted = False
+            return
+        outage.mark_down()
+        if not self._stall_noted:
+            self._stall_noted = True
+            log.warning("engine ticker %s: a beat has waited on the database for %.0fs; this host takes no wakes until "
+                        "it answers", self.holder, time.monotonic() - started)
 
     def _recovered(self) -> None:
         outage.mark_up()  # the beat's statements got through: the host takes wakes again

@@ -134,6 +134,7 @@ class Command(Q2Command):
         ticker.start()
         while cluster.sentinel.is_alive() and not stopping.is_set():
             cluster.sentinel.join(0.5)
+            ticker.watch()  # a beat stuck on the database: this host stops fetching wakes
         ticker.stop()
         if cluster.sentinel.is_alive():
             cluster.sentinel.join()
