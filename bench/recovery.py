@@ -265,8 +265,9 @@ def partition(args, env: dict, space, members, log_dir: Path) -> dict:
          "--redis-port", str(route.redis[1]), "--db-pidfile", str(sockets / "db.pid"), "--", "manage.py", "qcluster"],
         cwd=REPO, env=cut_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
-    while b"engine ticker" not in log_path.read_bytes() and time.monotonic() < deadline:
+    while b"running." not in log_path.read_bytes() and time.monotonic() < deadline:
         time.sleep(0.5)
+    time.sleep(5)  # its workers warmed up (a warm-up cut off holds its worker, and so a wake, for the timeouts)
     db_pid = int((sockets / "db.pid").read_text())
     try:
         set_database_link(db_pid, False)
@@ -303,7 +304,7 @@ def partition(args, env: dict, space, members, log_dir: Path) -> dict:
     text = log_path.read_text(errors="replace")
     return {"seconds": args.partition, "mails": len(waits), "p50": pct(waits, 50), "p99": pct(waits, 99),
             "max": max(waits) if waits else None, "held_on_timeout": text.count("the database is unreachable"),
-            "handed_back": text.count("handing the wake back"), "before_heal_max": max(late) if late else None,
+            "handed_back": text.count("handed back"), "before_heal_max": max(late) if late else None,
             "load_start": load_start, "load": os.getloadavg()[0]}
 
 

@@ -122,6 +122,7 @@ def cut_off(member_id: int, source: str, exc: Exception) -> str:
 
 def hand_back(member_id: int, source: str) -> str:
     wakes.enqueue_wake(member_id, source, front=True, owe=False)
+    log.info("wake of member %s (%s) handed back: this host cannot reach the database", member_id, source)
     time.sleep(BOUNCE_PAUSE)
     return "handed-back"
 
