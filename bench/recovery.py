@@ -247,7 +247,7 @@ def partition(args, env: dict, space, members, log_dir: Path) -> dict:
     from django.conf import settings
     from django.db import close_old_connections
 
-    from tests.netns import plan, set_database_link, unix_to_tcp
+    from tests.netns import plan, set_database_link, tear_down, unix_to_tcp
     from veronica import bus
     from veronica.models import Message
 
@@ -288,14 +288,8 @@ def partition(args, env: dict, space, members, log_dir: Path) -> dict:
             time.sleep(0.5)
             close_old_connections()
     finally:
-        try:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        launcher.wait(timeout=10)
+        tear_down(launcher, relays)
         log.close()
-        for relay in relays:
-            relay.close()
         shutil.rmtree(sockets, ignore_errors=True)
     waits = [(m.read_at - m.created_at).total_seconds() if m.read_at else float("inf")
              for m in Message.objects.filter(pk__in=[pk for pk in sent if pk])]

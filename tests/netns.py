@@ -156,6 +156,20 @@ def database_over_veth(port: int, path: str, pidfile: str) -> None:
     Path(pidfile).write_text(str(far.pid))
 
 
+def tear_down(launcher: subprocess.Popen, relays: list[Relay]) -> None:
+    """Kill the namespace's process group (the cluster, its relays, the database namespace), then
+    close the host-side relays: the database now sees the sessions end."""
+    import signal
+
+    try:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    launcher.wait(timeout=10)
+    for relay in relays:
+        relay.close()
+
+
 def set_database_link(db_pid: int, up: bool) -> None:
     """From the test: the veth end in the database namespace down (a cut) or up (healed)."""
     subprocess.run(["nsenter", "-t", str(db_pid), "-n", "ip", "link", "set", "vdb1", "up" if up else "down"], check=True)

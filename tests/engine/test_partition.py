@@ -22,7 +22,7 @@ from django.db import close_old_connections, connection
 
 from tests.conftest import make_space
 from tests.harness import REPO, isolate_queue, qcluster, wait_for, worker_env
-from tests.netns import plan, set_database_link, unix_to_tcp
+from tests.netns import plan, set_database_link, tear_down, unix_to_tcp
 from veronica import bus
 from veronica.models import Message
 
@@ -93,13 +93,7 @@ def isolated(tmp_path, db_only: bool = False):
     try:
         yield qcluster_pid, cut, log_path, set_database
     finally:
-        try:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        launcher.wait(timeout=5)
-        for relay in relays:
-            relay.close()  # the database now sees the sessions end
+        tear_down(launcher, relays)
         log.close()
         close_old_connections()
 
