@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -223,9 +224,11 @@ def child(args) -> dict:
         rerun = Run.objects.filter(member_id=member_id, started_at__gt=killed_at).order_by("started_at").first()
         recoveries.append((rerun.started_at - killed_at).total_seconds() if rerun else float("inf"))
         pickups.append((rerun.started_at - expired.ended_at).total_seconds() if rerun else float("inf"))
-        if rerun:  # what the member's doorbells did between the expiry and the run (the slowest are printed)
-            rung = Wake.objects.filter(member_id=member_id, created_at__gte=expired.ended_at, created_at__lte=rerun.started_at)
-            slowest.append((recoveries[-1], detections[-1], pickups[-1], rung.count(), rung.filter(claimed=False).count()))
+        if rerun:  # what the member's doorbells did between the expiry and the run (the slowest are printed); a
+            # wake's row is written after its claim, so the one that started the run is a moment after it
+            rung = Wake.objects.filter(member_id=member_id, created_at__gte=expired.ended_at,
+                                       created_at__lte=rerun.started_at + timedelta(seconds=1))
+            slowest.append((recoveries[-1], detections[-1], pickups[-1], rung.count(), rung.filter(claimed=False).count(), rerun.source))
     stuck = set(Member.objects.filter(space=space).exclude(lease_token="").values_list("pk", flat=True))
     stuck |= set(Member.objects.filter(space=space, run_status="busy").values_list("pk", flat=True))
     stuck |= set(Message.objects.filter(space=space, read_at__isnull=True, recipient__isnull=False).values_list("recipient_id", flat=True))
@@ -384,8 +387,9 @@ def main() -> None:
               f"max {fmt(r['max'])}   (goal <= lease + 5 = {r['lease'] + 5}s)  {load}")
         print(f"    of which kill -> lease expired by the ticker  p50 {fmt(r['detect_p50'])}  max {fmt(r['detect_max'])};"
               f"  lease expired -> running again  p50 {fmt(r['pickup_p50'])}  p99 {fmt(r['pickup_p99'])}  {load}")
-        for total, detect, pickup, wakes, refused in r["slowest"]:
-            print(f"    slow: {total:5.1f}s = expiry {detect:5.1f}s + pickup {pickup:5.1f}s ({wakes} wakes received meanwhile, {refused} unclaimed)")
+        for total, detect, pickup, wakes, refused, source in r["slowest"]:
+            print(f"    slow: {total:5.1f}s = expiry {detect:5.1f}s + pickup {pickup:5.1f}s ({wakes} wakes received, {refused} unclaimed;"
+                  f" the run came from a {source} wake)")
         cut = r.get("partition")
         if cut:
             print(f"  partition: one host cut from PostgreSQL for {cut['seconds']:.0f}s, {cut['mails']} mails: wait p50 {fmt(cut['p50'])}"
