@@ -64,6 +64,7 @@ def test_a_host_cut_off_from_the_database_fetches_no_wakes_until_its_ticker_gets
     from veronica.engine.ticker import Ticker
 
     monkeypatch.setenv(outage.MARK_ENV, str(tmp_path / "outage"))
+    monkeypatch.setattr(outage, "network_database", lambda: True)  # (the embedded pass runs it on SQLite)
     monkeypatch.setattr(qbroker, "GATE_PAUSE", 0)
     fetched = []
     monkeypatch.setattr(qbroker.Redis, "dequeue", lambda self: fetched.append(1) or [("ack", "task")])
@@ -92,6 +93,7 @@ def test_a_beat_stuck_on_the_database_stops_the_host_fetching_before_the_timeout
     from veronica.engine.ticker import Ticker
 
     monkeypatch.setenv(outage.MARK_ENV, str(tmp_path / "outage"))
+    monkeypatch.setattr(outage, "network_database", lambda: True)
     ticker = Ticker(period=1, holder="t")
     ticker.beat_started = time.monotonic() - 1
     ticker.watch()
@@ -102,3 +104,13 @@ def test_a_beat_stuck_on_the_database_stops_the_host_fetching_before_the_timeout
     monkeypatch.setattr("veronica.engine.leases.hold_role", lambda *a: False)
     ticker.beat()
     assert not outage.is_down() and ticker.beat_started is None
+
+
+def test_sqlite_locked_is_no_partition_the_other_workers_carry_on(tmp_path, monkeypatch):
+    """Embedded: "database is locked" in one worker's claim hands that wake back, but does not stop
+    the host (its ticker and other workers) the way a cut network does."""
+    monkeypatch.setenv(outage.MARK_ENV, str(tmp_path / "outage"))
+    monkeypatch.setattr(outage, "network_database", lambda: False)
+    outage.mark_down()
+    assert not (tmp_path / "outage").exists() and outage.is_down(), "this process's own note only"
+    outage.mark_up()

@@ -26,10 +26,18 @@ def _path() -> str:
     return os.environ.get(MARK_ENV, "")
 
 
+def network_database() -> bool:
+    """A database across a network can be cut off; SQLite's "database is locked" is no partition
+    (the note is then the failing process's own: the host's other workers carry on)."""
+    from django.db import connection
+
+    return connection.vendor != "sqlite"
+
+
 def mark_down() -> None:
     global _local_until
     path = _path()
-    if not path:
+    if not path or not network_database():
         _local_until = time.monotonic() + LOCAL_SECONDS
         return
     until = time.monotonic() + HOLD_SECONDS

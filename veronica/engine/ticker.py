@@ -129,7 +129,7 @@ class Ticker(threading.Thread):
         answered fails only after the connect or TCP user timeout, 10-20 s): the host stops fetching
         wakes now, and the beat that gets through lifts the note."""
         started = self.beat_started
-        if started is None or time.monotonic() - started < self.stall_seconds():
+        if started is None or time.monotonic() - started < self.stall_seconds() or not outage.network_database():
             self._stall_noted = False
             return
         outage.mark_down()
