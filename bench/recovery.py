@@ -17,10 +17,16 @@ one started in its place; then the stream drains. Printed per mode:
 `--skew SECONDS` runs every qcluster group with its wall clock shifted (only what Python reads:
 tests/skewed_clock on its PYTHONPATH; the database and this measuring process keep true time), so
 a host clock ahead (> 0) or behind (< 0) can be compared with the control at the same load. The
-1-minute load average is printed beside the figures.
+1-minute load average is printed beside each figure (at the start and at the end of its phase).
+
+`--partition SECONDS` (hosted only; needs root, unshare, nsenter and ip) adds a phase after the
+drain: one more qcluster group runs in a network namespace that reaches PostgreSQL over a veth pair
+(tests/netns.py), which is taken down for SECONDS while mail streams to the members; the figures
+are the mail's wait (sent -> read) during the cut, p50 / p99 / max, the wakes the cut host held on
+a database timeout, and the wait of mail sent just before the heal.
 
 Usage: .venv/bin/python bench/recovery.py [--modes embedded,hosted] [--groups 3] [--members 8]
-       [--messages 120] [--kill-every 4] [--lease 10] [--skew SECONDS]
+       [--messages 120] [--kill-every 4] [--lease 10] [--skew SECONDS] [--partition SECONDS]
 The last line is one JSON object with those figures per mode.
 Each mode uses its own data folder, PostgreSQL database and queue name, and drops them afterwards.
 """
@@ -37,6 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,6 +117,7 @@ def child(args) -> dict:
     from veronica.engine import supervisor
     from veronica.models import Member, Message, Role, Run, RunOutcome, Space, Task, TaskStatus, Turn, Wake
 
+    load_start = os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="bench-recovery-ws-"))
     for i in range(6):
         (workdir / f"part{i}.py").write_text("".join(f"def f{j}():\n    return {j}  # TODO tidy\n" for j in range(30)))
@@ -176,6 +184,8 @@ def child(args) -> dict:
             pending = None
         time.sleep(0.5)
     drained_after = time.monotonic() - started
+    load_chaos = os.getloadavg()[0]
+    cut = partition(args, env, space, members, log_dir) if args.partition and os.environ.get("DATABASE_URL") else None
     for group in groups:
         group.stop()
 
@@ -214,9 +224,11 @@ def child(args) -> dict:
         rerun = Run.objects.filter(member_id=member_id, started_at__gt=killed_at).order_by("started_at").first()
         recoveries.append((rerun.started_at - killed_at).total_seconds() if rerun else float("inf"))
         pickups.append((rerun.started_at - expired.ended_at).total_seconds() if rerun else float("inf"))
-        if rerun:  # what the member's doorbells did between the expiry and the run (the slowest are printed)
-            rung = Wake.objects.filter(member_id=member_id, created_at__gte=expired.ended_at, created_at__lte=rerun.started_at)
-            slowest.append((recoveries[-1], detections[-1], pickups[-1], rung.count(), rung.filter(claimed=False).count()))
+        if rerun:  # what the member's doorbells did between the expiry and the run (the slowest are printed); a
+            # wake's row is written after its claim, so the one that started the run is a moment after it
+            rung = Wake.objects.filter(member_id=member_id, created_at__gte=expired.ended_at,
+                                       created_at__lte=rerun.started_at + timedelta(seconds=1))
+            slowest.append((recoveries[-1], detections[-1], pickups[-1], rung.count(), rung.filter(claimed=False).count(), rerun.source))
     stuck = set(Member.objects.filter(space=space).exclude(lease_token="").values_list("pk", flat=True))
     stuck |= set(Member.objects.filter(space=space, run_status="busy").values_list("pk", flat=True))
     stuck |= set(Message.objects.filter(space=space, read_at__isnull=True, recipient__isnull=False).values_list("recipient_id", flat=True))
@@ -225,11 +237,72 @@ def child(args) -> dict:
         "answers": sum(answers.values()), "duplicates": sum(n - 1 for n in answers.values() if n > 1),
         "overlaps": overlaps, "stuck": len(stuck), "kills": len(kills), "killed_runs": len(recoveries),
         "detect_p50": pct(detections, 50), "detect_max": max(detections) if detections else None,
-        "pickup_p50": pct(pickups, 50), "pickup_p99": pct(pickups, 99), "failed": failed, "load": os.getloadavg()[0],
+        "pickup_p50": pct(pickups, 50), "pickup_p99": pct(pickups, 99), "failed": failed, "load": load_chaos, "load_start": load_start,
+        "partition": cut,
         "p50": pct(recoveries, 50), "p99": pct(recoveries, 99), "max": max(recoveries) if recoveries else None,
         "expired_runs": Run.objects.filter(member__space=space, outcome=RunOutcome.LEASE_EXPIRED).count(),
         "deadlocks": len(DEADLOCKS), "lease": args.lease, "slowest": sorted(slowest, reverse=True)[:3], "drained_after": drained_after, "runs": Run.objects.filter(member__space=space).count(),
     }
+
+
+def partition(args, env: dict, space, members, log_dir: Path) -> dict:
+    """A host cut from PostgreSQL only for args.partition seconds while mail streams (see the docstring)."""
+    from django.conf import settings
+    from django.db import close_old_connections
+
+    from tests.netns import plan, set_database_link, tear_down, unix_to_tcp
+    from veronica import bus
+    from veronica.models import Message
+
+    load_start = os.getloadavg()[0]
+    sockets = Path(tempfile.mkdtemp(prefix="bench-netns-"))
+    route = plan(env["DATABASE_URL"], settings.REDIS_URL)
+    relays = [unix_to_tcp(sockets / "pg.sock", *route.pg), unix_to_tcp(sockets / "redis.sock", *route.redis)]
+    cut_env = {**env, "DATABASE_URL": route.database_url, "REDIS_URL": route.redis_url, "VERONICA_Q_WORKERS": str(args.workers),
+               "LOG_LEVEL": "INFO"}
+    log_path = log_dir / "cut-host.log"
+    log = open(log_path, "ab")
+    launcher = subprocess.Popen(
+        ["unshare", "-n", sys.executable, str(REPO / "tests" / "netns.py"), "--pidfile", str(sockets / "q.pid"),
+         "--pg-sock", str(sockets / "pg.sock"), "--pg-port", str(route.pg[1]), "--redis-sock", str(sockets / "redis.sock"),
+         "--redis-port", str(route.redis[1]), "--db-pidfile", str(sockets / "db.pid"), "--", "manage.py", "qcluster"],
+        cwd=REPO, env=cut_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while b"running." not in log_path.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(5)  # its workers warmed up (a warm-up cut off holds its worker, and so a wake, for the timeouts)
+    db_pid = int((sockets / "db.pid").read_text())
+    try:
+        set_database_link(db_pid, False)
+        cut_at = time.monotonic()
+        sent, last = [], []
+        n = 0
+        while time.monotonic() - cut_at < args.partition:
+            member = members[n % len(members)]
+            close_old_connections()
+            message = bus.send(space, "operator", member.name, f"partition ping {n}")[0]
+            (last if args.partition - (time.monotonic() - cut_at) < 3 else sent).append(getattr(message, "pk", None))
+            n += 1
+            time.sleep(args.partition_interval)
+        set_database_link(db_pid, True)
+        wait_until = time.monotonic() + 90
+        ids = [pk for pk in sent + last if pk]
+        while time.monotonic() < wait_until and Message.objects.filter(pk__in=ids, read_at__isnull=True).exists():
+            time.sleep(0.5)
+            close_old_connections()
+    finally:
+        tear_down(launcher, relays)
+        log.close()
+        shutil.rmtree(sockets, ignore_errors=True)
+    waits = [(m.read_at - m.created_at).total_seconds() if m.read_at else float("inf")
+             for m in Message.objects.filter(pk__in=[pk for pk in sent if pk])]
+    late = [(m.read_at - m.created_at).total_seconds() if m.read_at else float("inf")
+            for m in Message.objects.filter(pk__in=[pk for pk in last if pk])]
+    text = log_path.read_text(errors="replace")
+    return {"seconds": args.partition, "mails": len(waits), "p50": pct(waits, 50), "p99": pct(waits, 99),
+            "max": max(waits) if waits else None, "held_on_timeout": text.count("the database is unreachable"),
+            "handed_back": text.count("handed back"), "before_heal_max": max(late) if late else None,
+            "load_start": load_start, "load": os.getloadavg()[0]}
 
 
 def spawn(mode: str, args) -> dict:
@@ -282,6 +355,8 @@ def main() -> None:
     parser.add_argument("--drain-timeout", type=float, default=90)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--skew", type=float, default=0, help="seconds the groups' wall clocks run ahead (< 0: behind)")
+    parser.add_argument("--partition", type=float, default=0, help="hosted: seconds one more host is cut from PostgreSQL only")
+    parser.add_argument("--partition-interval", type=float, default=0.5, help="seconds between mails during the cut")
     parser.add_argument("--keep", action="store_true", help="keep the embedded data folder and the groups' logs")
     parser.add_argument("--child")
     args = parser.parse_args()
@@ -298,20 +373,30 @@ def main() -> None:
     for mode in args.modes.split(","):
         r = spawn(mode, args)
         summary[mode] = {key: r[key] for key in ("sent", "read", "lost", "unfinished", "duplicates", "overlaps", "stuck",
-                                                 "killed_runs", "p50", "p99", "max", "lease", "load")}
+                                                 "killed_runs", "p50", "p99", "max", "lease", "load_start", "load")}
         summary[mode]["skew"] = args.skew
+        if r.get("partition"):
+            summary[mode]["partition"] = r["partition"]
         fmt = lambda v: "-" if v is None else f"{v:5.1f}s"  # noqa: E731
         print(f"[{mode}]  drained after {r['drained_after']:.0f}s, {r['runs']} runs, {r['kills']} kills")
         print(f"  messages sent {r['sent']}  read {r['read']}  lost {r['lost']}   tasks read but never finished {r['unfinished']}"
               f"  (reported failed by the worker {r['failed']}; producer writes failed by a deadlock {r['deadlocks']})")
         print(f"  answers {r['answers']}  duplicate answers {r['duplicates']}  overlapping runs {r['overlaps']}  stuck members {r['stuck']}")
+        load = f"(load {r['load_start']:.1f} -> {r['load']:.1f} on {os.cpu_count()} CPUs)"
         print(f"  kill -> running again ({r['killed_runs']} killed runs of {r['expired_runs']} lease-expired)  p50 {fmt(r['p50'])}  p99 {fmt(r['p99'])}  "
-              f"max {fmt(r['max'])}   (goal <= lease + 5 = {r['lease'] + 5}s)")
+              f"max {fmt(r['max'])}   (goal <= lease + 5 = {r['lease'] + 5}s)  {load}")
         print(f"    of which kill -> lease expired by the ticker  p50 {fmt(r['detect_p50'])}  max {fmt(r['detect_max'])};"
-              f"  lease expired -> running again  p50 {fmt(r['pickup_p50'])}  p99 {fmt(r['pickup_p99'])}")
-        for total, detect, pickup, wakes, refused in r["slowest"]:
-            print(f"    slow: {total:5.1f}s = expiry {detect:5.1f}s + pickup {pickup:5.1f}s ({wakes} wakes received meanwhile, {refused} unclaimed)")
-        print(f"    (1-minute load average at the end {r['load']:.1f} on {os.cpu_count()} CPUs)\n")
+              f"  lease expired -> running again  p50 {fmt(r['pickup_p50'])}  p99 {fmt(r['pickup_p99'])}  {load}")
+        for total, detect, pickup, wakes, refused, source in r["slowest"]:
+            print(f"    slow: {total:5.1f}s = expiry {detect:5.1f}s + pickup {pickup:5.1f}s ({wakes} wakes received, {refused} unclaimed;"
+                  f" the run came from a {source} wake)")
+        cut = r.get("partition")
+        if cut:
+            print(f"  partition: one host cut from PostgreSQL for {cut['seconds']:.0f}s, {cut['mails']} mails: wait p50 {fmt(cut['p50'])}"
+                  f"  p99 {fmt(cut['p99'])}  max {fmt(cut['max'])}; wakes the cut host held on a timeout {cut['held_on_timeout']},"
+                  f" handed back {cut['handed_back']}; mail of the last 3 s before the heal max {fmt(cut['before_heal_max'])}"
+                  f"  (load {cut['load_start']:.1f} -> {cut['load']:.1f})")
+        print()
     print(json.dumps(summary, default=str))  # the last line: the figures above, per mode
 
 

@@ -6,6 +6,11 @@ across network namespaces) to the real host and port. Taking the
 namespace's loopback down then drops every packet between the cluster and its relay, as a real
 partition does: nothing is refused, nothing is acknowledged, the database sees the sessions idle.
 
+With --db-pidfile, PostgreSQL is reached over a veth pair instead, at DB_ADDRESS, whose far end
+lives in a second namespace holding the PostgreSQL relay (its pid is written to that file): taking
+that end down (`cut_database`) drops the packets to the database only, Redis stays reachable, as in a
+database-only partition. Bringing it up again (`heal_database`) heals it.
+
     python -m tests.netns --pidfile F --pg-sock A --redis-sock B -- manage.py qcluster   (under `unshare -n`)
 """
 from __future__ import annotations
@@ -16,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -80,11 +86,11 @@ class Plan:
     redis_url: str
 
 
-def on_loopback(url: str, port: int) -> str:
+def on_loopback(url: str, port: int, host: str = "127.0.0.1") -> str:
     """`url` with its host replaced by 127.0.0.1 (credentials, port, path and query kept)."""
     parts = urlsplit(url)
     userinfo = parts.netloc.rpartition("@")[0]
-    return urlunsplit(parts._replace(netloc=f"{userinfo + '@' if userinfo else ''}127.0.0.1:{port}"))
+    return urlunsplit(parts._replace(netloc=f"{userinfo + '@' if userinfo else ''}{host}:{port}"))
 
 
 def plan(database_url: str, redis_url: str) -> Plan:
@@ -107,19 +113,90 @@ def tcp_to_unix(port: int, path: str) -> Relay:
     return Relay(listener, connect)
 
 
+DB_ADDRESS, HOST_SIDE = "10.77.0.1", "10.77.0.2"
+
+
+def serve_database(port: int, path: str) -> None:
+    """In the database namespace: wait for DB_ADDRESS to be configured, then relay it to the socket file."""
+    while True:
+        try:
+            listener = socket.create_server((DB_ADDRESS, port), backlog=64)
+            break
+        except OSError:
+            time.sleep(0.05)
+
+    def connect() -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(path)
+        return sock
+
+    Relay(listener, connect)
+    threading.Event().wait()
+
+
+def database_over_veth(port: int, path: str, pidfile: str) -> None:
+    """A veth pair from this namespace to a new one that holds the PostgreSQL relay."""
+    run = lambda *cmd: subprocess.run(cmd, check=True)  # noqa: E731
+    run("ip", "link", "add", "vdb0", "type", "veth", "peer", "name", "vdb1")
+    far = subprocess.Popen(["unshare", "-n", sys.executable, __file__, "--serve-database", str(port), "--pg-sock", path])
+    ours = os.readlink("/proc/self/ns/net")
+    while os.readlink(f"/proc/{far.pid}/ns/net") == ours:  # until unshare has made the new namespace
+        time.sleep(0.02)
+    run("ip", "link", "set", "vdb1", "netns", str(far.pid))
+    inside = ["nsenter", "-t", str(far.pid), "-n"]
+    run(*inside, "ip", "link", "set", "lo", "up")
+    run(*inside, "ip", "addr", "add", f"{DB_ADDRESS}/30", "dev", "vdb1")
+    run(*inside, "ip", "link", "set", "vdb1", "up")
+    mac = subprocess.run([*inside, "ip", "-o", "link", "show", "vdb1"], check=True, capture_output=True, text=True).stdout
+    mac = mac.split("link/ether", 1)[1].split()[0]
+    run("ip", "addr", "add", f"{HOST_SIDE}/30", "dev", "vdb0")
+    run("ip", "link", "set", "vdb0", "up")
+    # no ARP across the cut: a packet to the database is sent and lost, never refused for want of a neighbour
+    run("ip", "neigh", "replace", DB_ADDRESS, "lladdr", mac, "dev", "vdb0", "nud", "permanent")
+    Path(pidfile).write_text(str(far.pid))
+
+
+def tear_down(launcher: subprocess.Popen, relays: list[Relay]) -> None:
+    """Kill the namespace's process group (the cluster, its relays, the database namespace), then
+    close the host-side relays: the database now sees the sessions end."""
+    import signal
+
+    try:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    launcher.wait(timeout=10)
+    for relay in relays:
+        relay.close()
+
+
+def set_database_link(db_pid: int, up: bool) -> None:
+    """From the test: the veth end in the database namespace down (a cut) or up (healed)."""
+    subprocess.run(["nsenter", "-t", str(db_pid), "-n", "ip", "link", "set", "vdb1", "up" if up else "down"], check=True)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--serve-database"]:
+        serve_database(int(sys.argv[2]), sys.argv[4])
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--pg-sock", required=True)
     parser.add_argument("--pg-port", type=int, required=True)
     parser.add_argument("--redis-sock", required=True)
     parser.add_argument("--redis-port", type=int, required=True)
+    parser.add_argument("--db-pidfile", help="reach PostgreSQL over a veth pair that can be cut alone")
     parser.add_argument("command", nargs="+")
     args = parser.parse_args()
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    tcp_to_unix(args.pg_port, args.pg_sock)
+    env = os.environ.copy()
+    if args.db_pidfile:
+        database_over_veth(args.pg_port, args.pg_sock, args.db_pidfile)
+        env["DATABASE_URL"] = on_loopback(env["DATABASE_URL"], args.pg_port, DB_ADDRESS)
+    else:
+        tcp_to_unix(args.pg_port, args.pg_sock)
     tcp_to_unix(args.redis_port, args.redis_sock)
-    child = subprocess.Popen([sys.executable, *args.command])
+    child = subprocess.Popen([sys.executable, *args.command], env=env)
     Path(args.pidfile).write_text(str(child.pid))
     sys.exit(child.wait())
 

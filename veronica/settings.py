@@ -216,6 +216,7 @@ Q_CLUSTER = {
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
+    Q_CLUSTER["broker_class"] = "veronica.engine.qbroker.GatedRedis"  # a host cut off from the database fetches no wakes
 else:
     Q_CLUSTER["orm"] = "default"
     if env_bool("VERONICA_Q_DOORBELL", True):  # the ORM broker's pushers wait on the doorbell, not the poll

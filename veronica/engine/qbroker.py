@@ -8,19 +8,23 @@ ring instead of sleeping, so a wake is fetched as soon as it is committed. The t
 durable path: a ring says "look", never carries the task, and the wait still ends after `poll`, so
 a lost or late ring costs at most the old poll interval.
 
-Hosted mode keeps django-q2's Redis broker (BLPOP, no poll). Set VERONICA_Q_DOORBELL=0 for the
+Hosted mode keeps django-q2's Redis broker (BLPOP, no poll), gated: a host cut off from the
+database fetches nothing (GatedRedis, below). Set VERONICA_Q_DOORBELL=0 for the
 stock ORM broker (the benches compare both).
 """
 from __future__ import annotations
 
 import logging
 import os
+import time
 
 from django.db import transaction
 from django_q.brokers.orm import ORM
+from django_q.brokers.redis_broker import Redis
 from django_q.conf import Conf
 
 from veronica import doorbell
+from veronica.engine import outage
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +68,18 @@ class DoorbellORM(ORM):
                 time.sleep(timeout)
                 return
         bell.wait(timeout)
+
+
+class GatedRedis(Redis):
+    """Hosted mode's broker: django-q2's Redis broker whose pusher fetches nothing while this host is
+    cut off from the database (veronica.engine.outage): the wakes stay in Redis for a host that can
+    run them, instead of each being fetched here, tried and handed back."""
+
+    def dequeue(self):
+        if outage.is_down():
+            time.sleep(GATE_PAUSE)
+            return None
+        return super().dequeue()
+
+
+GATE_PAUSE = 0.5  # how often a cut-off pusher looks at the note again

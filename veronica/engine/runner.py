@@ -16,7 +16,7 @@ from django.db.models import Exists, OuterRef
 from veronica import tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
-from veronica.engine import budget, failures, slot, wakes
+from veronica.engine import budget, failures, outage, slot, wakes
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
 from veronica.errors import storable
 from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
@@ -47,7 +47,7 @@ def wake(member_id: int, source: str) -> str:
     backing off, breaker not tripped, work to do), so the run starts one statement after the wake."""
     mail = source in MAIL_SOURCES
     gates = ("breaker", "mail") if mail else ("breaker",)
-    if time.monotonic() < _database_down_until:
+    if outage.is_down():  # this host cannot reach the database: a host that can takes the wake
         return hand_back(member_id, source)
     try:
         lease = first_claim(member_id, source, gates)
@@ -102,17 +102,15 @@ NOTHING_TO_DO = "nothing-to-do"
 
 
 # A worker that cannot reach the database hands its wakes back to the broker (at its head, for a
-# host that can) instead of failing each one on a connect timeout; for OUTAGE_SECONDS after a failed
-# claim it does not try the database again, and it pauses BOUNCE_PAUSE after each hand-back so a
-# cut-off host does not spin on the wakes it keeps fetching.
-OUTAGE_SECONDS = 5.0
+# host that can) instead of failing each one on a connect timeout. Its failed claim marks the whole
+# host cut off (veronica.engine.outage): the pusher stops fetching and the other workers hand back
+# what it had fetched already without trying the database, until the engine ticker gets through
+# again. BOUNCE_PAUSE after each hand-back keeps a host that still fetches from spinning.
 BOUNCE_PAUSE = 0.2
-_database_down_until = 0.0
 
 
 def cut_off(member_id: int, source: str, exc: Exception) -> str:
-    global _database_down_until
-    _database_down_until = time.monotonic() + OUTAGE_SECONDS
+    outage.mark_down()
     log.warning("wake of member %s: the database is unreachable (%s: %s); handing the wake back", member_id,
                 type(exc).__name__, str(exc).strip()[:200])
     try:
@@ -124,6 +122,7 @@ def cut_off(member_id: int, source: str, exc: Exception) -> str:
 
 def hand_back(member_id: int, source: str) -> str:
     wakes.enqueue_wake(member_id, source, front=True, owe=False)
+    log.info("wake of member %s (%s) handed back: this host cannot reach the database", member_id, source)
     time.sleep(BOUNCE_PAUSE)
     return "handed-back"
 

@@ -7,7 +7,8 @@ renewing, and a follower takes the role over within `role_ttl()` seconds. So a k
 member is running again within its run lease + about one tick period, and an idle deployment costs
 a handful of indexed statements per period, none per member.
 
-A ticker cut off from its database logs every failed beat and keeps retrying; it never holds up
+A ticker cut off from its database logs every failed beat and keeps retrying, and marks its host
+cut off (veronica.engine.outage: the host fetches no wakes) until a beat gets through; it never holds up
 the cluster's shutdown (it is a daemon thread, and the qcluster command bounds the stop).
 """
 from __future__ import annotations
@@ -20,11 +21,14 @@ import time
 import uuid
 
 from django.conf import settings
-from django.db import close_old_connections, connection
-from veronica.engine import clock, leases
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from veronica.engine import clock, leases, outage
 
 log = logging.getLogger(__name__)
 ROLE = "engine-ticker"
+
+
+STALL_SLACK = 5.0  # a beat's statements take milliseconds; one this late is waiting on a database it cannot reach
 
 
 def role_ttl(period: float) -> float:
@@ -48,6 +52,8 @@ class Ticker(threading.Thread):
         self.leading = False
         self.failures = 0
         self.expiry_deadline: float | None = None  # time.monotonic() when the soonest run lease runs out
+        self.beat_started: float | None = None  # time.monotonic() when the beat's role statement was sent
+        self._stall_noted = False
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -76,10 +82,13 @@ class Ticker(threading.Thread):
         """One period: hold (or try to take) the role; the holder ticks. Never raises."""
         from veronica.engine import tick
 
+        self.beat_started = time.monotonic()
         try:
             if not connection.in_atomic_block:  # (tests call beat() inside their transaction)
                 close_old_connections()  # the thread's own connection: health-checked like a request's
-            if not leases.hold_role(ROLE, self.holder, role_ttl(self.period)):
+            held = leases.hold_role(ROLE, self.holder, role_ttl(self.period))
+            self.beat_started = None  # (watched: one indexed UPDATE; the tick's duties may take long)
+            if not held:
                 if self.leading:
                     log.warning("engine ticker %s lost the role to another process", self.holder)
                 self.leading = False
@@ -98,6 +107,8 @@ class Ticker(threading.Thread):
         except Exception as exc:
             self.failures += 1
             self.leading = False
+            if isinstance(exc, (OperationalError, InterfaceError)):
+                outage.mark_down()  # this host's pusher stops fetching wakes until a beat gets through
             log.warning("engine ticker %s: beat failed (%s: %s); retry %d in %.0fs", self.holder, type(exc).__name__,
                         str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "", self.failures, self.period)
             if not connection.in_atomic_block:
@@ -106,8 +117,29 @@ class Ticker(threading.Thread):
                 except Exception:
                     pass
             return None
+        finally:
+            self.beat_started = None
+
+    def stall_seconds(self) -> float:
+        return self.period + STALL_SLACK
+
+    def watch(self) -> None:
+        """Called from another thread (the qcluster's main loop): a beat's role statement stuck on the
+        database for longer than stall_seconds() is a partition until it says otherwise (a packet that is never
+        answered fails only after the connect or TCP user timeout, 10-20 s): the host stops fetching
+        wakes now, and the beat that gets through lifts the note."""
+        started = self.beat_started
+        if started is None or time.monotonic() - started < self.stall_seconds() or not outage.network_database():
+            self._stall_noted = False
+            return
+        outage.mark_down()
+        if not self._stall_noted:
+            self._stall_noted = True
+            log.warning("engine ticker %s: a beat has waited on the database for %.0fs; this host takes no wakes until "
+                        "it answers", self.holder, time.monotonic() - started)
 
     def _recovered(self) -> None:
+        outage.mark_up()  # the beat's statements got through: the host takes wakes again
         if self.failures:
             log.warning("engine ticker %s: database reachable again after %d failed beats", self.holder, self.failures)
         self.failures = 0

@@ -4,6 +4,8 @@
   documented recipe `migrate` + `daphne` + `qcluster` needs no extra step;
 * the engine ticker runs in this (the cluster's main) process: started after q2 forked its
   sentinel, so no worker is ever forked from a process with a live ticker thread;
+* the host's database-outage note (veronica.engine.outage) is named before q2 forks, so the
+  pusher, the workers and the ticker share it;
 * SIGTERM / SIGINT stop q2 gracefully, bounded by VERONICA_Q_STOP_GRACE: past it (a worker stuck
   on a database it cannot reach, a run that does not end) the whole process tree is SIGKILLed,
   which is always safe (runs hold leases that expire and are re-woken elsewhere).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import tempfile
 import threading
 
 from django.conf import settings
@@ -20,6 +23,7 @@ from django.db import DatabaseError, connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as Q2Command
 
+from veronica.engine import outage
 from veronica.engine.ticker import Ticker
 from veronica.startup import ensure_schedules
 
@@ -121,6 +125,8 @@ class Command(Q2Command):
         if not ensure_schedules_patiently(stopping):
             return
         connections.close_all()  # never hand our socket to the forked sentinel and workers
+        os.environ[outage.MARK_ENV] = os.path.join(tempfile.gettempdir(), f"veronica-db-outage-{os.getpid()}")
+        outage.mark_up()  # (a note a recycled pid left behind)
         cluster.start()
         if options.get("run_once", False) or stopping.is_set():
             cluster.stop()
@@ -128,7 +134,9 @@ class Command(Q2Command):
         ticker.start()
         while cluster.sentinel.is_alive() and not stopping.is_set():
             cluster.sentinel.join(0.5)
+            ticker.watch()  # a beat stuck on the database: this host stops fetching wakes
         ticker.stop()
         if cluster.sentinel.is_alive():
             cluster.sentinel.join()
         ticker.join(timeout=2)  # hands the role back, so a follower takes over at its next beat
+        outage.mark_up()
