@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict
+from itertools import takewhile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
@@ -35,6 +36,7 @@ from waggle.recorder import Recorder
 from waggle.replay import clamp_prefix, estimate_yield, find_plan, plan_key, run_route, run_steps
 from waggle.route import (Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary,
                           wilson_lower, wilson_upper)
+from waggle.window import ROW as _ROW, call_from_row as _call_from_row, window as space_window
 from waggle.trace import Call, args_json, clean_text, decode_value, flatten_args, flatten_value, refs_from_json, storable
 
 log = logging.getLogger("waggle")
@@ -64,7 +66,6 @@ _rings_lock = threading.Lock()
 _MUTATOR_ARG_CHARS = 200
 
 
-_ROW = ("tool", "args", "mutates", "out_hash", "est_tokens", "out_refs", "oversized")
 
 
 @dataclass
@@ -91,13 +92,6 @@ def pinned(space_key: str, session_key: str) -> Iterator[None]:
         yield
     finally:
         _pins.pop(key, None)
-
-
-def _call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_tokens: int, out_refs: Any = (),
-                   oversized: bool = False) -> Call:
-    return Call(tool=tool, args=flatten_args(args if isinstance(args, dict) else {}), mutates=mutates,
-                out_hash=out_hash or "", est_tokens=est_tokens or 0, refs=refs_from_json(out_refs),
-                oversized=bool(oversized))
 
 
 def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
@@ -291,17 +285,16 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
 # miner + promoter
 # --------------------------------------------------------------------------------------------
 def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False,
-                    episodes: list | None = None) -> list[list[Call | None]]:
+                    episodes: list | None = None, held=None) -> list[list[Call | None]]:
     """The space's newest calls, one segment per session in call order. A call a replay made is
     never mining input: it stands as a barrier (no route spans the place where the model relied
     on a replay). Inbound messages are left out, unless ``messages`` (inbound routes are mined
     from messages and calls together). ``episodes``, when given, receives per segment the episode
     of each call: a fingerprint of the inbound message that started it (what the wake brought)."""
-    rows = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
-                .values_list("session_key", "seq", "replayed", *_ROW)[: cfg.mine_window])
     by_session: dict[str, list[tuple[int, Call | None]]] = {}
-    for session, seq, replayed, *row in rows:
-        by_session.setdefault(session, []).append((seq, None if replayed else _call_from_row(*row)))
+    held = held or space_window(space_key, cfg.mine_window)  # (held between sweeps: only new rows read)
+    for session, seq, call, _ in held.rows.values():
+        by_session.setdefault(session, []).append((seq, call))
     segments = []
     for session in sorted(by_session):
         items = sorted(by_session[session], key=lambda t: t[0])
@@ -379,15 +372,17 @@ def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | Non
     trim ForageCall to the retention bound. Returns the new waggle, if any. May raise (the
     callers on a member's path catch)."""
     cfg = (config or default_config()).normalized()
+    held = space_window(space_key, cfg.mine_window)
     try:
-        return _promote_best(space_key, cfg) if cfg.mining else None
+        return _promote_best(space_key, cfg, held) if cfg.mining else None
     finally:  # a failing sweep (say, a value the database refuses) still trims the space
-        _trim_space(space_key, cfg)
+        _trim_space(space_key, cfg, held)
 
 
-def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
+def _promote_best(space_key: str, cfg: WaggleConfig, held=None) -> Waggle | None:
+    held = held or space_window(space_key, cfg.mine_window)
     marks: list = []
-    segments = _space_segments(space_key, cfg, episodes=marks)
+    segments = _space_segments(space_key, cfg, episodes=marks, held=held)
     trace = segments_to_trace(segments)
     sessions = [n for n, seg in enumerate(segments) for _ in range(len(seg) + (n > 0))]
     episodes = [e for n, seg in enumerate(marks) for e in ([""] if n > 0 else []) + seg]
@@ -398,19 +393,27 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
             scope=Waggle.SCOPE_SPACE, space_key=space_key).values_list("name", "mined_count", "disabled")}
         known = set(own) | set(Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL).values_list("name", flat=True))
         index = TraceIndex(trace, sessions, episodes)
+        memo = _verdicts_of(space_key, cfg, held)
         judged = 0
         for cand in candidates:
-            route = Route.from_candidate(cand)
-            if not route.replayable(cfg.min_prefix):
+            name = memo.settled(cand)
+            if name is False:
+                continue  # judged at about this count, in about this window: the same verdict
+            route = Route.from_candidate(cand) if name is None else None
+            if route is not None and not route.replayable(cfg.min_prefix):
+                memo.settle(cand, "")
                 continue
-            stored = own.get(route.name)
-            if route.name in known and (stored is None or stored[1] or cand.count <= stored[0]):
+            name = name or route.name
+            stored = own.get(name)
+            if name in known and (stored is None or stored[1] or not _grew(cand.count, stored[0])):
+                memo.settle(cand, name)
                 continue  # (cheap checks: only routes that reach the trigger test count below)
             judged += 1
             if judged > cfg.sweep_candidates:
                 break  # the rest wait for a later sweep: each sweep stays linear in the window
+            memo.settle(cand, name)
             if stored is not None:  # seen more often than when it was judged: judge it again
-                _rejudge(space_key, route.name, cand, index, cfg)
+                _rejudge(space_key, name, cand, index, cfg)
                 continue
             route = promotable(cand, index, cfg)
             if route is None:
@@ -431,15 +434,66 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
                          route.confidence * 100)
             break
     if created is None:
-        created = _promote_heard(space_key, cfg)
+        created = _promote_heard(space_key, cfg, held)
     return created
 
 
-def _promote_heard(space_key: str, cfg: WaggleConfig) -> Waggle | None:
+def _grew(count: int, judged: int) -> bool:
+    """Seen enough more often than when last judged to judge again: one more sighting while few,
+    an eighth more once many (a full window slides: counts wobble by one without news)."""
+    return count >= judged + max(1, judged // 8)
+
+
+class _Verdicts:
+    """What the last sweeps of a space made of each mined shape: (count, route name or "" when
+    not replayable, window serial). A candidate seen at a count that has not grown enough since, in
+    a window that has not turned over by a quarter, gets the same verdict without being judged
+    again (judging is most of a steady-state sweep's cost)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.serial = 0  # rows that entered the window while this memo was kept
+        self.last_top: int | None = None
+        self.by_shape: dict[tuple, tuple[int, str, int]] = {}
+
+    def advance(self, held) -> None:
+        top = held.anchor[0] if held.anchor else None
+        if self.last_top is not None and top is not None and top > self.last_top:
+            self.serial += sum(1 for _ in takewhile(lambda rid: rid > self.last_top, reversed(held.rows)))
+        self.last_top = top
+
+    def settled(self, cand: Candidate):
+        """False: skip it (same verdict); its route name when known; None: judge from scratch."""
+        got = self.by_shape.get(cand.shape)
+        if got is None:
+            return None
+        count, name, at = got
+        if self.serial - at >= self.size // 4 or count != cand.count and _grew(cand.count, count):
+            return None
+        if count != cand.count and cand.count < count - max(1, count // 8):
+            return None  # fell a lot: the window moved on
+        return False
+
+    def settle(self, cand: Candidate, name: str) -> None:
+        if len(self.by_shape) > 20_000:
+            self.by_shape.clear()
+        self.by_shape[cand.shape] = (cand.count, name, self.serial)
+
+
+def _verdicts_of(space_key: str, cfg: WaggleConfig, held) -> _Verdicts:
+    """The space's verdict memo, kept with its window (a window read anew starts a new memo)."""
+    memo = held.verdicts
+    if memo is None:
+        memo = held.verdicts = _Verdicts(cfg.mine_window)
+    memo.advance(held)
+    return memo
+
+
+def _promote_heard(space_key: str, cfg: WaggleConfig, held=None) -> Waggle | None:
     """Mine inbound routes (calls bound to the message that woke the member: waggle.inbound) and
     store the best new one. A stored one whose learned shape or rivals changed is updated; one the
     larger sample no longer vouches for is disabled."""
-    heard = mine_heard(_space_segments(space_key, cfg, messages=True), min_contexts=cfg.min_contexts,
+    heard = mine_heard(_space_segments(space_key, cfg, messages=True, held=held), min_contexts=cfg.min_contexts,
                        min_confidence=cfg.min_confidence, z=cfg.confidence_z, wilson=wilson_lower)
     own = {name: (disabled, data) for name, disabled, data in Waggle.objects.filter(
         scope=Waggle.SCOPE_SPACE, space_key=space_key, name__startswith="heard.").values_list("name", "disabled", "route")}
@@ -508,7 +562,14 @@ def _rejudge(space_key: str, name: str, cand: Candidate, index: TraceIndex, cfg:
                                               mined_count=cand.count, touched=now)
 
 
-def _trim_space(space_key: str, cfg: WaggleConfig) -> int:
+def _trim_space(space_key: str, cfg: WaggleConfig, held=None) -> int:
+    if held is not None and cfg.retention_calls <= cfg.mine_window:  # the window holds the edge: no rows read (a delete of nothing is an index probe)
+        keep = held.oldest_kept(cfg.retention_calls)
+        if keep is None:
+            return 0
+        deleted, _ = ForageCall.objects.filter(space_key=space_key, id__lt=keep).delete()
+        held.drop_before(keep)
+        return deleted
     edge = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
                 .values_list("id", flat=True)[cfg.retention_calls: cfg.retention_calls + 1])
     if not edge:
