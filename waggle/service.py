@@ -806,6 +806,46 @@ def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str | None:
     return None
 
 
+def _lists(ring: Recorder) -> list[list[str]]:
+    """Every list the session's outputs held, as the ordered values at sibling paths (the paths
+    that differ only in their last list index)."""
+    groups: dict[tuple, list[str]] = {}
+    for c in ring.recent():
+        for path, value in c.refs:
+            at = max((i for i, p in enumerate(path) if isinstance(p, int)), default=None)
+            if at is None:
+                continue
+            key = (c.tool, c.args, path[:at], path[at + 1:])
+            groups.setdefault(key, []).append(value)
+    return [vals for vals in groups.values() if len(vals) > 1]
+
+
+def _continued(step: list, issued: list[tuple[str, tuple]], lists: list[list[str]], done: set) -> bool:
+    """The reply walks on down the list a replayed fan-out walked: it calls the same tool on a
+    later element of the list the step's value came from, every element before that one having
+    been replayed or made already. The model took the replayed elements as read (a model that
+    wanted only that element would not be walking the list; one that doubted the replay would
+    re-issue it)."""
+    tool, own = step[0], dict(sorted((step[1] or {}).items()))
+    for t, a in issued:
+        if t != tool:
+            continue
+        other = dict(a)
+        if other.keys() != own.keys():
+            continue
+        diff = [k for k in own if own[k] != other[k]]
+        if len(diff) != 1:
+            continue
+        key = diff[0]
+        for vals in lists:
+            if own[key] not in vals or other[key] not in vals:
+                continue
+            i, j = vals.index(own[key]), vals.index(other[key])
+            if i < j and all((tool, tuple(sorted((own | {key: v}).items()))) in done for v in vals[:j]):
+                return True
+    return False
+
+
 def _verdict(step: list) -> str | None:
     return step[7] if len(step) > 7 else None
 
@@ -852,6 +892,7 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
         said = evidence.reply_text(text if isinstance(text, str) else "", calls or [])
         ring = _ring(space_key, session_key, cfg)
         settled = 0
+        lists, done = None, set()
         for fired in pending:
             tail = [list(step) for step in fired.tail]
             replayed = {(str(s[0]), tuple(sorted((s[1] or {}).items()))) for s in tail}  # (args kept as JSON texts)
@@ -860,6 +901,10 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
                 if _verdict(step) is not None:
                     continue
                 verdict = _judge_step(step, issued)
+                if verdict is None and any(t == step[0] for t, _ in issued):
+                    if lists is None:
+                        lists, done = _lists(ring), {c.invocation() for c in ring.recent()}
+                    verdict = "used" if _continued(step, issued, lists, done) else None
                 if verdict is None and len(step) > 8 and step[6]:
                     if since is None:
                         since = _learned_since(ring, int(step[8]), replayed)
