@@ -204,7 +204,7 @@ class Harness:
     def walk(self, space: str, session: str, traj: dict, cfg, tally: Tally) -> None:
         svc = self.service
         msgs = traj["messages"]
-        results = {m.get("tool_call_id"): (i, m.get("content") or "") for i, m in enumerate(msgs) if m["role"] == "tool"}
+        results = results_of(msgs)
         removed: set[int] = set()
         inserted: dict[int, int] = {}
         open_fires: list[list] = []  # [steps, used flags, route name]
@@ -240,7 +240,7 @@ class Harness:
             skipped_all = True
             for call in m["tool_calls"]:
                 name, args = call["name"], call["args"] if isinstance(call["args"], dict) else {}
-                ri, out = results.get(call["id"], (None, ""))
+                ri, out = results.get(id(call), (None, ""))
                 if name not in self.mutating:
                     tally.read_only_calls += 1
                 hit = False
@@ -315,24 +315,39 @@ class Harness:
         return total
 
 
+def results_of(msgs: list[dict]) -> dict[int, tuple[int, str]]:
+    """Each call's result, keyed by ``id(call)``: (index of the tool message, its content). A call
+    id may repeat in one trajectory (τ-bench's file reuses some): each tool message answers the
+    oldest call still waiting under its id, so a result is never taken from another call."""
+    waiting: dict[str, list[dict]] = {}
+    out: dict[int, tuple[int, str]] = {}
+    for i, m in enumerate(msgs):
+        if m["role"] == "assistant":
+            for c in m.get("tool_calls") or []:
+                waiting.setdefault(c.get("id"), []).append(c)
+        elif m["role"] == "tool" and waiting.get(m.get("tool_call_id")):
+            out[id(waiting[m.get("tool_call_id")].pop(0))] = (i, m.get("content") or "")
+    return out
+
+
 def events_of(traj: dict, messages: bool = True):
     """("user", text, None) for each user message (when ``messages``) and ("call", call, output)
     for each tool call, in order."""
-    results = {m.get("tool_call_id"): m.get("content") or "" for m in traj["messages"] if m["role"] == "tool"}
+    results = {k: v for k, (_, v) in results_of(traj["messages"]).items()}
     for m in traj["messages"]:
         if m["role"] == "user" and messages:
             yield "user", m.get("content") or "", None
         elif m["role"] == "assistant":
             for c in m.get("tool_calls") or []:
-                yield "call", c, results.get(c["id"], "")
+                yield "call", c, results.get(id(c), "")
 
 
 def calls_of(traj: dict):
-    results = {m.get("tool_call_id"): m.get("content") or "" for m in traj["messages"] if m["role"] == "tool"}
+    results = {k: v for k, (_, v) in results_of(traj["messages"]).items()}
     for m in traj["messages"]:
         if m["role"] == "assistant":
             for c in m.get("tool_calls") or []:
-                yield c, results.get(c["id"], "")
+                yield c, results.get(id(c), "")
 
 
 def setup_django(code_dir: Path) -> None:

@@ -14,6 +14,10 @@ A coding agent in a repository (same trace format as τ-bench: task_id, trial, m
 * ``read_file(path=module)`` then ``list_tests(module=module)`` 60 % of the time (a parameter
   carried from an argument, not an output);
 * free-text calls (``think``), and mutating ``edit_file`` / ``run_tests`` between phases;
+* the agent's text after each phase reports what it read, as a real agent does: for each diff,
+  file or test list it read, with probability 3/4, one specific thing that only that output held
+  (the function a hunk touches, a function a file defines, a test's name), so a judge that looks
+  for values a reply drew on has something to see, and a read the agent did not use stays silent;
 * then up to two follow-up user messages: one naming a file, which the agent reads first 90 % of
   the time when it has not looked at it yet (an inbound route: the argument is a token of the
   message), or one naming two files it reads in either order (no single pending value: nothing
@@ -39,6 +43,11 @@ class Trace:
 
     def say(self, text: str) -> None:
         self.messages.append({"role": "assistant", "content": text})
+
+    def report(self, rng: random.Random, facts: list[str], lead: str) -> None:
+        """The agent's text after some reads: each fact it learned, said with probability 3/4."""
+        said = [f for f in facts if rng.random() < 0.75]
+        self.say(lead + (" " + "; ".join(said) + "." if said else ""))
 
     def looked_at(self) -> set[str]:
         """Every path a call so far named."""
@@ -69,8 +78,24 @@ def repo(rng: random.Random, task: int) -> dict:
     }
 
 
+def stem(path: str) -> str:
+    return path.rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def funcs(path: str) -> list[str]:
+    """Functions a file defines (specific to the file: its task number and stem)."""
+    task = path.split("/", 1)[0].removeprefix("pkg")
+    return [f"{stem(path)}_{name}{task}" for name in ("load", "parse", "flush", "check", "render", "merge")]
+
+
 def body(path: str) -> str:
-    return f"# {path}\n" + "\n".join(f"def f{i}():\n    return {i}" for i in range(12))
+    return f"# {path}\n" + "\n".join(f"def {f}():\n    return {i}" for i, f in enumerate(funcs(path)))
+
+
+def diff(path: str) -> dict:
+    touched = funcs(path)[len(path) % 6]
+    return {"path": path, "hunks": [f"@@ -{10 * k + 3},6 +{10 * k + 3},8 @@ def {touched}():" for k in range(3)],
+            "function": touched}
 
 
 def trial(rng: random.Random, r: dict) -> Trace:
@@ -79,28 +104,34 @@ def trial(rng: random.Random, r: dict) -> Trace:
     phases = ["status", "grep", "module"]
     rng.shuffle(phases)
     for phase in phases:
+        facts: list[str] = []
         if phase == "status":
             t.call("git_status", {}, {"branch": "main", "changed": [{"path": p, "state": "M"} for p in r["changed"]]})
             walk = r["changed"] if rng.random() < 0.9 else r["changed"][:rng.randint(0, len(r["changed"]) - 1)]
             for p in walk:
-                t.call("git_diff", {"path": p}, {"path": p, "hunks": [f"@@ -1 +1 @@ {p}"] * 3})
+                t.call("git_diff", {"path": p}, diff(p))
+                facts.append(f"the change in {p} touches {diff(p)['function']}()")
         elif phase == "grep":
             t.call("grep", {"pattern": r["pattern"], "path": "."},
                    {"matches": [{"file": p, "line": 10 + i} for i, p in enumerate(r["matches"])]})
             for p in r["matches"]:
                 t.call("read_file", {"path": p}, body(p))
+                facts.append(f"{p} defines {rng.choice(funcs(p))}()")
                 if rng.random() < 0.5:
                     break
         else:
             t.call("read_file", {"path": r["module"]}, body(r["module"]))
+            facts.append(f"{r['module']} defines {rng.choice(funcs(r['module']))}()")
             if rng.random() < 0.6:
-                t.call("list_tests", {"module": r["module"]}, {"tests": [f"test_{i}" for i in range(3)]})
+                tests = [f"test_{stem(r['module'])}_{k}{r['pattern'][-2:]}" for k in ("roundtrip", "empty", "large")]
+                t.call("list_tests", {"module": r["module"]}, {"tests": tests})
+                facts.append(f"its tests include {rng.choice(tests)}")
         if rng.random() < 0.5:
             t.call("think", {"thought": f"next step {rng.random():.6f}"}, "ok")
         if rng.random() < 0.7:
             t.call("edit_file", {"path": r["module"], "patch": f"fix {rng.random():.6f}"}, "edited")
             t.call("run_tests", {}, "passed" if rng.random() < 0.8 else "1 failed")
-        t.say("Done with this part.")
+        t.report(rng, facts, "Done with this part.")
     # follow-up messages with literal values (inbound routes): one path, which the agent reads
     # first 90 % of the time when it has not looked at it yet (else it greps for the module's name
     # first; a file it already looked at it re-reads half the time), or two paths (the agent reads
@@ -120,13 +151,17 @@ def trial(rng: random.Random, r: dict) -> Trace:
                        {"matches": [{"file": p, "line": 1}]})
             t.call("read_file", {"path": p}, body(p))
             seen.add(p)
+            t.report(rng, [f"{p} defines {rng.choice(funcs(p))}()"], "Looked at it.")
+            continue
         else:
             a, b = rng.sample(extra, 2)
             t.user(f"Compare {a} with {b}.")
+            facts = []
             for p in rng.sample([x for x in (a, b) if x not in seen], len([x for x in (a, b) if x not in seen])):
                 t.call("read_file", {"path": p}, body(p))
                 seen.add(p)
-        t.say("Looked at it.")
+                facts.append(f"{p} defines {rng.choice(funcs(p))}()")
+            t.report(rng, facts, "Looked at it.")
     return t
 
 

@@ -6,6 +6,10 @@
 2. Replay on a synthetic trace set: mine the first 70 % of the timeline, then walk the rest with
    the replayer and count model round trips saved, estimated tokens saved and false fires
    (replays whose steps differ from the calls the agent actually made next).
+3. Steady-state sweep cost (``service.sweep`` on a throw-away SQLite database): a space whose
+   2,000-call window is full gets ``mine_period`` (8) new calls between two sweeps, as a live
+   space does; median and max over 20 sweeps, for mixed calls (tools and values of a coding
+   agent) and for 2,000 identical calls. Goal: <= 50 ms. Printed with the load average.
 
 The traces: a background of random calls over a few dozen read-only tools, planted routines (a 2-3
 step trigger, then 1-6 steps determined by the trigger's arguments), decoy routines sharing a
@@ -317,6 +321,66 @@ def bench_replay(n_calls: int, seed: int, cfg: MineConfig, min_prefix: int, min_
           f"false: {dict(sorted(st.false_by_kind.items()))}")
 
 
+def bench_sweep(window: int = 2_000, sweeps: int = 20, seed: int = 7) -> None:
+    """Steady-state ``service.sweep`` over a full window (see the module docstring, 3.)."""
+    import json
+    import os
+    import tempfile
+    from dataclasses import replace
+
+    os.environ["VERONICA_DATA_DIR"] = tempfile.mkdtemp(prefix="waggle-bench-")
+    os.environ.pop("DATABASE_URL", None)
+    os.environ.pop("REDIS_URL", None)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "veronica.settings")
+    import logging
+
+    import django
+
+    django.setup()
+    logging.getLogger("waggle").setLevel(logging.ERROR)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from waggle import service
+    from waggle.config import default_config
+
+    cfg = replace(default_config(), mine_period=10 ** 9, mine_window=window, retention_calls=window, sweep_async=False)
+    period = default_config().mine_period
+    for mode in ("mixed", "identical"):
+        rng = random.Random(seed)
+        space = f"sweep-{mode}"
+        n = 0
+
+        def one() -> None:
+            nonlocal n
+            session = f"s{n // 40}"
+            if mode == "identical":
+                service.observe(space, session, "m", "read_file", {"path": "a.py"}, False, "same", config=cfg)
+            else:
+                call = background_call(rng, n // 500) if rng.random() < 0.8 else mutating_call(rng, n // 500)
+                out = json.dumps({"id": f"ID{rng.randint(0, 999)}", "n": rng.randint(0, 50)})
+                service.observe(space, session, "m", call.tool, dict(call.args), call.mutates, out, config=cfg)
+            n += 1
+
+        for _ in range(window):
+            one()
+        while service.sweep(space, config=cfg) is not None:  # the library settles
+            pass
+        times, cpu = [], []
+        for _ in range(sweeps):
+            for _ in range(period):
+                one()
+            t, c = time.perf_counter(), time.process_time()
+            service.sweep(space, config=cfg)
+            times.append((time.perf_counter() - t) * 1000)
+            cpu.append((time.process_time() - c) * 1000)
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        # CPU time beside wall time: on a loaded host the wall clock mostly measures the queue
+        print(f"steady sweep, {window}-call window, {mode:9s}: median {statistics.median(times):6.1f} ms "
+              f"(CPU {statistics.median(cpu):5.1f} ms), max {max(times):6.1f} ms (CPU {max(cpu):5.1f} ms) over "
+              f"{sweeps} sweeps of {period} new calls (goal <= 50 ms; load {load})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=7)
@@ -324,13 +388,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--replay-calls", type=int, default=40_000)
     ap.add_argument("--min-confidence", type=float, default=0.8)
+    ap.add_argument("--sweep-only", action="store_true", help="only the steady-state sweep figure (3.)")
     opts = ap.parse_args()
+    if opts.sweep_only:
+        bench_sweep(seed=opts.seed)
+        return
     cfg = MineConfig(min_len=2, max_len=8, k=3)
     sizes = [200, 2_000, 20_000] + ([] if opts.quick else [200_000])
     t0 = time.perf_counter()
     bench_miner(sizes, opts.repeats, cfg, opts.seed)
     print()
     bench_replay(opts.replay_calls, opts.seed, cfg, min_prefix=2, min_confidence=opts.min_confidence)
+    print()
+    bench_sweep(seed=opts.seed)
     print(f"\n(total bench time {time.perf_counter() - t0:.1f} s)")
 
 

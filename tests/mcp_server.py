@@ -25,6 +25,12 @@ def whoami() -> str:
     return f"pid={os.getpid()} greeting={os.environ.get('GREETING', '')}"
 
 
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+def double(a: int) -> str:
+    """Double an integer (declared closed-world: it reaches nothing outside)."""
+    return str(2 * a)
+
+
 @server.tool()
 def note(text: str) -> str:
     """Pretend to store a note (not read-only: goes through the permission gate)."""

@@ -10,7 +10,9 @@ least ``MIN_CHARS`` characters with a digit or a capital letter in it (an id, a 
 date, a person's name; ``economy`` or ``active`` are vocabulary, not evidence), a path or a file,
 domain or e-mail name (``inventory/api.py``), or a number with
 at least ``MIN_DIGITS`` digits. It is found in a reply when it stands there as a whole word
-(case-insensitive): ``JG7FMM`` in "your reservation JG7FMM is", not in "XJG7FMMX".
+(case-insensitive): ``JG7FMM`` in "your reservation JG7FMM is", not in "XJG7FMMX". A reply
+writes for a reader, not a parser: an ISO date is also found as the reader reads it ("May 17",
+"17 May", "May 17th"), a number also with thousands separators ("1,227") or cents ("1227.00").
 """
 from __future__ import annotations
 
@@ -79,10 +81,15 @@ def step_evidence(args: dict, output: str, known: set[str]) -> list[str]:
         raw = (w.strip(".:!?") for w in _WORDS.findall((output or "")[:MAX_TEXT_CHARS]))
     out: list[str] = []
     seen: set[str] = set()
+    pool: set[str] | None = None
     for value in raw:
         text = specific(value)
         if text is None or text in seen or text in own or text in known:
             continue
+        if _ISO_DATE.match(text):
+            pool = pool if pool is not None else {k.lower().strip(".,") for k in known if len(k) <= 12}
+            if _words_known(text, pool):
+                continue
         seen.add(text)
         out.append(text)
         if len(out) >= MAX_VALUES:
@@ -98,22 +105,73 @@ def reply_text(text: str | None, calls: Iterable[tuple[str, dict]]) -> str:
     return "\n".join(parts)
 
 
+MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+          "november", "december"]
+_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ][\d:.]+Z?)?$")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?$")
+
+
+def forms(value: str) -> list[str]:
+    """How a reply may write ``value``: itself, and for an ISO date or a number the usual ways a
+    person reads them (see the module docstring)."""
+    out = [value]
+    date = _ISO_DATE.match(value)
+    if date and 1 <= int(date.group(2)) <= 12 and len(value) <= 10:  # (a timestamp is written as it is)
+        for m, day in _month_day(value):
+            out += [f"{m} {day}", f"{day} {m}", f"{m} {day}{_ordinal(int(day))}"]
+    elif _NUMBER.match(value) and not value.startswith("0"):
+        whole, _, cents = value.partition(".")
+        grouped = f"{int(whole):,}"
+        if grouped != whole:
+            out.append(grouped)
+        if not cents:
+            out += [f"{whole}.00", f"{grouped}.00"] if grouped != whole else [f"{whole}.00"]
+    return out
+
+
+def _month_day(value: str) -> list[tuple[str, str]]:
+    date = _ISO_DATE.match(value)
+    if not date or not 1 <= int(date.group(2)) <= 12:
+        return []
+    month, day = MONTHS[int(date.group(2)) - 1], str(int(date.group(3)))
+    return [(m, day) for m in dict.fromkeys((month, month[:3]))]
+
+
+def _ordinal(n: int) -> str:
+    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+
+
+def _words_known(value: str, pool: set[str]) -> bool:
+    """A date whose month and day were both said (as words) before: not new to the model."""
+    return any(m in pool and day in pool for m, day in _month_day(value))
+
+
+def _names(lower: str, v: str) -> bool:
+    start = lower.find(v)
+    while start >= 0:
+        end = start + len(v)
+        before = lower[start - 1] if start else " "
+        after = lower[end] if end < len(lower) else " "
+        if not before.isalnum() and not after.isalnum():
+            return True
+        start = lower.find(v, start + 1)
+    return False
+
+
 def drawn(values: Iterable[str], said: str, exclude: set[str] = frozenset()) -> str | None:
     """The first of ``values`` (not in ``exclude``: learned since from elsewhere) the reply ``said``
-    names as a whole word, or None."""
+    names as a whole word (in one of its :func:`forms`), or None."""
     if not said:
         return None
     lower = said.lower()
+    pool: set[str] | None = None
     for value in values:
         if value in exclude:
             continue
-        v = value.lower()
-        start = lower.find(v)
-        while start >= 0:
-            end = start + len(v)
-            before = lower[start - 1] if start else " "
-            after = lower[end] if end < len(lower) else " "
-            if not before.isalnum() and not after.isalnum():
-                return value
-            start = lower.find(v, start + 1)
+        if exclude and _ISO_DATE.match(value):
+            pool = pool if pool is not None else {k.lower().strip(".,") for k in exclude if len(k) <= 12}
+            if _words_known(value, pool):
+                continue
+        if any(_names(lower, f.lower()) for f in forms(value)):
+            return value
     return None

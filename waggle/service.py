@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict
+from itertools import takewhile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
@@ -35,6 +36,7 @@ from waggle.recorder import Recorder
 from waggle.replay import clamp_prefix, estimate_yield, find_plan, plan_key, run_route, run_steps
 from waggle.route import (Route, RouteFormatError, TraceIndex, choose_trigger, render_script, steps_summary,
                           wilson_lower, wilson_upper)
+from waggle.window import ROW as _ROW, call_from_row as _call_from_row, window as space_window
 from waggle.trace import Call, args_json, clean_text, decode_value, flatten_args, flatten_value, refs_from_json, storable
 
 log = logging.getLogger("waggle")
@@ -64,7 +66,6 @@ _rings_lock = threading.Lock()
 _MUTATOR_ARG_CHARS = 200
 
 
-_ROW = ("tool", "args", "mutates", "out_hash", "est_tokens", "out_refs", "oversized")
 
 
 @dataclass
@@ -91,13 +92,6 @@ def pinned(space_key: str, session_key: str) -> Iterator[None]:
         yield
     finally:
         _pins.pop(key, None)
-
-
-def _call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_tokens: int, out_refs: Any = (),
-                   oversized: bool = False) -> Call:
-    return Call(tool=tool, args=flatten_args(args if isinstance(args, dict) else {}), mutates=mutates,
-                out_hash=out_hash or "", est_tokens=est_tokens or 0, refs=refs_from_json(out_refs),
-                oversized=bool(oversized))
 
 
 def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
@@ -291,17 +285,16 @@ def observe(space_key: str, session_key: str, member_key: str, tool: str, args: 
 # miner + promoter
 # --------------------------------------------------------------------------------------------
 def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False,
-                    episodes: list | None = None) -> list[list[Call | None]]:
+                    episodes: list | None = None, held=None) -> list[list[Call | None]]:
     """The space's newest calls, one segment per session in call order. A call a replay made is
     never mining input: it stands as a barrier (no route spans the place where the model relied
     on a replay). Inbound messages are left out, unless ``messages`` (inbound routes are mined
     from messages and calls together). ``episodes``, when given, receives per segment the episode
     of each call: a fingerprint of the inbound message that started it (what the wake brought)."""
-    rows = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
-                .values_list("session_key", "seq", "replayed", *_ROW)[: cfg.mine_window])
     by_session: dict[str, list[tuple[int, Call | None]]] = {}
-    for session, seq, replayed, *row in rows:
-        by_session.setdefault(session, []).append((seq, None if replayed else _call_from_row(*row)))
+    held = held or space_window(space_key, cfg.mine_window)  # (held between sweeps: only new rows read)
+    for session, seq, call, _ in held.rows.values():
+        by_session.setdefault(session, []).append((seq, call))
     segments = []
     for session in sorted(by_session):
         items = sorted(by_session[session], key=lambda t: t[0])
@@ -379,15 +372,17 @@ def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | Non
     trim ForageCall to the retention bound. Returns the new waggle, if any. May raise (the
     callers on a member's path catch)."""
     cfg = (config or default_config()).normalized()
+    held = space_window(space_key, cfg.mine_window)
     try:
-        return _promote_best(space_key, cfg) if cfg.mining else None
+        return _promote_best(space_key, cfg, held) if cfg.mining else None
     finally:  # a failing sweep (say, a value the database refuses) still trims the space
-        _trim_space(space_key, cfg)
+        _trim_space(space_key, cfg, held)
 
 
-def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
+def _promote_best(space_key: str, cfg: WaggleConfig, held=None) -> Waggle | None:
+    held = held or space_window(space_key, cfg.mine_window)
     marks: list = []
-    segments = _space_segments(space_key, cfg, episodes=marks)
+    segments = _space_segments(space_key, cfg, episodes=marks, held=held)
     trace = segments_to_trace(segments)
     sessions = [n for n, seg in enumerate(segments) for _ in range(len(seg) + (n > 0))]
     episodes = [e for n, seg in enumerate(marks) for e in ([""] if n > 0 else []) + seg]
@@ -398,19 +393,27 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
             scope=Waggle.SCOPE_SPACE, space_key=space_key).values_list("name", "mined_count", "disabled")}
         known = set(own) | set(Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL).values_list("name", flat=True))
         index = TraceIndex(trace, sessions, episodes)
+        memo = _verdicts_of(space_key, cfg, held)
         judged = 0
         for cand in candidates:
-            route = Route.from_candidate(cand)
-            if not route.replayable(cfg.min_prefix):
+            name = memo.settled(cand)
+            if name is False:
+                continue  # judged at about this count, in about this window: the same verdict
+            route = Route.from_candidate(cand) if name is None else None
+            if route is not None and not route.replayable(cfg.min_prefix):
+                memo.settle(cand, "")
                 continue
-            stored = own.get(route.name)
-            if route.name in known and (stored is None or stored[1] or cand.count <= stored[0]):
+            name = name or route.name
+            stored = own.get(name)
+            if name in known and (stored is None or stored[1] or not _grew(cand.count, stored[0])):
+                memo.settle(cand, name)
                 continue  # (cheap checks: only routes that reach the trigger test count below)
             judged += 1
             if judged > cfg.sweep_candidates:
                 break  # the rest wait for a later sweep: each sweep stays linear in the window
+            memo.settle(cand, name)
             if stored is not None:  # seen more often than when it was judged: judge it again
-                _rejudge(space_key, route.name, cand, index, cfg)
+                _rejudge(space_key, name, cand, index, cfg)
                 continue
             route = promotable(cand, index, cfg)
             if route is None:
@@ -431,15 +434,66 @@ def _promote_best(space_key: str, cfg: WaggleConfig) -> Waggle | None:
                          route.confidence * 100)
             break
     if created is None:
-        created = _promote_heard(space_key, cfg)
+        created = _promote_heard(space_key, cfg, held)
     return created
 
 
-def _promote_heard(space_key: str, cfg: WaggleConfig) -> Waggle | None:
+def _grew(count: int, judged: int) -> bool:
+    """Seen enough more often than when last judged to judge again: one more sighting while few,
+    an eighth more once many (a full window slides: counts wobble by one without news)."""
+    return count >= judged + max(1, judged // 8)
+
+
+class _Verdicts:
+    """What the last sweeps of a space made of each mined shape: (count, route name or "" when
+    not replayable, window serial). A candidate seen at a count that has not grown enough since, in
+    a window that has not turned over by a quarter, gets the same verdict without being judged
+    again (judging is most of a steady-state sweep's cost)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.serial = 0  # rows that entered the window while this memo was kept
+        self.last_top: int | None = None
+        self.by_shape: dict[tuple, tuple[int, str, int]] = {}
+
+    def advance(self, held) -> None:
+        top = held.anchor[0] if held.anchor else None
+        if self.last_top is not None and top is not None and top > self.last_top:
+            self.serial += sum(1 for _ in takewhile(lambda rid: rid > self.last_top, reversed(held.rows)))
+        self.last_top = top
+
+    def settled(self, cand: Candidate):
+        """False: skip it (same verdict); its route name when known; None: judge from scratch."""
+        got = self.by_shape.get(cand.shape)
+        if got is None:
+            return None
+        count, name, at = got
+        if self.serial - at >= self.size // 4 or count != cand.count and _grew(cand.count, count):
+            return None
+        if count != cand.count and cand.count < count - max(1, count // 8):
+            return None  # fell a lot: the window moved on
+        return False
+
+    def settle(self, cand: Candidate, name: str) -> None:
+        if len(self.by_shape) > 20_000:
+            self.by_shape.clear()
+        self.by_shape[cand.shape] = (cand.count, name, self.serial)
+
+
+def _verdicts_of(space_key: str, cfg: WaggleConfig, held) -> _Verdicts:
+    """The space's verdict memo, kept with its window (a window read anew starts a new memo)."""
+    memo = held.verdicts
+    if memo is None:
+        memo = held.verdicts = _Verdicts(cfg.mine_window)
+    memo.advance(held)
+    return memo
+
+
+def _promote_heard(space_key: str, cfg: WaggleConfig, held=None) -> Waggle | None:
     """Mine inbound routes (calls bound to the message that woke the member: waggle.inbound) and
     store the best new one. A stored one whose learned shape or rivals changed is updated; one the
     larger sample no longer vouches for is disabled."""
-    heard = mine_heard(_space_segments(space_key, cfg, messages=True), min_contexts=cfg.min_contexts,
+    heard = mine_heard(_space_segments(space_key, cfg, messages=True, held=held), min_contexts=cfg.min_contexts,
                        min_confidence=cfg.min_confidence, z=cfg.confidence_z, wilson=wilson_lower)
     own = {name: (disabled, data) for name, disabled, data in Waggle.objects.filter(
         scope=Waggle.SCOPE_SPACE, space_key=space_key, name__startswith="heard.").values_list("name", "disabled", "route")}
@@ -508,7 +562,14 @@ def _rejudge(space_key: str, name: str, cand: Candidate, index: TraceIndex, cfg:
                                               mined_count=cand.count, touched=now)
 
 
-def _trim_space(space_key: str, cfg: WaggleConfig) -> int:
+def _trim_space(space_key: str, cfg: WaggleConfig, held=None) -> int:
+    if held is not None and cfg.retention_calls <= cfg.mine_window:  # the window holds the edge: no rows read (a delete of nothing is an index probe)
+        keep = held.oldest_kept(cfg.retention_calls)
+        if keep is None:
+            return 0
+        deleted, _ = ForageCall.objects.filter(space_key=space_key, id__lt=keep).delete()
+        held.drop_before(keep)
+        return deleted
     edge = list(ForageCall.objects.filter(space_key=space_key).order_by("-id")
                 .values_list("id", flat=True)[cfg.retention_calls: cfg.retention_calls + 1])
     if not edge:
@@ -745,6 +806,46 @@ def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str | None:
     return None
 
 
+def _lists(ring: Recorder) -> list[list[str]]:
+    """Every list the session's outputs held, as the ordered values at sibling paths (the paths
+    that differ only in their last list index)."""
+    groups: dict[tuple, list[str]] = {}
+    for c in ring.recent():
+        for path, value in c.refs:
+            at = max((i for i, p in enumerate(path) if isinstance(p, int)), default=None)
+            if at is None:
+                continue
+            key = (c.tool, c.args, path[:at], path[at + 1:])
+            groups.setdefault(key, []).append(value)
+    return [vals for vals in groups.values() if len(vals) > 1]
+
+
+def _continued(step: list, issued: list[tuple[str, tuple]], lists: list[list[str]], done: set) -> bool:
+    """The reply walks on down the list a replayed fan-out walked: it calls the same tool on a
+    later element of the list the step's value came from, every element before that one having
+    been replayed or made already. The model took the replayed elements as read (a model that
+    wanted only that element would not be walking the list; one that doubted the replay would
+    re-issue it)."""
+    tool, own = step[0], dict(sorted((step[1] or {}).items()))
+    for t, a in issued:
+        if t != tool:
+            continue
+        other = dict(a)
+        if other.keys() != own.keys():
+            continue
+        diff = [k for k in own if own[k] != other[k]]
+        if len(diff) != 1:
+            continue
+        key = diff[0]
+        for vals in lists:
+            if own[key] not in vals or other[key] not in vals:
+                continue
+            i, j = vals.index(own[key]), vals.index(other[key])
+            if i < j and all((tool, tuple(sorted((own | {key: v}).items()))) in done for v in vals[:j]):
+                return True
+    return False
+
+
 def _verdict(step: list) -> str | None:
     return step[7] if len(step) > 7 else None
 
@@ -791,6 +892,7 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
         said = evidence.reply_text(text if isinstance(text, str) else "", calls or [])
         ring = _ring(space_key, session_key, cfg)
         settled = 0
+        lists, done = None, set()
         for fired in pending:
             tail = [list(step) for step in fired.tail]
             replayed = {(str(s[0]), tuple(sorted((s[1] or {}).items()))) for s in tail}  # (args kept as JSON texts)
@@ -799,6 +901,10 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
                 if _verdict(step) is not None:
                     continue
                 verdict = _judge_step(step, issued)
+                if verdict is None and any(t == step[0] for t, _ in issued):
+                    if lists is None:
+                        lists, done = _lists(ring), {c.invocation() for c in ring.recent()}
+                    verdict = "used" if _continued(step, issued, lists, done) else None
                 if verdict is None and len(step) > 8 and step[6]:
                     if since is None:
                         since = _learned_since(ring, int(step[8]), replayed)

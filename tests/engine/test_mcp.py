@@ -129,6 +129,19 @@ def test_waggle_may_replay_read_only_mcp_tools_only(space):
         step("mcp__calc__note", {"text": "x"})
 
 
+def test_an_mcp_tool_reaches_outside_the_space_unless_declared_closed_world(space):
+    """Issue 24 point 4: MCP's default is open-world; a replay never steers such a tool with a value
+    from an output (waggle's guard asks the host through reaches_out)."""
+    declare(space)
+    tools = tools_for(w1_of(space))
+    assert tools["mcp__calc__add"].reaches_out  # no openWorldHint: open
+    assert not tools["mcp__calc__double"].reaches_out  # openWorldHint false
+    assert not tools["read_file"].reaches_out
+    reach = waggle_bridge.reaches_out(tools)
+    assert reach("mcp__calc__add") and not reach("mcp__calc__double") and not reach("read_file")
+    assert reach("a_tool_the_member_does_not_have")  # unknown: assume the worst
+
+
 def _pid(tools, ctx) -> int:
     text = run_tool(tools["mcp__calc__whoami"], ctx, {})
     assert text.startswith("pid="), text

@@ -1,0 +1,89 @@
+"""Issue 24 point 1: the host's judge books what the model really drew on (booked precision near
+true precision): a model that walks on down a list the replay walked took the replayed elements
+as read; a reply writes dates and numbers for a reader ("May 17", "$1,227")."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from waggle import evidence, service
+from waggle.config import WaggleConfig
+from waggle.models import FiredPlan, LedgerEntry
+from waggle_helpers import FakeExec
+
+pytestmark = pytest.mark.django_db
+
+QUIET = WaggleConfig(mine_period=10_000)
+
+
+def user_output(user, ids):
+    return json.dumps({"name": user, "reservations": ids})
+
+
+def res_output(rid):
+    return json.dumps({"id": rid, "seat": "1A"})  # nothing in it a reply would name
+
+
+def walk(space, session, user, ids, fetched, cfg):
+    service.observe(space, session, "m", "get_user", {"user_id": user}, False, user_output(user, ids), config=cfg)
+    for rid in ids[:fetched]:
+        service.observe(space, session, "m", "get_reservation", {"reservation_id": rid}, False, res_output(rid),
+                        config=cfg)
+
+
+def teach_walk(cfg):
+    for u in range(4):
+        walk("1", f"t{u}", f"user{u}", [f"R{u}{j}" for j in range(4)], 4, QUIET)
+        service.observe("1", f"t{u}", "m", "answer", {}, True, "done", config=QUIET)
+    while service.sweep("1", config=cfg) is not None:
+        pass
+
+
+def fire_walk(cfg, ids):
+    exe = FakeExec(answers={"get_reservation": res_output("x")})
+    walk("1", "new", "newbie", ids, 2, cfg)
+    assert service.follow("1", "new", exe, config=cfg) is not None
+    return [a["reservation_id"] for _, a in exe.calls]
+
+
+def test_a_model_that_walks_on_past_the_replayed_elements_used_them():
+    cfg = WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2, fanout_cap=2)
+    teach_walk(cfg)
+    ids = [f"N{j}" for j in range(8)]
+    got = fire_walk(cfg, ids)
+    assert got == ["N2", "N3"]  # the cap: two more
+    # the model goes on with the next element: it took N2 and N3 as read
+    service.judge_reply("1", "new", [("get_reservation", {"reservation_id": "N4"})], text="", config=cfg)
+    entry = LedgerEntry.objects.get()
+    assert entry.settled and entry.used_steps == 2
+
+
+def test_a_model_that_jumps_to_a_later_element_did_not_use_the_skipped_ones():
+    cfg = WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2, fanout_cap=2)
+    teach_walk(cfg)
+    ids = [f"N{j}" for j in range(8)]
+    fire_walk(cfg, ids)
+    # N5: N4 was neither replayed nor made: the model wanted N5, not a walk down the list
+    service.judge_reply("1", "new", [("get_reservation", {"reservation_id": "N5"})], text="", config=cfg)
+    assert not LedgerEntry.objects.get().settled
+    service.end_run("1", "new", config=cfg)
+    entry = LedgerEntry.objects.get()
+    assert entry.used_steps == 0 and [s[7] for s in FiredPlan.objects.get().tail] == ["not drawn on"] * 2
+
+
+def test_dates_and_numbers_are_found_as_a_reader_writes_them():
+    assert evidence.drawn(["2024-05-17"], "Your flight on May 17, 2024 is booked.") == "2024-05-17"
+    assert evidence.drawn(["2024-05-02"], "departing 2nd May") is None  # ("2 may" / "may 2nd" only)
+    assert evidence.drawn(["2024-05-02"], "departing May 2nd") == "2024-05-02"
+    assert evidence.drawn(["1227"], "The total is $1,227.") == "1227"
+    assert evidence.drawn(["159"], "Price: $159.00") == "159"
+    assert evidence.drawn(["1227"], "11227 points") is None
+    assert evidence.drawn(["2024-05-12T17:08:42"], "May 12") is None  # a timestamp is not a day
+
+
+def test_a_date_the_session_already_said_in_words_is_no_evidence():
+    output = json.dumps({"date": "2024-05-17", "other": "2024-06-01"})
+    assert evidence.step_evidence({}, output, known={"May", "17,"}) == ["2024-06-01"]
+    # said in words after the replay (a later message): excluded there too
+    assert evidence.drawn(["2024-05-17"], "on May 17", exclude={"May", "17"}) is None
