@@ -200,6 +200,9 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
     return event
 
 
+RECHECK_RING = 0  # a ring for seq 0 asks the space's feeds to re-check their sockets' credentials now (a logout)
+
+
 def ring(space_id: int, seq: int) -> None:
     """Tell live sockets to look again. At-most-once by design: sockets backfill from the table."""
     if redisbell.enabled():  # hosted: one PUBLISH (veronica.redisbell)

@@ -320,6 +320,26 @@ def test_logging_out_closes_the_session_socket_with_4401(world, fast_recheck):
     run(scenario)
 
 
+def test_logging_out_closes_the_socket_at_once_not_at_the_next_periodic_recheck(world, monkeypatch):
+    """Logout rings the person's spaces with seq 0 (events.RECHECK_RING): the feed re-checks now.
+    The periodic re-check is an hour away here, so only that ring can close the socket."""
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 3600)
+
+    def log_out(user):
+        client = Client()
+        client.cookies["sessionid"] = _cookies[user.pk].decode().split("=", 1)[1]
+        assert client.post("/logout/").status_code == 302
+
+    async def scenario():
+        mine = socket("alpha", user=world.viewer)
+        assert (await mine.connect())[0]
+        await until_ready(mine)
+        await sync_to_async(log_out)(world.viewer)
+        assert await closed_with(mine) == 4401
+
+    run(scenario)
+
+
 def test_a_password_change_or_a_disabled_user_closes_the_socket(world, fast_recheck):
     def change_password(user):
         user.set_password("a new one entirely")
