@@ -30,11 +30,12 @@ def free_port() -> int:
 
 
 class Idp:
-    def __init__(self) -> None:
+    def __init__(self, *more_redirect_uris: str) -> None:
         install()
         self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(["node", str(HERE / "provider.mjs"), str(self.port), REDIRECT_URI, CLIENT_ID, CLIENT_SECRET],
+        self.proc = subprocess.Popen(["node", str(HERE / "provider.mjs"), str(self.port), ",".join((REDIRECT_URI, *more_redirect_uris)),
+                                      CLIENT_ID, CLIENT_SECRET],
                                      cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()  # "listening ..." once the port is bound (no sleep, no poll)
         if not line.startswith("listening"):
@@ -74,29 +75,26 @@ class Browser:
         self.app, self.idp = django_client, idp
         self.at_idp = httpx.Client(timeout=20)
 
-    def follow(self, response, login: tuple[str, str] | None = None):
-        """Follow redirects across both sides until a page of ours that is not a redirect, or a
-        redirect back to our app outside the callback. Submits the IdP's login form with `login`."""
+    def follow(self, response, login: tuple[str, str] | None = None, side: str = "app"):
+        """Follow redirects across both sides (`side`: where `response` came from) until a page that
+        is not a redirect, or a redirect back to our app outside the callback. Submits the IdP's
+        login form with `login`."""
         for _ in range(20):
-            status = getattr(response, "status_code")
-            location = response.headers.get("location") if status in (301, 302, 303, 307) else None
+            location = response.headers.get("location") if response.status_code in (301, 302, 303, 307) else None
             if location is None:
-                if isinstance(response, httpx.Response) and "<form" in response.text:
-                    if login is None:
-                        return response
+                if side == "idp" and login is not None and "<form" in response.text:
                     action = response.text.split('action="', 1)[1].split('"', 1)[0]
                     response = self.at_idp.post(f"{self.idp.issuer}{action}", data={"login": login[0], "password": login[1]})
                     login = None
                     continue
                 return response
-            if location.startswith(self.idp.issuer) or location.startswith("/") and isinstance(response, httpx.Response):
-                url = location if location.startswith("http") else f"{self.idp.issuer}{location}"
-                response = self.at_idp.get(url)
+            if location.startswith(self.idp.issuer) or (side == "idp" and location.startswith("/")):
+                response, side = self.at_idp.get(location if location.startswith("http") else f"{self.idp.issuer}{location}"), "idp"
             else:
                 parts = urlsplit(location)
                 if parts.path != "/oidc/callback/":
                     return response
-                response = self.app.get(parts.path + "?" + parts.query)
+                response, side = self.app.get(parts.path + "?" + parts.query), "app"
         raise AssertionError("too many redirects")
 
     def log_in(self, sub: str, password: str = "pw"):

@@ -1,6 +1,6 @@
 // A real OpenID Connect provider (panva/node-oidc-provider) for the SSO tests, on 127.0.0.1:PORT.
 //
-//   node provider.mjs PORT REDIRECT_URI CLIENT_ID CLIENT_SECRET
+//   node provider.mjs PORT REDIRECT_URI[,REDIRECT_URI...] CLIENT_ID CLIENT_SECRET
 //
 // One confidential client that must use PKCE (S256). People live in memory: the test adds and
 // removes them through /__test/ (this process is the IdP's directory, not a stand-in for one).
@@ -11,7 +11,8 @@
 import { createServer } from 'node:http';
 import Provider from 'oidc-provider';
 
-const [port, redirectUri, clientId, clientSecret] = process.argv.slice(2);
+const [port, redirectUris, clientId, clientSecret] = process.argv.slice(2);
+const redirects = redirectUris.split(',');
 const issuer = `http://127.0.0.1:${port}`;
 const people = new Map(); // sub -> { password, email, name, groups }
 let clockOffsetMs = 0;
@@ -22,8 +23,8 @@ Date.now = () => realNow() + clockOffsetMs; // oidc-provider's epochTime reads D
 
 const provider = new Provider(issuer, {
   clients: [{
-    client_id: clientId, client_secret: clientSecret, redirect_uris: [redirectUri],
-    post_logout_redirect_uris: [new URL('/login/', redirectUri).href],
+    client_id: clientId, client_secret: clientSecret, redirect_uris: redirects,
+    post_logout_redirect_uris: redirects.map((uri) => new URL('/login/', uri).href),
     token_endpoint_auth_method: 'client_secret_post', grant_types: ['authorization_code'], response_types: ['code'],
   }],
   pkce: { required: () => true },
