@@ -140,9 +140,8 @@ class OidcBackend(oidc_auth.OIDCAuthenticationBackend):
         while User.objects.filter(username=username).exists():
             n += 1
             username = f"{base}-{n}"
-        user = User.objects.create_user(username, email=claims.get("email") or "")
-        user.set_unusable_password()
-        user.save(update_fields=["password"])
+        user = User.objects.create_user(username, email=claims.get("email") or "")  # no password: unusable
+        # audit hook: the lead wires veronica.audit.record("sso.user_created", None, "sso:" + issuer, user=username) here
         return self.update_user(user, claims)
 
     def update_user(self, user, claims):

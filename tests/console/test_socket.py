@@ -340,6 +340,18 @@ def test_logging_out_closes_the_socket_at_once_not_at_the_next_periodic_recheck(
     run(scenario)
 
 
+def test_switching_local_passwords_off_closes_the_sockets_of_password_sessions(world, fast_recheck, settings):
+    """VERONICA_LOCAL_PASSWORDS=0 ends sessions a password opened (veronica.sso); their sockets too."""
+    async def scenario():
+        mine = socket("alpha", user=world.viewer)
+        assert (await mine.connect())[0]
+        await until_ready(mine)
+        settings.LOCAL_PASSWORDS = False
+        assert await closed_with(mine) == 4401
+
+    run(scenario)
+
+
 def test_a_password_change_or_a_disabled_user_closes_the_socket(world, fast_recheck):
     def change_password(user):
         user.set_password("a new one entirely")
