@@ -52,6 +52,8 @@ def set_secret(space: Space, name: str, value: str, *, member: Member | None = N
                actor: str) -> Secret:
     """Store (or replace) a secret. The value is encrypted here and never returned by anything."""
     name, value = check_name(name), check_value(value)
+    if member is not None and member.space_id != space.pk:
+        raise VeronicaError(f"{member.name} is not a member of space {space.slug}", field="member")
     if not isinstance(in_commands, bool):
         raise VeronicaError("in_commands must be true or false", field="in_commands")
     ciphertext = secret_store.encrypt(_key_ready(value))
