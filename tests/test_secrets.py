@@ -214,3 +214,12 @@ def test_the_admin_lists_names_and_never_a_value(space):
     for url in ("/admin/veronica/secret/", f"/admin/veronica/secret/{row.pk}/change/"):
         body = client.get(url).content.decode()
         assert "ADMIN_SEEN" in body and "admin-never-sees-1" not in body and row.ciphertext not in body
+
+
+def test_a_member_of_another_space_is_refused(space, tmp_path):
+    from tests.conftest import make_space
+
+    other = make_space(tmp_path, "beta", workers=("x1",))
+    with pytest.raises(VeronicaError) as err:
+        secrets.set_secret(space, "API_KEY", "a-long-enough-value", member=supervisor.get_member(other, "x1"), actor="test")
+    assert err.value.field == "member" and not Secret.objects.exists()
