@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+from cryptography.fernet import Fernet
 from django.contrib import admin
 from django.contrib.auth.models import Group, User
 from django.db.models import DateTimeField
@@ -21,10 +22,10 @@ from learning.models import RuleChange, WriterLease
 from learning.sources import Correction, SessionItem, StaticSource
 from tests.admin_forms import form_data
 from tests.console.helpers import pending_approval
-from veronica import access, blackboard, bus, ledger, mcp_servers, memory, skills
+from veronica import access, blackboard, bus, ledger, mcp_servers, memory, secrets, skills
 from veronica.engine import alarms, budget, supervisor
 from veronica.models import (
-    Event, Member, NotificationDelivery, Run, Space, SpaceAccess, Task, TaskCheck, WebhookDelivery,
+    Event, Member, NotificationDelivery, Run, Space, SpaceAccess, SsoIdentity, Task, TaskCheck, WebhookDelivery,
 )
 from waggle.models import ForageCall, LedgerEntry, Waggle
 from waggle.route import Route, Step, render_script
@@ -75,7 +76,7 @@ def _engine_rows(space: Space, w1: Member, task: Task) -> None:
 
 
 @pytest.fixture
-def every_model(root, space, tmp_path) -> Space:
+def every_model(root, space, tmp_path, settings) -> Space:
     """At least one row of every model the admin registers, made through the verbs where one exists."""
     w1, w2 = supervisor.get_member(space, "w1"), supervisor.get_member(space, "w2")
     bus.send(space, "boss", "w1", "hello")
@@ -94,6 +95,10 @@ def every_model(root, space, tmp_path) -> Space:
     memory.write(w1, "notes.md", "# remember", actor="test")
     mcp_servers.add(space, mcp_servers.check({"name": "srv", "command": ["python3", "-m", "srv"]}), actor="test")
     Group.objects.create(name="ops")
+    settings.SECRETS_KEYS = [Fernet.generate_key().decode()]
+    secrets.set_secret(space, "API_KEY", "an-api-key-value", actor="test")
+    # linked at a first SSO login (veronica.sso, tests/oidc): no verb of its own
+    SsoIdentity.objects.create(user=User.objects.get(username="ann"), issuer="https://idp.example.org", subject="ann")
     _engine_rows(space, w1, first)
     _learning_rows(space)
     _waggle_rows()

@@ -9,14 +9,14 @@ from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 
-from veronica import access, blackboard, ledger, mcp_servers, memory, notify, webhooks
+from veronica import access, blackboard, ledger, mcp_servers, memory, notify, secrets, webhooks
 from veronica import skills as skill_verbs
 from veronica.engine import alarms, checks, retention, supervisor, watchdogs
 from veronica.errors import VeronicaError
 from veronica.markdown import render_markdown
 from veronica.models import (
     Alarm, ApiToken, Approval, Blackboard, DeliveryStatus, Event, McpServer, Member, MemoryFile, Message, NotificationDelivery, Run,
-    Skill, Space, SpaceAccess, Task, TaskCheck, UsageDay, WebhookDelivery,
+    Secret, Skill, Space, SpaceAccess, SsoIdentity, Task, TaskCheck, UsageDay, WebhookDelivery,
 )
 
 
@@ -778,3 +778,33 @@ class McpServerAdmin(VerbAdmin):
     @admin.display(description="status")
     def status(self, obj) -> str:
         return f"error: {obj.last_error[:120]}" if obj.last_error else ("ok" if obj.checked_at else "not started")
+
+
+@admin.register(Secret)
+class SecretAdmin(ReadOnlyAdmin):
+    """Names and where they apply; the value (even encrypted) is never shown. Set one on the space's
+    secrets page or through the API; removing one here goes through the verb (an event)."""
+
+    list_display = ("name", "space", "member", "in_commands", "created_at", "updated_at", "rotated_at")
+    list_filter = ("space", "in_commands")
+    list_select_related = ("space", "member")
+    search_fields = ("name",)
+    fields = ("name", "space", "member", "in_commands", "created_at", "updated_at", "rotated_at")
+    readonly_fields = fields
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.has_perm("veronica.delete_secret")
+
+    def delete_model(self, request, obj):
+        secrets.delete_secret(obj.space, obj.name, member=obj.member, actor=_actor(request))
+
+    def delete_queryset(self, request, queryset):
+        for secret in queryset.select_related("space", "member"):
+            secrets.delete_secret(secret.space, secret.name, member=secret.member, actor=_actor(request))
+
+
+@admin.register(SsoIdentity)
+class SsoIdentityAdmin(ReadOnlyAdmin):
+    list_display = ("user", "issuer", "subject", "created_at", "last_login_at")
+    search_fields = ("user__username", "subject")
+    list_select_related = ("user",)

@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 
 from veronica import access, doorbell, redisbell, stream_auth
-from veronica.events import group_name
+from veronica.events import RECHECK_RING, group_name
 from veronica.models import Event
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class Feed:
         self.listener: asyncio.Task | None = None
         self.channel = ""
         self.stopping = False
+        self.recheck_due = False
 
     @classmethod
     async def join(cls, socket: SpaceConsumer) -> Feed:
@@ -141,7 +142,8 @@ class Feed:
                     break
                 try:
                     await self.pump()
-                    if loop.time() >= recheck_at:
+                    if self.recheck_due or loop.time() >= recheck_at:
+                        self.recheck_due = False
                         recheck_at = loop.time() + RECHECK_SECONDS
                         await self.recheck()
                 except Exception:  # a database hiccup must not kill the stream; the next look retries
@@ -157,7 +159,10 @@ class Feed:
             await self.stop_listening()
 
     def ring(self, seq: int) -> None:
-        if seq > self.seen:
+        if seq == RECHECK_RING:  # someone logged out: re-check credentials now, not at the next period
+            self.recheck_due = True
+            self.rung.set()
+        elif seq > self.seen:
             self.rung.set()
 
     async def listen(self) -> None:

@@ -34,6 +34,7 @@ from django.db.models import F
 from veronica import doorbell, redisbell, tracing
 from veronica.models import Event, Member, Space
 from veronica.returning import inserted, insert_rows, json_insert_statement
+from veronica.secret_store import mask_data
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,7 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
     """Persist one event with the space's next seq; signal listeners after the commit."""
     if member is not None:
         payload.setdefault("member_name", member.name)
+    payload = mask_data(payload)  # no secret value in an event (tool results, errors, arguments)
     current = getattr(_batch, "current", None)
     if current is not None and kind != "ops.alert" and current.covers():
         event = Event(space_id=space_id, kind=kind, member=member, payload=payload)
@@ -198,6 +200,9 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
             notify.record(event)
     tracing.on_emit(kind, payload)  # approvals and waggle replays as span events (no-op when tracing is off)
     return event
+
+
+RECHECK_RING = 0  # a ring for seq 0 asks the space's feeds to re-check their sockets' credentials now (a logout)
 
 
 def ring(space_id: int, seq: int) -> None:

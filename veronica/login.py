@@ -16,6 +16,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import get_user_model
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -30,12 +31,35 @@ def _clean_username(form: forms.Form) -> str:
     return username
 
 
-class LoginForm(AuthenticationForm):
+class LocalPasswordsOnly(forms.Form):
+    """No password is even tried while local passwords are off (VERONICA_LOCAL_PASSWORDS=0)."""
+
+    def clean(self):
+        if not settings.LOCAL_PASSWORDS:
+            raise forms.ValidationError("Passwords are switched off here; sign in with single sign-on.", code="local_passwords_off")
+        return super().clean()
+
+
+class LoginForm(LocalPasswordsOnly, AuthenticationForm):
     clean_username = _clean_username
 
 
-class AdminLoginForm(AdminAuthenticationForm):
+class AdminLoginForm(LocalPasswordsOnly, AdminAuthenticationForm):
     clean_username = _clean_username
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page, with the single sign-on button when SSO is on and without the password
+    form when local passwords are off."""
+
+    redirect_authenticated_user = True
+    authentication_form = LoginForm
+
+    def get_context_data(self, **kwargs):
+        from veronica import sso
+
+        return {**super().get_context_data(**kwargs), "sso_enabled": sso.enabled(),
+                "local_passwords": settings.LOCAL_PASSWORDS, "sso_failed": self.request.GET.get("sso") == "failed"}
 
 
 def lockout_response(request: HttpRequest, original_response=None, credentials: dict | None = None) -> HttpResponse:

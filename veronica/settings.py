@@ -362,7 +362,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # every record's text (message, arguments, traceback) passes the secrets mask (veronica.secret_store)
+    "filters": {"mask_secrets": {"()": "veronica.secret_store.MaskFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["mask_secrets"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"httpx2": {"level": "WARNING"}},  # the SDKs' HTTP client logs every request at INFO
 }
@@ -374,7 +376,7 @@ LOGGING = {
 # behind a proxy every client has the proxy's address. Attempts live in the database (both modes);
 # staff unlock early with `manage.py axes_reset` or in the admin.
 INSTALLED_APPS += ["axes", "csp"]
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "veronica.sso.LocalPasswordBackend", "veronica.sso.OidcBackend"]
 AXES_FAILURE_LIMIT = env_int("VERONICA_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = env_int("VERONICA_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
@@ -403,9 +405,59 @@ CONTENT_SECURITY_POLICY = {
 MIDDLEWARE += [
     "csp.middleware.CSPMiddleware",
     "veronica.web_headers.PrivateResponseHeaders",
+    "veronica.sso.SessionRefresh",  # SSO sessions re-ask the IdP (prompt=none) when the ID token's time is up
     "axes.middleware.AxesMiddleware",  # last, as axes asks
 ]
 # An open socket re-validates its token or session and its access this often (seconds).
 VERONICA_STREAM_RECHECK_SECONDS = env_int("VERONICA_SOCKET_RECHECK_SECONDS", 5, minimum=1)
 # axes logs every successful login's reset at INFO; its failures and lockouts are warnings
 LOGGING["loggers"] = {**LOGGING.get("loggers", {}), "axes": {"level": "WARNING"}}
+
+# --- single sign-on (veronica.sso, mozilla-django-oidc) -------------------------------------------------
+# On when an issuer and a client id are set. The provider's endpoints come from its discovery
+# document; the client is confidential and always uses PKCE (S256).
+OIDC_ISSUER = env_url("VERONICA_OIDC_ISSUER", ("http", "https"))
+OIDC_RP_CLIENT_ID = env_str("VERONICA_OIDC_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = env_str("VERONICA_OIDC_CLIENT_SECRET")
+OIDC_RP_SIGN_ALGO = env_choice("VERONICA_OIDC_SIGN_ALGO", ("RS256", "ES256", "PS256"), "RS256")
+OIDC_RP_SCOPES = env_str("VERONICA_OIDC_SCOPES", "openid email profile")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_TIMEOUT = env_int("VERONICA_OIDC_TIMEOUT", 10, minimum=1, maximum=120)
+OIDC_STORE_ID_TOKEN = True  # the id_token_hint of the IdP logout
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("VERONICA_OIDC_RECHECK_SECONDS", 900, minimum=30)
+OIDC_CREATE_USER = env_bool("VERONICA_OIDC_CREATE_USERS", True)
+OIDC_AUTHENTICATE_CLASS = "veronica.sso.LoginStart"
+OIDC_CALLBACK_CLASS = "veronica.sso.Callback"
+OIDC_OP_LOGOUT_URL_METHOD = "veronica.sso.provider_logout_url"
+LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
+# JSON and static requests are never redirected to the IdP (a script cannot follow a login page)
+OIDC_EXEMPT_URLS = [__import__("re").compile(r"^/(api|static|metrics)(/|$)")]
+# first login: link an existing user by verified e-mail ("email"), by username ("username"), or never ("none")
+OIDC_MATCH = env_choice("VERONICA_OIDC_MATCH", ("email", "username", "none"), "email")
+OIDC_USERNAME_CLAIM = env_str("VERONICA_OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_GROUPS_CLAIM = env_str("VERONICA_OIDC_GROUPS_CLAIM", "groups")
+OIDC_STAFF_GROUP = env_str("VERONICA_OIDC_STAFF_GROUP")
+
+
+def _space_roles(items: list[str]) -> list[tuple[str, str, str]]:
+    roles = []
+    for item in items:
+        group, sep, rest = item.partition("=")
+        slug, sep2, role = rest.partition(":")
+        if not (sep and sep2 and group.strip() and slug.strip()) or role.strip() not in ("viewer", "operator", "owner"):
+            raise ImproperlyConfigured(f"VERONICA_OIDC_SPACE_ROLES item {item!r} must be GROUP=SPACE-SLUG:viewer|operator|owner")
+        roles.append((group.strip(), slug.strip(), role.strip()))
+    return roles
+
+
+OIDC_SPACE_ROLES = _space_roles(env_list("VERONICA_OIDC_SPACE_ROLES"))
+# 0: no password logs in (console or admin); SSO is the only door. Break glass by setting it back to 1.
+LOCAL_PASSWORDS = env_bool("VERONICA_LOCAL_PASSWORDS", True)
+if not LOCAL_PASSWORDS and not (OIDC_ISSUER and OIDC_RP_CLIENT_ID):
+    raise ImproperlyConfigured("VERONICA_LOCAL_PASSWORDS=0 needs single sign-on (VERONICA_OIDC_ISSUER and VERONICA_OIDC_CLIENT_ID)")
+
+# --- secrets (veronica.secrets) ----------------------------------------------------------------------------
+# Comma-separated Fernet keys: the first encrypts, all decrypt (MultiFernet), so a new key goes in
+# front, `manage.py rotate_secrets` re-encrypts every row under it, then the old key can go.
+SECRETS_KEYS = env_list("VERONICA_SECRETS_KEY")

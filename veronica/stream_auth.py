@@ -23,7 +23,7 @@ from importlib import import_module
 
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
-from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.contrib.sessions.backends.db import SessionStore as DbSessionStore
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
@@ -33,6 +33,7 @@ from veronica import access
 from veronica.models import ApiToken, Space, SpaceAccess
 
 CLOSE_CREDENTIALS_GONE, CLOSE_ACCESS_GONE = 4401, 4404
+PASSWORD_BACKEND = "veronica.sso.LocalPasswordBackend"
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,9 @@ def _session_holds(data: dict | None, user, hashes: dict[int, list[str]]) -> boo
     password change elsewhere invalidates it, as Django does on every request)."""
     if not data or str(data.get(SESSION_KEY)) != str(user.pk):
         return False
+    if data.get(BACKEND_SESSION_KEY) not in settings.AUTHENTICATION_BACKENDS or (
+            data.get(BACKEND_SESSION_KEY) == PASSWORD_BACKEND and not settings.LOCAL_PASSWORDS):
+        return False  # as Django's get_user: a password session ends when passwords are switched off
     if user.pk not in hashes:
         hashes[user.pk] = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
     stored = data.get(HASH_SESSION_KEY) or ""

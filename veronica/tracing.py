@@ -15,6 +15,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from veronica.secret_store import mask
+
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 TRACED_EVENTS = {"approval.requested", "approval.decided", "waggle.replayed"}
 SYSTEMS = {"openai": "openai", "anthropic": "anthropic"}  # gen_ai.provider.name well-known values
@@ -67,7 +69,7 @@ def end_run(handle, outcome: str, error: str = "") -> None:
     span, token = handle
     span.set_attribute("veronica.run.outcome", outcome)
     if error:
-        span.set_status(Status(StatusCode.ERROR, error[:300]))
+        span.set_status(Status(StatusCode.ERROR, mask(error)[:300]))
     span.end()
     otel_context.detach(token)
 
@@ -117,7 +119,7 @@ def traced_tool(fn):
                 span.add_event("tool.suspended", {"reason": type(exc).__name__})
                 raise
             if isinstance(result, str) and result.startswith("error:"):
-                span.set_status(Status(StatusCode.ERROR, result[:300]))
+                span.set_status(Status(StatusCode.ERROR, mask(result)[:300]))
             span.set_attribute("veronica.tool.result_chars", len(result) if isinstance(result, str) else 0)
             return result
     return wrapper
@@ -131,7 +133,8 @@ def event(name: str, **attributes) -> None:
         return
     span = trace.get_current_span()
     if span.is_recording():
-        span.add_event(name, {k: v if isinstance(v, (str, bool, int, float)) else str(v) for k, v in attributes.items()})
+        span.add_event(name, {k: mask(v) if isinstance(v, str) else v if isinstance(v, (bool, int, float)) else mask(str(v))
+                              for k, v in attributes.items()})
 
 
 def on_emit(kind: str, payload: dict) -> None:

@@ -3,8 +3,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
-from veronica import views, views_cockpit, views_improve, views_portable, views_steer
-from veronica.login import AdminLoginForm, LoginForm
+from veronica import sso, views, views_cockpit, views_improve, views_portable, views_secrets, views_steer
+from veronica.login import AdminLoginForm, LoginView
 
 admin.site.login_form = AdminLoginForm  # the username's length is checked before anything authenticates
 
@@ -17,6 +17,7 @@ console = ([
     path("spaces/<slug:slug>/runs/<int:run_id>/", views_portable.run_page, name="run"),
     path("spaces/<slug:slug>/", views.space_page, name="space"),
     path("spaces/<slug:slug>/manage/", views.manage_page, name="manage"),
+    path("spaces/<slug:slug>/secrets/", views_secrets.secrets_page, name="secrets"),
     path("spaces/<slug:slug>/rules/", views_improve.rules_page, name="rules"),
     path("spaces/<slug:slug>/waggles/", views_improve.waggles_page, name="waggles"),
     path("spaces/<slug:slug>/inbox/", views_improve.inbox_page, name="inbox"),
@@ -34,8 +35,11 @@ console = ([
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True, authentication_form=LoginForm), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("login/", LoginView.as_view(), name="login"),
+    path("logout/", sso.Logout.as_view(), name="logout"),
+    path("oidc/authenticate/", sso.LoginStart.as_view(), name="oidc_authentication_init"),
+    path("oidc/callback/", sso.Callback.as_view(), name="oidc_authentication_callback"),
+    path("oidc/logout/", sso.Logout.as_view(), name="oidc_logout"),
     path("password/", auth_views.PasswordChangeView.as_view(), name="password_change"),
     path("password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
     path("metrics", views.metrics, name="metrics"),

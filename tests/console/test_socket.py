@@ -320,6 +320,43 @@ def test_logging_out_closes_the_session_socket_with_4401(world, fast_recheck):
     run(scenario)
 
 
+def test_logging_out_closes_the_socket_at_once_not_at_the_next_periodic_recheck(world, monkeypatch):
+    """Logout rings the person's spaces with seq 0 (events.RECHECK_RING): the feed re-checks now.
+    The periodic re-check is an hour away here, so only that ring can close the socket."""
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 3600)
+
+    def log_out(user):
+        client = Client()
+        client.cookies["sessionid"] = _cookies[user.pk].decode().split("=", 1)[1]
+        assert client.post("/logout/").status_code == 302
+
+    async def scenario():
+        mine = socket("alpha", user=world.viewer)
+        assert (await mine.connect())[0]
+        await until_ready(mine)
+        # hosted: a ring is at-most-once, so wait (on the condition, not a clock) until this loop's Redis
+        # subscription is live; embedded rings through the in-memory layer and the doorbell at once
+        listener = consumers._Doorbells._listeners.get(id(asyncio.get_running_loop()))
+        if getattr(listener, "subscribed", None) is not None:
+            await asyncio.wait_for(listener.subscribed.wait(), 60)
+        await sync_to_async(log_out)(world.viewer)
+        assert await closed_with(mine) == 4401
+
+    run(scenario)
+
+
+def test_switching_local_passwords_off_closes_the_sockets_of_password_sessions(world, fast_recheck, settings):
+    """VERONICA_LOCAL_PASSWORDS=0 ends sessions a password opened (veronica.sso); their sockets too."""
+    async def scenario():
+        mine = socket("alpha", user=world.viewer)
+        assert (await mine.connect())[0]
+        await until_ready(mine)
+        settings.LOCAL_PASSWORDS = False
+        assert await closed_with(mine) == 4401
+
+    run(scenario)
+
+
 def test_a_password_change_or_a_disabled_user_closes_the_socket(world, fast_recheck):
     def change_password(user):
         user.set_password("a new one entirely")

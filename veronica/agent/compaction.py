@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 
 from veronica import events
 from veronica.agent import metering, transcript
-from veronica.agent.providers import Provider, get_provider, split_spec
+from veronica.agent.providers import Provider, get_provider, member_key, split_spec
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import RunContext
@@ -134,7 +134,9 @@ def _summarize(member: Member, ctx: RunContext, head: list[Turn], provider: Prov
         return "Summary of the earlier conversation (deterministic digest):\n" + "\n".join(digest)
     messages = transcript.to_messages(head) + [{"role": "user", "content": "Summarize the conversation above."}]
     try:
-        reply = (provider or get_provider(member.model)).complete(SUMMARY_SYSTEM, messages, [], should_stop=ctx.should_stop)
+        key = None if provider else member_key(member)
+        provider = provider or (get_provider(member.model, key) if key else get_provider(member.model))
+        reply = provider.complete(SUMMARY_SYSTEM, messages, [], should_stop=ctx.should_stop)
     except ProviderCancelled:
         raise ctx.stop_reason() from None
     except ProviderError as exc:

@@ -25,7 +25,7 @@ from veronica import bus, chat, events, tracing
 from veronica.agent import compaction, metering, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
-from veronica.agent.providers import get_provider
+from veronica.agent.providers import get_provider, member_key
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall
 from veronica.agent.runctx import Cancelled, RunContext
@@ -36,6 +36,7 @@ from veronica.agent.tools.swarm import WaitForOperator
 from veronica.engine import approvals as approval_verbs
 from veronica.errors import VeronicaError, storable
 from veronica.models import Approval, ApprovalStatus, Member, Phase, PermissionMode, Question, RunOutcome, TurnRole
+from veronica.secret_store import mask
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         else:  # the operator's mail this brief carries, known without a query (chat.record_reply)
             log_.operator_mail = [m for m in unread if m.sender_name == bus.OPERATOR]
 
-    provider = get_provider(member.model)
+    key = member_key(member)  # the member's provider key from its secrets, when one is set
+    provider = get_provider(member.model, key) if key else get_provider(member.model)
     system = system_prompt(member, tools)
     if hasattr(ctx, "system_prompt"):  # the engine's lease keeps it for the Run row (the prompt inspector)
         ctx.system_prompt = system
@@ -372,17 +374,17 @@ def run_tool(tool: Tool, tctx: ToolContext, args: dict, *, savepoint: bool = Tru
         return unparsed_error(tool.name, args[UNPARSED])
     try:
         if not savepoint:
-            return truncate(tool.fn(tctx, args))
+            return truncate(mask(tool.fn(tctx, args)))  # masked whole, before a cut could split a secret
         with transaction.atomic():
             try:
-                return truncate(tool.fn(tctx, args))
+                return truncate(mask(tool.fn(tctx, args)))
             except WaitForOperator as wait:
                 return wait
     except (ToolError, VeronicaError) as exc:
-        return f"error: {exc}"
+        return mask(f"error: {exc}")
     except Exception as exc:  # an unexpected tool bug is still just a tool result
         log.exception("tool %s crashed", tool.name)
-        return f"error: {tool.name} failed unexpectedly ({type(exc).__name__}: {exc})"
+        return mask(f"error: {tool.name} failed unexpectedly ({type(exc).__name__}: {exc})")
 
 
 def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, call: dict, *,

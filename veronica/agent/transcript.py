@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from django.db.models import Max
 
 from veronica import events
+from veronica.secret_store import mask, mask_data
 from veronica.models import Member, Session, Turn, TurnRole
 
 ELIDED = "[older tool output elided by compaction]"
@@ -21,7 +22,15 @@ def turns(session: Session) -> list[Turn]:
     return list(session.turns.order_by("seq"))
 
 
+def _masked(content: str, fields: dict) -> tuple[str, dict]:
+    """No secret value is ever written to a transcript (tool results, replies, tool-call arguments)."""
+    if fields.get("tool_calls"):
+        fields = {**fields, "tool_calls": mask_data(fields["tool_calls"])}
+    return mask(content), fields
+
+
 def append(session: Session, role: str, content: str = "", **fields) -> Turn:
+    content, fields = _masked(content, fields)
     seq = (session.turns.aggregate(m=Max("seq"))["m"] or 0) + 1
     return Turn.objects.create(session=session, seq=seq, role=role, content=content, **fields)
 
@@ -60,6 +69,7 @@ class Log:
         self._pending: list[Turn] | None = None  # inside batched(): turns not yet written
 
     def append(self, role: str, content: str = "", **fields) -> Turn:
+        content, fields = _masked(content, fields)
         if self._pending is not None:
             turn = Turn(session=self.session, seq=self.next_seq, role=role, content=content, **fields)
             self._pending.append(turn)

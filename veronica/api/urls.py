@@ -1,6 +1,6 @@
 from django.urls import path
 
-from veronica.api import cockpit, steer, views
+from veronica.api import cockpit, secrets, steer, views
 
 app_name = "api"
 
@@ -16,6 +16,10 @@ urlpatterns = [
     path(S, views.space_detail, name="space"),
     path(S + "usage/", views.usage, name="usage"),
     path(S + "halt/", views.halt, name="halt"),
+    path(S + "secrets/", secrets.space_secrets, name="secrets"),
+    path(S + "secrets/<str:secret>/", secrets.space_secret, name="secret"),
+    path(M + "secrets/", secrets.member_secrets, name="member-secrets"),
+    path(M + "secrets/<str:secret>/", secrets.member_secret, name="member-secret"),
     path(S + "resume/", steer.resume_all, name="resume-all"),
     path(S + "name/", steer.space_name, name="space-name"),
     path(S + "budget/", steer.space_budget, name="space-budget"),

@@ -51,6 +51,7 @@ ENDPOINTS = [
     "GET|POST|DELETE(owner) /api/spaces/<slug>/webhook/secret/", "GET|PUT(owner)|POST(owner) /api/spaces/<slug>/retention/",
     "GET|PUT(owner) /api/spaces/<slug>/notify/", "POST(owner) /api/spaces/<slug>/notify/test/",
     "GET|PUT(owner) /api/spaces/<slug>/checks/", "GET|PUT(owner) /api/spaces/<slug>/watchdogs/",
+    "GET|POST(owner) /api/spaces/<slug>/[members/<name>/]secrets/ (names only)", "DELETE(owner) .../secrets/<name>/",
     "WS /ws/spaces/<slug>/?after=<seq>",
 ]
 

@@ -21,6 +21,7 @@ from django.db.models.functions import Concat, Now
 from veronica import bus, events
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, RunStatus, UsageDay
+from veronica.secret_store import mask
 
 # The config a member was parked under; a change to either field un-parks it.
 CONFIG = Concat(F("model"), Value("|"), F("permission_mode"))
@@ -58,6 +59,7 @@ RETRY_AFTER_CAP = 3600.0  # a vendor's Retry-After is honoured up to an hour
 
 
 def record(member: Member, reason: str, *, permanent: bool, retry_after: float | None = None) -> None:
+    reason = mask(reason)  # provider errors may quote a key or a header
     """Inside the failed run's fenced finish: count the failure, then back off or park. A vendor's
     Retry-After longer than the backoff is waited out (calling again sooner only meets the limit)."""
     count = member.failures + 1

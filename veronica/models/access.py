@@ -52,3 +52,21 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class SsoIdentity(models.Model):
+    """Who a person is at the organisation's OpenID Connect provider: once linked, a login with the
+    same issuer and subject is this user whatever their e-mail or username becomes."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identities")
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_login_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "SSO identities"
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="sso_identity_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} at {self.issuer}"

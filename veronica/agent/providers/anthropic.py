@@ -42,8 +42,9 @@ class AnthropicProvider:
         self.label = f"anthropic:{model}"
 
     @classmethod
-    def from_env(cls, model: str) -> "AnthropicProvider":
+    def from_env(cls, model: str, api_key: str | None = None) -> "AnthropicProvider":
         base, key = endpoint_from_env()
+        key = api_key or key
         if not key:
             raise ProviderError("ANTHROPIC_API_KEY is not set", permanent=True)
         return cls(model, base, key)

@@ -43,8 +43,9 @@ class OpenAIProvider:
         self.label = f"openai:{model}"
 
     @classmethod
-    def from_env(cls, model: str) -> "OpenAIProvider":
+    def from_env(cls, model: str, api_key: str | None = None) -> "OpenAIProvider":
         base, key = endpoint_from_env()
+        key = api_key or key
         if not key and "api.openai.com" in base:
             raise ProviderError("OPENAI_API_KEY is not set (needed for api.openai.com; local servers may leave it empty)",
                                 permanent=True)

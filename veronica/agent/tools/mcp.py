@@ -56,13 +56,20 @@ def servers_for(member: "Member"):
     return McpServer.objects.filter(Q(member__isnull=True) | Q(member=member), space_id=member.space_id).order_by("name", "pk")
 
 
-def spec_of(server: "McpServer", workdir: str) -> ServerSpec:
-    """stdio servers start exactly like run_command: the same sandbox wrapper, in the workspace."""
+def spec_of(server: "McpServer", workdir: str, member: "Member | None" = None) -> ServerSpec:
+    """stdio servers start exactly like run_command: the same sandbox wrapper, in the workspace.
+    `${secret:NAME}` in an env value is the member's (or the space's) secret NAME (veronica.secrets)."""
     from pathlib import Path
 
+    from veronica import secrets
     from veronica.agent.tools.workspace import sandboxed
+    from veronica.errors import VeronicaError
 
-    env = tuple(sorted((str(k), str(v)) for k, v in (server.env or {}).items()))
+    try:
+        resolved = secrets.resolve_env(server.env or {}, server.space_id, member or server.member, where=f"mcp_servers.{server.name}")
+    except (VeronicaError, secrets.secret_store.KeyMissing) as exc:
+        raise ToolError(str(exc)) from None
+    env = tuple(sorted((str(k), str(v)) for k, v in resolved.items()))
     if server.transport == "http":
         return ServerSpec(key=server.pk, name=server.name, transport="http", url=server.url, timeout=server.timeout)
     root = Path(workdir).resolve()
@@ -77,7 +84,9 @@ def _record(server: "McpServer", error: str, tools: list[dict] | None) -> None:
 
     # A server's words are kept, not refused: one NUL or lone surrogate in a tool's name or in its
     # stderr made this write raise, and with it every run of the member.
-    fields = {"last_error": storable(error[:2000]), "checked_at": timezone.now()}
+    from veronica.secret_store import mask
+
+    fields = {"last_error": storable(mask(error)[:2000]), "checked_at": timezone.now()}
     if tools is not None:
         fields["tools_cached"] = storable(tools)
     McpServer.objects.filter(pk=server.pk).update(**fields)
@@ -115,10 +124,10 @@ def _caller(spec: ServerSpec, remote: str, read_only: bool):
     return call
 
 
-def check(server: "McpServer", workdir: str) -> tuple[ServerSpec, list] | None:
+def check(server: "McpServer", workdir: str, member: "Member | None" = None) -> tuple[ServerSpec, list] | None:
     """Start (or reuse) the server and list its tools; the outcome is recorded on its row."""
     try:
-        spec = spec_of(server, workdir)
+        spec = spec_of(server, workdir, member)
         listed = manager().list_tools(spec)
     except (McpUnavailable, ToolError) as exc:
         log.warning("MCP server %s unavailable: %s", server.name, exc)
@@ -143,7 +152,7 @@ def tools_of(member: "Member") -> list[Tool]:
     """The tools of every MCP server the member may use; a broken server is skipped (and recorded)."""
     found: list[Tool] = []
     for server in servers_for(member):
-        checked = check(server, member.space.workdir)
+        checked = check(server, member.space.workdir, member)
         if checked is None:
             continue
         spec, listed = checked

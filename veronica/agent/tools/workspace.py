@@ -195,7 +195,10 @@ def run_command(ctx: ToolContext, args: dict) -> str:
     argv, home = sandboxed(root, command)
     half = COMMAND_OUTPUT_CAP // 2
     stdout, stderr = Capped(half * 3 // 4, half * 3 // 4), Capped(half // 4, half // 4)
-    outcome = run(argv, cwd=root, env=sandbox_env(home), timeout=timeout, streams=(stdout, stderr), cancelled=stop_requested)
+    from veronica import secrets
+
+    env = {**sandbox_env(home), **secrets.command_env(ctx.member)}  # the secrets marked in_commands, by name
+    outcome = run(argv, cwd=root, env=env, timeout=timeout, streams=(stdout, stderr), cancelled=stop_requested)
     if outcome.cancelled:
         raise ToolError("cancelled: the run was asked to stop (suspended or removed); the command was killed")
     if outcome.timed_out:
