@@ -46,7 +46,7 @@ def doors(world):
     by_token = Door(Client(), "token", token)
     by_token.key = key
     return {"session": Door(world.client(world.owner), "session"), "token": by_token,
-            "admin": Door(world.client(world.staff), "admin")}
+            "admin": Door(world.client(world.staff), "admin"), "staff": Door(world.client(world.staff), "session")}
 
 
 @dataclass
@@ -58,6 +58,7 @@ class Case:
     check: Callable = lambda row: True  # noqa: E731 - the row's what
     target: str | None = None
     space: str = "alpha"
+    actor: str = "owner"
 
 
 def _task(world, **kw):
@@ -116,6 +117,11 @@ def _notifier(world):
     notify.configure(world.space, emails="ops@example.com", actor="test")
 
 
+def _report(world):
+    from veronica import bus
+    return bus.send(world.space, "w1", bus.OPERATOR, "the report")[0]  # a member's mail: nobody's audit row
+
+
 def _secret(world):
     from veronica import webhooks
     webhooks.rotate_secret(world.space, actor="test")
@@ -148,6 +154,8 @@ CASES = [
          lambda r: r.before["removed_at"] is None and r.after["removed_at"], "w2"),
     Case("supervisor.spawn", "token", "member.spawn", lambda w, d: d.call("POST", f"{M}/spawn/"),
          lambda r: r.after["name"] == "w1-1"),
+    Case("supervisor.compact", "token", "member.compact", lambda w, d: d.call("POST", f"{M}/compact/", {"kind": "micro"}),
+         lambda r: r.after == {"kind": "micro"}, "w1"),
     Case("supervisor.clear_session", "token", "member.clear_session", lambda w, d: d.call("POST", f"{M}/clear/")),
     Case("supervisor.set_schedule", "token", "member.schedule_set",
          lambda w, d: d.call("PUT", f"{M}/schedule/", {"cron": "*/5 * * * *"}), lambda r: r.after["schedule"] == "*/5 * * * *"),
@@ -227,6 +235,15 @@ CASES = [
          lambda r: r.after["body"] == "hello", "boss"),
     Case("chat.send_to", "token", "message.send", lambda w, d: d.call("POST", f"{M}/chat/", {"body": "hi"}),
          lambda r: r.after["body"] == "hi", "w1"),
+    Case("bus.accept_operator_mail", "session", "message.accept",
+         lambda w, d: d.post_form("/spaces/alpha/inbox/", {"message_id": _report(w).pk, "body": "edited"}),
+         lambda r: r.after["accepted_body"] == "edited" and r.before["accepted_at"] is None),
+    Case("alarms.set_alarm", "admin", "member.alarm_set",
+         lambda w, d: d.post_form("/admin/veronica/alarm/add/", {"member": supervisor.get_member(w.space, "w1").pk,
+                                                                 "fire_at_0": f"{timezone.now().date() + timedelta(days=2)}",
+                                                                 "fire_at_1": "09:00:00",
+                                                                 "note": "wake up"}),
+         lambda r: r.after["note"] == "wake up", actor="staff"),
     # skills, memory, MCP servers
     Case("skills.add_skill", "token", "skill.add",
          lambda w, d: d.call("POST", f"{API}/skills/", {"name": "howto", "body": "# how"}), lambda r: r.after["body"] == "# how"),
@@ -259,15 +276,19 @@ CASES = [
          lambda w, d: d.call("DELETE", f"/api/tokens/{access.create_token(w.owner, 'old')[0].pk}/"),
          lambda r: r.after["revoked_at"], "old", ""),
     # exports and imports
+    Case("portable.create_from_template", "staff", "space.import",
+         lambda w, d: d.post_form("/new-space/", {"source": "template", "template": "demo-team", "slug": "fresh"}),
+         lambda r: r.after == {"slug": "fresh", "from": "template", "template": "demo-team"}, "fresh", "fresh", "staff"),
     Case("portable.export_archive", "session", "space.export", lambda w, d: d.client.get("/spaces/alpha/export/"),
          lambda r: r.after["bytes"] > 0),
     # the admin door
     Case("supervisor.freeze", "admin", "member.freeze",
          _admin_action("member", "freeze", lambda w: supervisor.get_member(w.space, "w1").pk),
-         lambda r: r.after["membership"] == "frozen", "w1"),
+         lambda r: r.after["membership"] == "frozen", "w1", actor="staff"),
     Case("supervisor.halt_all", "admin", "space.halt_all", _admin_action("space", "halt_all", lambda w: w.space.pk),
-         lambda r: r.after == {"suspended": 3}),
-    Case("retention.purge_space", "admin", "space.purge", _admin_action("space", "purge_retention", lambda w: w.space.pk)),
+         lambda r: r.after == {"suspended": 3}, actor="staff"),
+    Case("retention.purge_space", "admin", "space.purge", _admin_action("space", "purge_retention", lambda w: w.space.pk),
+         actor="staff"),
 ]
 CASES = [c for c in CASES if c.check is not None]  # the admin's blackboard cap is a test of its own below
 
@@ -285,15 +306,13 @@ def _check_row(row: AuditRow, *, action: str, via: str, actor: str = "user:owner
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_every_verb_through_its_door_is_one_audit_row(world, doors, case):
     door = doors[case.door]
-    if case.door == "admin":
-        world.owner = world.staff  # the admin's user
     start = AuditRow.objects.count()
     response = case.do(world, door)
     assert response.status_code < 400, getattr(response, "content", b"")[:400]
     rows = list(AuditRow.objects.order_by("id")[start:])
     assert len(rows) == 1, [r.as_wire() for r in rows]
     row = rows[0]
-    _check_row(row, action=case.action, via=case.door, actor=f"user:{world.owner.username}", space=case.space)
+    _check_row(row, action=case.action, via=door.via, actor=f"user:{case.actor}", space=case.space)
     assert row.token_id == (door.token.pk if door.token else None)
     if case.target is not None:
         assert row.target == case.target
@@ -338,9 +357,16 @@ def test_management_commands_are_rows_by_the_os_user_via_command(world, tmp_path
     assert all(r.actor == f"os:{audit.os_user()}" and r.user_id is None and r.ip for r in rows)
     assert out.getvalue().strip() not in json.dumps(rows[0].after) and set(rows[0].after) == TOKEN_FIELDS
     call_command("register", str(tmp_path / "alpha.tar.gz"), "--slug", "gamma", stdout=io.StringIO())
-    imported = AuditRow.objects.get(action="space.import")
+    imported = AuditRow.objects.get(action="space.import")  # one row: the register inside it is part of the import
     assert (imported.via, imported.space_slug, imported.after) == ("command", "gamma", {"slug": "gamma", "from": "archive",
                                                                                        "bytes": imported.after["bytes"]})
+
+
+def test_registering_a_manifest_folder_is_a_command_row(db, demo_manifest):
+    call_command("register", str(demo_manifest), stdout=io.StringIO())
+    row = AuditRow.objects.get()
+    assert (row.action, row.via, row.space_slug, row.after) == ("space.register", "command", "demo",
+                                                               {"fresh": False, "directory": str(demo_manifest)})
 
 
 @pytest.mark.parametrize("path", ["/login/", "/admin/login/"])

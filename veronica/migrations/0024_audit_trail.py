@@ -24,12 +24,12 @@ DROP FUNCTION IF EXISTS veronica_audit_append_only();
 
 def add_trigger(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(APPEND_ONLY)
+        schema_editor.execute(APPEND_ONLY, params=None)  # a literal: its % is plpgsql's, not a placeholder
 
 
 def drop_trigger(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP)
+        schema_editor.execute(DROP, params=None)
 
 
 class Migration(migrations.Migration):
