@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import wraps
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
@@ -133,8 +134,9 @@ class AuditMiddleware:
 
 # --- what: masking and snapshots ----------------------------------------------------------------------
 
+# "value": a secrets verb's set(name, value) must never write the value, whoever decorates it
 SECRET_WORDS = {"secret", "secrets", "password", "passwd", "token", "key", "apikey", "credential", "credentials", "env",
-                "authorization", "auth", "headers", "cookie", "hash", "stamp"}
+                "authorization", "auth", "headers", "cookie", "hash", "stamp", "value"}
 NOT_SECRET_ENDS = {"limit", "limits", "ceiling", "budget", "tokens", "id", "prefix", "name", "at", "days", "count"}
 MASK = "•••"
 MAX_TEXT = 2000  # a persona or a skill body is kept whole up to this; past it, its start and its length
@@ -145,15 +147,45 @@ def is_secret(key: object) -> bool:
     return bool(parts) and parts[-1] not in NOT_SECRET_ENDS and any(p in SECRET_WORDS for p in parts)
 
 
+def _url_host(url: str) -> str:
+    """Where a URL points, without what may carry a credential (user:password@, a path like a
+    Slack hook's, the query)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/{MASK}" if parts.netloc else MASK
+
+
+def _masked(key: object, value: Any) -> Any:
+    if is_secret(key):
+        return MASK if value not in (None, "", [], {}) else value
+    if isinstance(value, str) and value and re.split(r"[^a-z0-9]+", str(key).lower())[-1] == "url":
+        return _url_host(value)
+    return mask(value)
+
+
 def mask(value: Any) -> Any:
     """A JSON-safe copy with every secret-named key's value masked (an empty value stays empty:
-    the row still shows that a secret was set or cleared)."""
+    the row still shows that a secret was set or cleared), and URLs cut to their host."""
     if isinstance(value, dict):
-        return {str(k): (MASK if v not in (None, "", [], {}) else v) if is_secret(k) else mask(v) for k, v in value.items()}
+        return {str(k): _masked(k, v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [mask(v) for v in value]
     if isinstance(value, str) and len(value) > MAX_TEXT:
         return f"{value[:MAX_TEXT]}… ({len(value)} characters)"
+    return value
+
+
+MASKERS: list[Callable[[Any], Any]] = []  # more masking (e.g. an SSO or secrets module's own), applied after ours
+
+
+def add_masker(masker: Callable[[Any], Any]) -> None:
+    if masker not in MASKERS:
+        MASKERS.append(masker)
+
+
+def masked(value: Any) -> Any:
+    value = mask(value)
+    for masker in MASKERS:
+        value = masker(value)
     return value
 
 
@@ -195,7 +227,7 @@ def record(action: str, *, space: Space | int | None = None, target: str = "", b
     actor = actor or current()
     if actor is None:
         return None
-    before, after = changes(mask(jsonable(before)), mask(jsonable(after)))
+    before, after = changes(masked(jsonable(before)), masked(jsonable(after)))
     space = _space_of(space)
     return AuditRow.objects.create(
         space=space, space_slug=space.slug if space else "", actor=actor.name[:160], user_id=actor.user_id, via=actor.via,
@@ -208,17 +240,22 @@ OBJECT_ARGS = ("member", "task", "base", "rule", "approval", "question", "space"
 QUIET_ARGS = {"actor", "user", "self"}
 
 
+def _label(obj: models.Model) -> str:
+    name = getattr(obj, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    detail = getattr(obj, "title", "") or getattr(obj, "tool_name", "") or ""
+    return f"{obj._meta.model_name} #{obj.pk} {detail}".strip()
+
+
 def _target(bound: dict, result: Any) -> str:
     for name in ("member", "base", "task", "rule", "approval", "question"):
-        obj = bound.get(name)
-        if isinstance(obj, models.Model):
-            if name in ("member", "base"):
-                return obj.name
-            return f"{name} #{obj.pk} {getattr(obj, 'title', '') or getattr(obj, 'tool_name', '') or ''}".strip()
+        if isinstance(bound.get(name), models.Model):
+            return _label(bound[name])
     for name in ("name", "username", "tool_name", "slug", "to"):
         if isinstance(bound.get(name), str):
             return bound[name]
-    return str(getattr(result, "name", "") or "")
+    return _label(result) if isinstance(result, models.Model) else ""
 
 
 def _space(bound: dict, result: Any) -> Any:

@@ -40,6 +40,11 @@ class Door:
         return self.client.post(url, data)
 
 
+@pytest.fixture(autouse=True)
+def data_dir(settings, tmp_path):
+    settings.DATA_DIR = tmp_path / "data"  # spaces created from archives and templates live here
+
+
 @pytest.fixture
 def doors(world):
     token, key = access.create_token(world.owner, "script")  # no person is acting here: no row
@@ -179,8 +184,9 @@ CASES = [
     Case("watchdogs.set_thresholds", "token", "space.thresholds_set",
          lambda w, d: d.call("PUT", f"{API}/watchdogs/", {"stuck_run_minutes": 45}), lambda r: r.after == {"stuck_run_minutes": 45}),
     Case("notify.configure", "token", "space.notify_set",
-         lambda w, d: d.call("PUT", f"{API}/notify/", {"emails": "ops@example.com"}),
-         lambda r: r.after == {"notify_emails": "ops@example.com"}),
+         lambda w, d: d.call("PUT", f"{API}/notify/", {"emails": "ops@example.com",
+                                                       "slack_url": "https://hooks.slack.example/services/T0/B0/s3cret"}),
+         lambda r: r.after == {"notify_emails": "ops@example.com", "notify_slack_url": "https://hooks.slack.example/•••"}),
     Case("checks.configure", "token", "space.checks_set",
          lambda w, d: d.call("PUT", f"{API}/checks/", {"checks": [{"name": "t", "command": "true"}]}),
          lambda r: r.after["verify_checks"][0]["name"] == "t"),
@@ -207,7 +213,7 @@ CASES = [
          lambda w, d: (_notifier(w), d.post_form("/spaces/alpha/manage/", {"action": "notify_test"}))[1]),
     # tasks
     Case("ledger.create_task", "token", "task.create", lambda w, d: d.call("POST", f"{API}/tasks/", {"title": "ship it"}),
-         lambda r: r.before is None and r.after["title"] == "ship it"),
+         lambda r: r.before is None and r.after["title"] == "ship it" and r.target.endswith(" ship it")),
     Case("ledger.assign", "token", "task.assign",
          lambda w, d: d.call("POST", f"{API}/tasks/{_task(w).pk}/assign/", {"assignee": "w1"}),
          lambda r: r.before["assignee_id"] is None and r.after["assignee_id"]),
@@ -419,10 +425,24 @@ def test_a_refused_verb_writes_no_row(world, doors):
 
 def test_secret_named_fields_are_masked_at_any_depth():
     data = {"webhook_secret": "abc", "password": "p", "api_key": "k", "env": {"X": "1"}, "daily_token_ceiling": 5,
-            "token_id": 3, "nested": [{"Authorization": "Bearer x", "name": "ok"}], "cleared_secret": ""}
+            "token_id": 3, "nested": [{"Authorization": "Bearer x", "name": "ok"}], "cleared_secret": "",
+            "url": "https://bob:pw@mcp.example:8443/x?key=1", "value": "sk-live"}
     assert audit.mask(data) == {"webhook_secret": audit.MASK, "password": audit.MASK, "api_key": audit.MASK,
                                 "env": audit.MASK, "daily_token_ceiling": 5, "token_id": 3,
-                                "nested": [{"Authorization": audit.MASK, "name": "ok"}], "cleared_secret": ""}
+                                "nested": [{"Authorization": audit.MASK, "name": "ok"}], "cleared_secret": "",
+                                "url": "https://mcp.example:8443/•••", "value": audit.MASK}
+
+
+def test_a_secrets_verb_never_writes_the_value_and_more_maskers_apply(db, monkeypatch):
+    @audit.verb("secret.set")
+    def set_secret(space, name: str, value: str, *, actor: str) -> None:
+        pass
+
+    monkeypatch.setattr(audit, "MASKERS", [lambda data: {**data, "name": "redacted"} if isinstance(data, dict) else data])
+    with audit.acting(audit.Actor(name="user:x", via="token")):
+        set_secret(None, "OPENAI_KEY", "sk-live", actor="user:x")
+    row = AuditRow.objects.get()
+    assert (row.action, row.target, row.after) == ("secret.set", "OPENAI_KEY", {"name": "redacted", "value": audit.MASK})
 
 
 # --- append-only and retention -------------------------------------------------------------------------------
