@@ -29,7 +29,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models, transaction
+from django.db import connection, models, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from veronica.models import AuditRow, Space
@@ -360,16 +361,19 @@ def connect_signals() -> None:
 # --- reading and retention --------------------------------------------------------------------------------
 
 def purge(now=None) -> int:
-    """The retention duty: rows older than VERONICA_AUDIT_RETENTION_DAYS (0 keeps them all). The
-    only deletion of audit rows; on PostgreSQL the table's trigger lets this one transaction delete."""
+    """The retention duty: rows older than VERONICA_AUDIT_RETENTION_DAYS (0 keeps them all), but a
+    space's rows never before its events (a space keeping events longer keeps its audit as long).
+    The only deletion of audit rows; on PostgreSQL the table's trigger lets this one transaction delete."""
     days = settings.AUDIT_RETENTION_DAYS
     if days <= 0:
         return 0
-    cutoff = (now or timezone.now()) - timedelta(days=days)
+    now = now or timezone.now()
+    longer = dict(Space.objects.filter(retention_days__gt=days).values_list("pk", "retention_days"))
+    due = Q(created_at__lt=now - timedelta(days=days)) & ~Q(space_id__in=list(longer))
+    for space_id, space_days in longer.items():
+        due |= Q(space_id=space_id, created_at__lt=now - timedelta(days=space_days))
     with transaction.atomic():
-        from django.db import connection
-
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL veronica.audit_purge = 'on'")
-        return AuditRow.objects.filter(created_at__lt=cutoff)._purge()
+        return AuditRow.objects.filter(due)._purge()

@@ -18,7 +18,7 @@ from django.utils import timezone
 from tests.console.helpers import call, open_question, pending_approval
 from veronica import access, audit, ledger
 from veronica.engine import approvals, supervisor
-from veronica.models import ApiToken, AppendOnly, AuditRow, Member
+from veronica.models import ApiToken, AppendOnly, AuditRow, Member, Space
 
 API = "/api/spaces/alpha"
 TOKEN_FIELDS = {"id", "name", "prefix", "read_only", "expires_at", "revoked_at"}  # never the key or its hash
@@ -474,20 +474,26 @@ def test_postgresql_refuses_an_update_or_delete_that_bypasses_the_model(db):
     assert AuditRow.objects.filter(pk=row.pk, action="test.thing").exists()
 
 
-def test_the_retention_duty_purges_rows_past_their_own_window(db, settings):
+def _aged(row: AuditRow, days: int) -> None:
+    """As the database would have stamped it `days` ago (the trigger is the app's guard, not the test's)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("ALTER TABLE veronica_auditrow DISABLE TRIGGER veronica_auditrow_append_only")
+        cursor.execute("UPDATE veronica_auditrow SET created_at = %s WHERE id = %s", [timezone.now() - timedelta(days=days), row.pk])
+        if connection.vendor == "postgresql":
+            cursor.execute("ALTER TABLE veronica_auditrow ENABLE TRIGGER veronica_auditrow_append_only")
+
+
+def test_the_retention_duty_purges_rows_past_their_own_window(world, settings):
     from veronica.engine import retention
 
     settings.AUDIT_RETENTION_DAYS = 400
+    Space.objects.filter(pk=world.other.pk).update(retention_days=900)  # keeps its events longer: its audit too
     old, recent = _row(target="old"), _row(target="recent")
-    with connection.cursor() as cursor:  # age one row as the database would have stamped it 401 days ago
-        if connection.vendor == "postgresql":
-            cursor.execute("ALTER TABLE veronica_auditrow DISABLE TRIGGER veronica_auditrow_append_only")
-        cursor.execute("UPDATE veronica_auditrow SET created_at = %s WHERE id = %s",
-                       [timezone.now() - timedelta(days=401), old.pk])
-        if connection.vendor == "postgresql":
-            cursor.execute("ALTER TABLE veronica_auditrow ENABLE TRIGGER veronica_auditrow_append_only")
+    kept, gone = _row(target="kept", space=world.other), _row(target="gone", space=world.other)
+    _aged(old, 401), _aged(kept, 401), _aged(gone, 901)
     retention.purge_due()
-    assert list(AuditRow.objects.values_list("target", flat=True)) == ["recent"]
+    assert sorted(AuditRow.objects.exclude(action="login").values_list("target", flat=True)) == ["kept", "recent"]
     settings.AUDIT_RETENTION_DAYS = 0  # 0 keeps every row
     assert audit.purge(timezone.now() + timedelta(days=10000)) == 0
 
