@@ -498,6 +498,19 @@ def test_the_retention_duty_purges_rows_past_their_own_window(world, settings):
     assert audit.purge(timezone.now() + timedelta(days=10000)) == 0
 
 
+def test_vacuum_purges_the_audit_window_and_its_space_purges_are_command_rows(world, settings):
+    settings.AUDIT_RETENTION_DAYS = 400
+    old = _row(target="old")
+    _aged(old, 401)
+    Space.objects.filter(pk=world.space.pk).update(retention_days=30)
+    out = io.StringIO()
+    call_command("vacuum", "--space", "alpha", stdout=out)
+    assert "audit trail: removed 1 rows" in out.getvalue()
+    row = AuditRow.objects.get(action="space.purge")
+    assert (row.via, row.actor, row.space_slug) == ("command", f"os:{audit.os_user()}", "alpha")
+    assert not AuditRow.objects.filter(target="old").exists()
+
+
 # --- the pages: who sees what, filters, export -------------------------------------------------------------------
 
 @pytest.fixture
