@@ -24,6 +24,8 @@ DOOR_RECORDED = {
     "learning.api.approve_proposal": "proposal.approve", "learning.api.reject_proposal": "proposal.reject",
     "django.contrib.auth.login": "login", "django.contrib.auth.authenticate (failed)": "login.failed",
     "django.contrib.auth.logout": "logout",
+    "django.contrib.auth.views.PasswordChangeView": "password.change",
+    "django.contrib.admin (users, groups, learning's admin, ...)": "admin.<add|change|delete>.<app>.<model>",
 }
 # functions that take an actor but are a step inside a verb, or a door's parsing helper: the verb
 # they serve is the audited one (one change, one row)

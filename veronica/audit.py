@@ -350,12 +350,29 @@ def on_logout(sender, request, user, **kwargs) -> None:
         record("logout", target=user.get_username(), actor=_login_actor(request, user.get_username(), user.pk))
 
 
+ADMIN_FLAGS = {1: "add", 2: "change", 3: "delete"}  # django.contrib.admin.models ADDITION, CHANGE, DELETION
+
+
+def on_admin_log(sender, instance, created: bool, **kwargs) -> None:
+    """The admin's own log of a change to what no verb of ours owns (users, groups, learning's
+    global domains, the login throttle): one audit row each. Veronica's models change through the
+    verbs, which write their own rows."""
+    content_type = instance.content_type
+    if not created or content_type is None or content_type.app_label == "veronica":
+        return
+    record(f"admin.{ADMIN_FLAGS.get(instance.action_flag, 'change')}.{content_type.app_label}.{content_type.model}",
+           target=instance.object_repr, after={"change": instance.get_change_message()})
+
+
 def connect_signals() -> None:
+    from django.contrib.admin.models import LogEntry
     from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
+    from django.db.models.signals import post_save
 
     user_logged_in.connect(on_login, dispatch_uid="veronica.audit.login")
     user_login_failed.connect(on_login_failed, dispatch_uid="veronica.audit.login_failed")
     user_logged_out.connect(on_logout, dispatch_uid="veronica.audit.logout")
+    post_save.connect(on_admin_log, sender=LogEntry, dispatch_uid="veronica.audit.admin_log")
 
 
 # --- reading and retention --------------------------------------------------------------------------------

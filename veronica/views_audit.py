@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, time, timedelta
 
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -13,7 +14,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from veronica import access
+from veronica import access, audit
 from veronica.access import OWNER
 from veronica.audit import Via
 from veronica.errors import VeronicaError, text_problem
@@ -111,3 +112,12 @@ def staff_audit(request: HttpRequest) -> HttpResponse:
     if not may_see_all(request.user):
         raise PermissionDenied("the audit of every space is for staff with the audit permission")
     return _answer(request, AuditRow.objects.all(), {"space": None, "page": "audit"}, "audit.jsonl")
+
+
+class PasswordChange(auth_views.PasswordChangeView):
+    """Django's password change, with its audit row (the password itself never is in it)."""
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        audit.record("password.change", target=self.request.user.get_username())
+        return response

@@ -390,6 +390,24 @@ def test_logins_and_failed_logins_are_rows(world, path):
     assert "pw-" not in json.dumps([r.as_wire() for r in rows])
 
 
+def test_a_password_change_and_the_admins_user_edits_are_rows(world):
+    ann = User.objects.create_user("ann", password="old-pass-1")
+    client = Client()
+    client.force_login(ann)
+    response = client.post("/password/", {"old_password": "old-pass-1", "new_password1": "N3w-pass-long!",
+                                          "new_password2": "N3w-pass-long!"})
+    assert response.status_code == 302
+    row = AuditRow.objects.get(action="password.change")
+    assert (row.actor, row.via, row.target) == ("user:ann", "session", "ann")
+    assert "N3w" not in json.dumps(row.as_wire())
+    admin = world.client(world.staff)
+    response = admin.post("/admin/auth/user/add/", {"username": "bob", "password1": "Bob-pass-long-1",
+                                                    "password2": "Bob-pass-long-1", "usable_password": "true"})
+    assert response.status_code == 302, response.content[:300]
+    row = AuditRow.objects.get(action="admin.add.auth.user")
+    assert (row.actor, row.via, row.target) == ("user:staff", "admin", "bob")
+
+
 # --- nobody acting: agents and the engine write no row -----------------------------------------------------
 
 def test_a_verb_called_by_no_person_writes_no_row(world):
