@@ -89,7 +89,8 @@ def _answer(request: HttpRequest, rows: QuerySet, context: dict, filename: str) 
     return render(request, "console/audit.html", {
         **context, "rows": [{**row.as_wire(), "before_json": _pretty(row.before), "after_json": _pretty(row.after)}
                             for row in shown[:PAGE_ROWS]],
-        "more": len(shown) > PAGE_ROWS, "page_rows": PAGE_ROWS, "filters": given, "via_choices": VIA_CHOICES,
+        "more": len(shown) > PAGE_ROWS, "page_rows": PAGE_ROWS, "filters": given, "filtering": any(given.values()),
+        "via_choices": VIA_CHOICES,
         "export_query": query.urlencode()})
 
 
