@@ -17,7 +17,10 @@ def db_state() -> dict[str, list[dict]]:
     state = {}
     for label in APPS:
         for model in apps.get_app_config(label).get_models():
-            state[model._meta.label] = list(model.objects.order_by("pk").values())
+            rows = model.objects.order_by("pk")
+            if model._meta.label == "veronica.AuditRow":  # a test client's force_login is a login row; a refused change writes none
+                rows = rows.exclude(action="login")
+            state[model._meta.label] = list(rows.values())
     return state
 
 

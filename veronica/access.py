@@ -20,7 +20,7 @@ from django.http import Http404
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from veronica import events
+from veronica import audit, events
 from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import ROLE_RANK, AccessRole, ApiToken, Space, SpaceAccess
 
@@ -117,6 +117,7 @@ def space_id_for(user, slug: str) -> int | None:
 
 # --- granting access (owners) --------------------------------------------------------------------
 
+@audit.verb("access.grant", after=lambda a, row: {"user": a["username"], "role": a["role"]})
 def grant(space: Space, username: str, role: str, *, actor: str) -> SpaceAccess:
     """Give a user a role in the space, or change the role they have."""
     username = require_text(username, "username", max_len=150)
@@ -131,6 +132,7 @@ def grant(space: Space, username: str, role: str, *, actor: str) -> SpaceAccess:
     return access
 
 
+@audit.verb("access.revoke", after=lambda a, _: {"user": a["username"]})
 def revoke(space: Space, username: str, *, actor: str) -> None:
     """Take a user's access away. The last owner cannot be removed (a superuser can always re-grant)."""
     username = require_text(username, "username", max_len=150)
@@ -175,6 +177,14 @@ def _expiry_days(raw: object) -> int | None:
     return raw
 
 
+def _token_row(args: dict, result: tuple) -> dict:
+    """A token as the audit trail shows it: never its key or hash."""
+    token = result[0]
+    return {"id": token.pk, "name": token.name, "prefix": token.prefix, "read_only": token.read_only,
+            "expires_at": token.expires_at, "revoked_at": token.revoked_at}
+
+
+@audit.verb("token.create", space=lambda a, r: None, target=lambda a, r: r[0].name, after=_token_row)
 def create_token(user, name: str, *, expires_in_days: object = None, read_only: object = False) -> tuple[ApiToken, str]:
     """A new token for the user. The key is returned once; only its SHA-256 is stored."""
     name = require_text(name, "name", max_len=TOKEN_NAME_MAX)
@@ -196,6 +206,7 @@ def token_holds(token: ApiToken, user, now=None) -> bool:
             and constant_time_compare(token.password_stamp, password_stamp(user)))
 
 
+@audit.verb("token.revoke", space=lambda a, r: None, target=lambda a, r: r.name, after=lambda a, r: _token_row(a, (r,)))
 def revoke_token(user, token_id: int) -> ApiToken:
     token = ApiToken.objects.filter(user=user, pk=token_id).first()
     if token is None:

@@ -15,7 +15,7 @@ from veronica.engine import alarms, checks, retention, supervisor, watchdogs
 from veronica.errors import VeronicaError
 from veronica.markdown import render_markdown
 from veronica.models import (
-    Alarm, ApiToken, Approval, Blackboard, DeliveryStatus, Event, McpServer, Member, MemoryFile, Message, NotificationDelivery, Run,
+    Alarm, ApiToken, Approval, AuditRow, Blackboard, DeliveryStatus, Event, McpServer, Member, MemoryFile, Message, NotificationDelivery, Run,
     Secret, Skill, Space, SpaceAccess, SsoIdentity, Task, TaskCheck, UsageDay, WebhookDelivery,
 )
 
@@ -372,6 +372,15 @@ class MessageAdmin(ReadOnlyAdmin):
     @admin.display(description="body")
     def short_body(self, obj):
         return obj.body[:80]
+
+
+@admin.register(AuditRow)
+class AuditRowAdmin(ReadOnlyAdmin):
+    """Read-only: audit rows are never changed or deleted by the app (the retention duty purges)."""
+    list_display = ("created_at", "space_slug", "actor", "via", "ip", "action", "target")
+    list_filter = ("via", "action")
+    search_fields = ("actor", "action", "target", "space_slug")
+    date_hierarchy = "created_at"
 
 
 @admin.register(Event)

@@ -15,9 +15,10 @@ class VeronicaConfig(AppConfig):
 
         from waggle import guard as waggle_guard
 
-        from veronica import events, tracing
+        from veronica import audit, events, tracing
         from veronica.engine.warm import warm_worker
 
+        audit.connect_signals()  # logins, failed logins and logouts are audit rows
         tracing.configure()  # OTLP export only when OTEL_EXPORTER_OTLP_ENDPOINT is set
         post_spawn.connect(warm_worker, dispatch_uid="veronica.warm_worker")
         # waggle's row of a step's tool call rides in the step's event statement (no round trip of its own)

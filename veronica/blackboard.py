@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from veronica import events
+from veronica import audit, events
 from veronica.errors import VeronicaError, text_problem
 from veronica.models import Blackboard, Space
 
@@ -25,6 +25,7 @@ def clean_cap(value: object, field: str = "blackboard_cap") -> int:
     return value
 
 
+@audit.verb("space.blackboard_cap", watch="space")
 def set_cap(space: Space, cap: object, *, actor: str) -> Space:
     """Change the space's blackboard cap (the read side cuts a board written under a larger one)."""
     cap = clean_cap(cap)
@@ -52,6 +53,7 @@ def for_members(space: Space) -> tuple[Blackboard, str]:
                    f"the last {len(board.content) - cap} are not shown. Rewrite it within the cap.]")
 
 
+@audit.verb("blackboard.write")
 def write(space: Space, writer: str, content: str) -> Blackboard:
     """Replace the board. Oversize content fails naming the cap and the overage; empty clears it."""
     if not isinstance(content, str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from veronica import events
+from veronica import audit, events
 from veronica.engine.wakes import wake_on_commit
 from veronica.errors import RecipientError, column_limit, require_text, text_problem
 from veronica.models import Member, Membership, Message, Space, Task
@@ -55,6 +55,7 @@ def resolve_recipients(space: Space, to: str, sender_name: str) -> list[Member] 
     raise RecipientError(f"no member or role named '{target}'; candidates: {listing or 'none'}, 'all', 'operator'", field="to")
 
 
+@audit.verb("message.send", target=lambda a, rows: a["to"])
 def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "", task: Task | None = None,
          wake_source: str = "message") -> list[Message]:
     """Persist the mail, emit one event per message, and wake the recipients after the commit."""
@@ -91,6 +92,7 @@ def mark_read(member: Member, message_ids: list[int]) -> int:
     return count
 
 
+@audit.verb("message.accept", watch="message")
 def accept_operator_mail(message: Message, *, user, body: str | None = None) -> Message:
     """The operator accepts a member's mail, optionally editing it first (kept beside the original)."""
     if message.recipient_name != OPERATOR:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db.models import Q
 
-from veronica import bus, events
+from veronica import audit, bus, events
 from veronica.errors import VeronicaError
 from veronica.models import Member, Message, Turn
 
@@ -59,6 +59,7 @@ def conversation(member: Member, *, before: int | None = None, limit: int = 50) 
     return {"member": member.name, "messages": out, "next_before": rows[-1].pk if more and rows else None}
 
 
+@audit.verb("message.send")
 def send_to(member: Member, body: str, *, subject: str = "") -> Message:
     """The operator writes to this one member (the same bus.send as the space's chat)."""
     if member.removed_at is not None:

@@ -10,7 +10,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from veronica import bus, events
+from veronica import audit, bus, events
 from veronica.errors import IllegalTransition, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Space, Task, TaskStatus, VerifyPolicy
 
@@ -102,6 +102,7 @@ def _release_dependents(task: Task, actor: str) -> None:
             transition(dependent, S.READY, actor=actor, reason=f"dependency #{task.pk} done")
 
 
+@audit.verb("task.create", created=True)
 def create_task(space: Space, creator: str, title: str, *, spec: str = "", assignee: Member | None = None,
                 depends_on: list[int] | None = None, not_before: datetime | None = None,
                 engine_managed: bool = False, verify_policy: str = VerifyPolicy.AUTO) -> Task:
@@ -174,6 +175,7 @@ def check_assign(task: Task, member: Member) -> None:
         raise IllegalTransition(f"task #{task.pk} is {task.status}; it cannot be (re)assigned now", field="task_id")
 
 
+@audit.verb("task.assign", watch="task")
 def assign(task: Task, member: Member, *, actor: str, auto: bool = False) -> Task:
     """Give a task to a member. A ready task starts now (mail wakes the assignee); a pending one
     is engine-managed and dispatched by the tick once its dependencies and not-before allow."""
@@ -191,6 +193,7 @@ def assign(task: Task, member: Member, *, actor: str, auto: bool = False) -> Tas
     return task
 
 
+@audit.verb("task.reassign", watch="task")
 def reassign(task: Task, member: Member, *, actor: str) -> Task:
     """Give a task to another member, whatever it is doing: a running task is requeued (its old
     assignee is told to stop) and starts again with the new one, as assign starts a ready task."""
@@ -209,6 +212,7 @@ def reassign(task: Task, member: Member, *, actor: str) -> Task:
     return task
 
 
+@audit.verb("task.cancel", watch="task")
 def cancel(task: Task, *, actor: str, reason: str = "") -> Task:
     """Cancel a task; an assignee that was working on it is told to stop."""
     was_running = task.status in (S.RUNNING, S.VERIFYING, S.BLOCKED)
@@ -220,6 +224,7 @@ def cancel(task: Task, *, actor: str, reason: str = "") -> Task:
     return task
 
 
+@audit.verb("task.retry", watch="task")
 def retry(task: Task, *, actor: str, assignee: Member | None = None) -> Task:
     """Run a failed task again: back to ready (its last result is kept until a new one), and started
     with its assignee (or the one given) as assign would."""
@@ -240,6 +245,7 @@ def dispatch(task: Task, *, actor: str, auto: bool) -> Task:
     return task
 
 
+@audit.verb("task.complete", watch="task")
 def complete(task: Task, *, actor: str, result: str, failed: bool = False) -> Task:
     """A worker reports a task finished. Verify policy `leader` / `checks` holds it in verifying."""
     result = require_text(result, "result", max_len=MAX_RESULT, allow_empty=True)

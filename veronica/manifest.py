@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from veronica import events, mcp_servers
+from veronica import audit, events, mcp_servers
 from veronica.agent.providers import validate_model_spec
 from veronica.engine import supervisor
 from veronica.engine.timers import arm_cron
@@ -504,6 +504,7 @@ def register(directory: str | Path, *, fresh: bool = False, actor: str = "regist
     return register_space(directory, fresh=fresh, actor=actor, slug=slug, own=own).space
 
 
+@audit.verb("space.register", space=lambda a, r: r.space, target=lambda a, r: r.space.slug, after=lambda a, r: {"fresh": a["fresh"], "directory": str(a["directory"])})
 def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "register", slug: str | None = None,
                    name: str | None = None, own: bool = False, workdir: str | Path | None = None) -> Registered:
     """Create or refresh a space from its manifest (the seed's fresh vs restart semantics).

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from django.db import transaction
 
-from veronica import events, outbound
+from veronica import audit, events, outbound
 from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, text_problem
 from veronica.models import McpServer, McpTransport, Member, Space
 
@@ -81,6 +81,7 @@ def check_list(entries: object) -> list[ServerConfig]:
     return configs
 
 
+@audit.verb("mcp.add", created=True)
 def add(space: Space, cfg: ServerConfig, *, member: Member | None = None, actor: str, from_manifest: bool = False) -> McpServer:
     scope = McpServer.objects.filter(space=space, member=member)
     if scope.filter(name=cfg.name).exists():
@@ -92,6 +93,7 @@ def add(space: Space, cfg: ServerConfig, *, member: Member | None = None, actor:
     return server
 
 
+@audit.verb("mcp.remove")
 def remove(space: Space, name: str, *, member: Member | None = None, actor: str) -> None:
     with transaction.atomic():
         deleted, _ = McpServer.objects.filter(space=space, member=member, name=name).delete()
@@ -113,6 +115,7 @@ def env_from_lines(text: str) -> dict[str, str]:
     return env
 
 
+@audit.verb("mcp.set_env", created=True)
 def set_env(space: Space, name: str, lines: str, *, member: Member | None = None, actor: str) -> McpServer:
     """Replace a server's environment from KEY=VALUE lines without ever showing the old values:
     `KEY=` with nothing after it keeps KEY's current value (how an owner edits one secret, or fills
@@ -132,6 +135,7 @@ def set_env(space: Space, name: str, lines: str, *, member: Member | None = None
     return server
 
 
+@audit.verb("mcp.replace_from_manifest")
 def replace_from_manifest(space: Space, member: Member | None, configs: list[ServerConfig], *, actor: str) -> None:
     """A register: the manifest's servers replace the earlier manifest's; console-added ones stay
     unless the manifest now declares the same name (the manifest wins)."""

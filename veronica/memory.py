@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.db.models.functions import Length
 
-from veronica import events
+from veronica import audit, events
 from veronica.errors import NotFound, VeronicaError
 from veronica.models import Member, MemoryFile
 
@@ -87,6 +87,11 @@ def check(member: Member, name: str, content: str) -> str:
     return name
 
 
+def _file_row(args: dict, row: MemoryFile) -> dict:
+    return {"name": row.name, "chars": len(row.content)}  # the size, not the text: memory is the member's notebook
+
+
+@audit.verb("memory.write", after=_file_row)
 def write(member: Member, name: str, content: object, *, actor: str, append: bool = False) -> MemoryFile:
     """Create or replace (or append to) one file, inside the caps; nothing is written past a cap."""
     name = clean_name(name)
@@ -114,6 +119,7 @@ def _fit(title: str, sections: list[str], cap: int) -> str:
         kept.pop(0)
 
 
+@audit.verb("memory.append", after=_file_row)
 def append_note(member: Member, name: str, note: str, *, title: str, actor: str) -> MemoryFile:
     """A readable, growing notes file: one titled file, one `##` section per note, the oldest
     sections dropped when the file would pass its cap (so a steady stream of notes never fails)."""
@@ -133,6 +139,7 @@ def append_note(member: Member, name: str, note: str, *, title: str, actor: str)
     return row
 
 
+@audit.verb("memory.delete")
 def delete(member: Member, name: str, *, actor: str) -> str:
     row = get(member, name)
     with transaction.atomic():

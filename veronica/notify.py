@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from veronica import outbound
+from veronica import audit, outbound
 from veronica.errors import VeronicaError
 from veronica.models import AlertTally, Channel, DeliveryStatus, Event, NotificationDelivery, Space
 
@@ -78,6 +78,7 @@ def config_of(space: Space) -> dict:
             "emails": [e for e in space.notify_emails.replace(",", " ").split() if e]}
 
 
+@audit.verb("space.notify_set", watch="space")
 def configure(space: Space, *, webhook_url: object = None, slack_url: object = None, emails: object = None, actor: str) -> Space:
     """Replace the space's notifier settings (all validated before anything is written)."""
     from veronica import events
@@ -144,6 +145,7 @@ def enqueue(ids: list[int]) -> None:
         log.warning("could not enqueue notification deliveries %s; the tick retries them", ids, exc_info=True)
 
 
+@audit.verb("space.notify_test")
 def send_test(space: Space, *, actor: str) -> Event:
     """The 'send test notification' button: a real alert through the real path."""
     from veronica import events

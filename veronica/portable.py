@@ -33,7 +33,7 @@ from django.utils.text import slugify
 
 from urllib.parse import urlsplit, urlunsplit
 
-from veronica import access, manifest, toml_out
+from veronica import access, audit, manifest, toml_out
 from veronica.errors import Conflict, VeronicaError, column_limit
 from veronica.models import McpServer, McpTransport, Member, Skill, Space
 
@@ -188,6 +188,7 @@ def _tarinfo(name: str, *, size: int = 0, folder: bool = False) -> tarfile.TarIn
     return info
 
 
+@audit.verb("space.export", after=lambda a, data: {"bytes": len(data)})
 def export_archive(space: Space) -> bytes:
     """The space as a deterministic .tar.gz (same space, same bytes)."""
     files = export_files(Space.objects.get(pk=space.pk))  # the stored values, not a caller's stale copy
@@ -336,6 +337,7 @@ def _pin(home: Path, slug: str, name: str | None) -> None:
     path.write_text(_toml(cfg), encoding="utf-8")
 
 
+@audit.verb("space.import", created=True, target=lambda a, r: r.slug, after=lambda a, r: {"slug": r.slug, "from": "folder"})
 def create_from_folder(source: Path, slug: str, *, name: str | None = None, user=None, actor: str = "register",
                        starter: Path | None = None) -> Space:
     """Validate the manifest, copy it to the space's own folder under the data dir (two spaces from
@@ -371,6 +373,7 @@ def _template(name: str) -> Path:
     return found
 
 
+@audit.verb("space.import", created=True, target=lambda a, r: r.slug, after=lambda a, r: {"slug": r.slug, "from": "template", "template": a["template"]})
 def create_from_template(template: str, slug: str, *, name: str | None = None, user=None, actor: str = "register") -> Space:
     found = _template(template)
     return create_from_folder(found, slug, name=name, user=user, actor=actor, starter=found / TEMPLATE_STARTER)
@@ -385,6 +388,7 @@ def copy_template(template: str, home: Path, slug: str) -> None:
     _pin(home, slug, None)
 
 
+@audit.verb("space.import", created=True, target=lambda a, r: r.slug, after=lambda a, r: {"slug": r.slug, "from": "archive", "bytes": len(a["data"])})
 def create_from_archive(data: bytes, slug: str, *, name: str | None = None, user=None, actor: str = "register") -> Space:
     check_slug(slug)
     with tempfile.TemporaryDirectory(prefix="veronica-import-") as tmp:

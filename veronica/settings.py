@@ -56,6 +56,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "veronica.audit.AuditMiddleware",  # who is acting, for the audit trail (veronica.audit)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -344,6 +345,8 @@ RETENTION_BATCH = env_int("VERONICA_RETENTION_BATCH", 500, minimum=1, maximum=10
 # an ended session learning has not distilled yet is kept this many days past the window, then
 # purged anyway (a distiller that is off or failing must not keep transcripts forever)
 RETENTION_DISTILL_GRACE_DAYS = env_int("VERONICA_RETENTION_DISTILL_GRACE_DAYS", 7, minimum=0, maximum=3650)
+# the audit trail keeps its own, longer window (days; 0 = keep every row); the retention duty purges it
+AUDIT_RETENTION_DAYS = env_int("VERONICA_AUDIT_RETENTION_DAYS", 400, minimum=0, maximum=36500)
 # member memory (veronica.memory): characters per file and per member, and files per member.
 MEMORY_FILE_CHARS = env_int("VERONICA_MEMORY_FILE_CHARS", 16000, minimum=100)
 MEMORY_TOTAL_CHARS = env_int("VERONICA_MEMORY_TOTAL_CHARS", 64000, minimum=100)

@@ -5,7 +5,7 @@ import re
 
 from django.db import transaction
 
-from veronica import events
+from veronica import audit, events
 from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Skill, Space
 
@@ -23,6 +23,7 @@ def clean_skill(name: object, body: object, description: object = "") -> tuple[s
     return name, body, description
 
 
+@audit.verb("skill.add", created=True)
 def add_skill(space: Space, name: str, body: str, *, member: Member | None = None, description: str = "",
               overwrite: bool = False, actor: str = "operator") -> Skill:
     name, body, description = clean_skill(name, body, description)
@@ -37,6 +38,7 @@ def add_skill(space: Space, name: str, body: str, *, member: Member | None = Non
     return skill
 
 
+@audit.verb("skill.remove")
 def remove_skill(space: Space, name: str, *, member: Member | None = None, actor: str = "operator") -> None:
     name = require_text(name, "name", max_len=NAME_MAX)
     with transaction.atomic():

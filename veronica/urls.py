@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
-from veronica import sso, views, views_cockpit, views_improve, views_portable, views_secrets, views_steer
+from veronica import sso, views, views_audit, views_cockpit, views_improve, views_portable, views_secrets, views_steer
 from veronica.login import AdminLoginForm, LoginView
 
 admin.site.login_form = AdminLoginForm  # the username's length is checked before anything authenticates
@@ -13,6 +13,8 @@ console = ([
     path("tokens/", views.tokens_page, name="tokens"),
     path("new-space/", views_portable.new_space_page, name="new-space"),
     path("spaces/<slug:slug>/export/", views_portable.export_space, name="export"),
+    path("audit/", views_audit.staff_audit, name="audit"),
+    path("spaces/<slug:slug>/audit/", views_audit.space_audit, name="space-audit"),
     path("spaces/<slug:slug>/usage/", views_portable.usage_page, name="usage"),
     path("spaces/<slug:slug>/runs/<int:run_id>/", views_portable.run_page, name="run"),
     path("spaces/<slug:slug>/", views.space_page, name="space"),
@@ -40,7 +42,7 @@ urlpatterns = [
     path("oidc/authenticate/", sso.LoginStart.as_view(), name="oidc_authentication_init"),
     path("oidc/callback/", sso.Callback.as_view(), name="oidc_authentication_callback"),
     path("oidc/logout/", sso.Logout.as_view(), name="oidc_logout"),
-    path("password/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path("password/", views_audit.PasswordChange.as_view(), name="password_change"),
     path("password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
     path("metrics", views.metrics, name="metrics"),
     path("api/", include("veronica.api.urls")),

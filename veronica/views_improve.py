@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from learning.api import LeaseLost, LockBusy, OpError, ReviewError, RuleInputError
-from veronica import access
+from veronica import access, audit
 from veronica.access import OPERATOR, OWNER
 from veronica.errors import VeronicaError
 from veronica.learning_bridge import owner_key
@@ -90,6 +90,7 @@ def _rules_action(request: HttpRequest, space: Space, role: str) -> str:
         if row["domain"] is not None:
             may_change(row["domain"])
         rule = learning.add_user_rule(row["domain"] or ref, data.get("text", ""), actor=user, owner=owner_key(space))
+        audit.record("rule.add", space=space, target=rule.ref, after={"domain": row["ref"], "text": rule.text})
         return f"added user rule {rule.ref} to {row['ref']}"
     if action in ("edit_rule", "remove_rule", "toggle_learned"):
         rule = Rule.objects.filter(pk=_int(data.get("rule_id"), "rule_id"), domain__in=scope).select_related("domain").first()
@@ -98,15 +99,20 @@ def _rules_action(request: HttpRequest, space: Space, role: str) -> str:
         may_change(rule.domain)
         if action == "edit_rule":
             learning.edit_user_rule(rule.pk, data.get("text", ""), actor=user, scope=scope)
+            audit.record("rule.edit", space=space, target=rule.ref, before={"text": rule.text},
+                         after={"text": Rule.objects.filter(pk=rule.pk).values_list("text", flat=True).first()})
             return f"edited {rule.ref}"
         if action == "remove_rule":
             learning.remove_user_rule(rule.pk, actor=user, scope=scope)
+            audit.record("rule.remove", space=space, target=rule.ref, before={"text": rule.text})
             return f"removed {rule.ref}"
         if rule.source != "learned":
             raise VeronicaError(f"{rule.ref} is a user rule; only learned rules are enabled or disabled", field="rule_id")
         if rule.enabled and not data.get("reason", "").strip():  # a rejection says why (kept in the rule's history)
             raise VeronicaError(f"say why {rule.ref} is disabled: the reason is kept in its history", field="reason")
         learning.set_learned_enabled(rule.pk, not rule.enabled, actor=user, scope=scope, reason=data.get("reason", ""))
+        audit.record("rule.enable" if not rule.enabled else "rule.disable", space=space, target=rule.ref,
+                     before={"enabled": rule.enabled}, after={"enabled": not rule.enabled, "reason": data.get("reason", "")})
         return f"{'disabled' if rule.enabled else 'enabled'} {rule.ref}"
     if action in ("approve", "reject"):
         proposal = Proposal.objects.filter(pk=_int(data.get("proposal_id"), "proposal_id"), domain__in=scope).select_related(
@@ -116,8 +122,11 @@ def _rules_action(request: HttpRequest, space: Space, role: str) -> str:
         may_change(proposal.domain)
         if action == "approve":
             learning.approve_proposal(proposal.pk, actor=user, scope=scope)
+            audit.record("proposal.approve", space=space, target=f"proposal #{proposal.pk}", after={"domain": proposal.domain.ref})
             return f"approved proposal #{proposal.pk}; {proposal.domain.ref} rules updated"
         learning.reject_proposal(proposal.pk, actor=user, reason=data.get("reason", ""), scope=scope)
+        audit.record("proposal.reject", space=space, target=f"proposal #{proposal.pk}",
+                     after={"domain": proposal.domain.ref, "reason": data.get("reason", "")})
         return f"rejected proposal #{proposal.pk}"
     raise VeronicaError("unknown action", field="action")
 

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from veronica import bus, events
+from veronica import audit, bus, events
 from veronica.errors import MAX_JSON_DEPTH, Conflict, NotFound, VeronicaError, check_tree, text_problem
 from veronica.models import Message, Space, WebhookDelivery
 
@@ -58,6 +58,7 @@ def sign(secret: str, timestamp: str | int, body: bytes) -> str:
 
 # --- owners: the secret ------------------------------------------------------------------------------
 
+@audit.verb("space.webhook_secret_rotate", watch="space")
 def rotate_secret(space: Space, *, actor: str) -> str:
     """A new secret replaces the old at once; the caller shows it once and it is never shown again."""
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
@@ -68,6 +69,7 @@ def rotate_secret(space: Space, *, actor: str) -> str:
     return secret
 
 
+@audit.verb("space.webhook_secret_clear", watch="space")
 def clear_secret(space: Space, *, actor: str) -> None:
     """No secret: the space's webhook answers 404, as if it did not exist."""
     with transaction.atomic():

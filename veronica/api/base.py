@@ -60,6 +60,7 @@ def authenticate(request: HttpRequest) -> None:
         if token is None:
             raise Unauthorized("the token is unknown, revoked or expired, or its user's password changed since it was made")
         request.user = token.user
+        request.audit_token_id = token.pk  # the audit trail's "how": via token, which one
         request.auth_by_token = True
         request.token_read_only = token.read_only
         return

@@ -7,13 +7,14 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from veronica import bus, events
+from veronica import audit, bus, events
 from veronica.errors import VeronicaError, require_text
 from veronica.models import Alarm, Member
 
 MAX_AHEAD = timedelta(days=366)
 
 
+@audit.verb("member.alarm_set", created=True)
 def set_alarm(member: Member, fire_at: datetime, note: str, *, created_by: str) -> Alarm:
     from django_q.models import Schedule
 

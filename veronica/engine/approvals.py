@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from veronica import events
+from veronica import audit, events
 from veronica.engine.wakes import wake_on_commit
 from veronica.errors import Conflict, NotFound, VeronicaError, require_text
 from veronica.models import Approval, ApprovalRule, ApprovalStatus, Member, Question, Space
@@ -17,6 +17,7 @@ def get_approval(space: Space, approval_id: int) -> Approval:
     return approval
 
 
+@audit.verb("approval.decide", watch="approval")
 def decide(approval: Approval, *, approve: bool, user, reason: str = "", always: bool = False) -> Approval:
     """Approve or deny once; or approve and always allow this tool for this member (a rule the
     gate consults from the next call on). A denial's reason goes back to the model (and to the learning app)."""
@@ -47,6 +48,7 @@ def always_allowed(member: Member, tool_name: str) -> bool:
     return ApprovalRule.objects.filter(member_id=member.pk, tool_name=tool_name, revoked_at__isnull=True).exists()
 
 
+@audit.verb("approval_rule.add", created=True)
 def allow_always(member: Member, tool_name: str, *, user, approval: Approval | None = None) -> ApprovalRule:
     """A standing approval; an existing live rule for the same tool is kept (nothing new is written)."""
     tool_name = require_text(tool_name, "tool", max_len=64)
@@ -68,6 +70,7 @@ def get_rule(space: Space, rule_id: int) -> ApprovalRule:
     return rule
 
 
+@audit.verb("approval_rule.revoke", watch="rule")
 def revoke_rule(rule: ApprovalRule, *, user) -> ApprovalRule:
     with transaction.atomic():
         if not ApprovalRule.objects.filter(pk=rule.pk, revoked_at__isnull=True).update(revoked_at=timezone.now(), revoked_by=user):
@@ -95,6 +98,7 @@ def rule_row(rule: ApprovalRule) -> dict:
             "revoked_at": rule.revoked_at.isoformat() if rule.revoked_at else None, "revoked_by": who(rule.revoked_by)}
 
 
+@audit.verb("question.answer", watch="question")
 def answer(question: Question, *, text: str, user) -> Question:
     text = require_text(text, "answer", max_len=10000)
     with transaction.atomic():

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
-from veronica import bus, events
+from veronica import audit, bus, events
 from veronica.errors import Conflict, VeronicaError
 from veronica.models import Member, Role, Space, UsageDay
 
@@ -161,6 +161,7 @@ def check_breaker(member: Member, used: int | None = None) -> str | None:
 
 # --- reopening the day (issue 22.6): a raised budget or ceiling, or an owner's reset ------------------
 
+@audit.verb("member.budget_reopen")
 def reopen(member: Member, *, actor: str, why: str) -> bool:
     """Lift today's trip; the member is woken for the work it has waiting. True when it was tripped."""
     from veronica.engine.wakes import wake_on_commit
@@ -173,12 +174,14 @@ def reopen(member: Member, *, actor: str, why: str) -> bool:
     return True
 
 
+@audit.verb("space.budget_reopen", after=lambda a, names: {"reopened": names})
 def reopen_allowed(space: Space, *, actor: str, why: str) -> list[str]:
     """Reopen every member tripped today that its budget and its space's ceilings now allow."""
     tripped = Member.objects.filter(space=space, removed_at__isnull=True, usage_days__day=today(), usage_days__tripped=True)
     return [m.name for m in tripped.select_related("space") if over_budget(m) is None and reopen(m, actor=actor, why=why)]
 
 
+@audit.verb("member.budget_set", watch="member")
 def set_member_budget(member: Member, value: object, *, actor: str) -> Member:
     """The member's override (None: the space default; < 0: unlimited). A raise reopens its day."""
     from veronica.engine.supervisor import check_int
@@ -213,6 +216,7 @@ def _limit(field: str, value: object):
     return usd.quantize(Decimal("0.0001"))
 
 
+@audit.verb("space.limits_set", watch="space")
 def set_space_limits(space: Space, limits: dict, *, actor: str) -> list[str]:
     """Set any of the space's default member budget and daily ceilings (0: none); every member the new
     limits allow is reopened. Returns the names reopened."""
@@ -227,6 +231,7 @@ def set_space_limits(space: Space, limits: dict, *, actor: str) -> list[str]:
         return reopen_allowed(space, actor=actor, why="the space's budget was changed")
 
 
+@audit.verb("member.budget_reset_day")
 def reset_day(member: Member, *, actor: str) -> Member:
     """An owner's reset: the member's own budget counts again from now (the tokens stay billed), and
     its day reopens. A space ceiling cannot be reset for one member: raise it instead."""

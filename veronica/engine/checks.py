@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
-from veronica import bus, events
+from veronica import audit, bus, events
 from veronica.agent.tools.base import ToolError, truncate
 from veronica.agent.tools.sandbox import Capped, limit_note, run, sandbox_env, sandboxed
 from veronica.errors import Conflict, IllegalTransition, NotFound, VeronicaError
@@ -243,6 +243,7 @@ def counts(space_ids: list[int]) -> dict[int, dict]:
     return out
 
 
+@audit.verb("space.checks_set", watch="space")
 def configure(space: Space, spec: object, *, actor: str) -> Space:
     """Replace the space's checks (validated first). Tasks already verifying use the new list."""
     cleaned = clean_spec(spec)
@@ -270,6 +271,7 @@ def _index(current: list[dict], name: str) -> int:
     raise NotFound(f"this space has no check named {name!r}", field="check")
 
 
+@audit.verb("space.check_add", watch="space")
 def add_check(space: Space, item: dict, *, actor: str) -> Space:
     check = clean_check(item)
 
@@ -280,6 +282,7 @@ def add_check(space: Space, item: dict, *, actor: str) -> Space:
     return _edit(space, edit, actor=actor)
 
 
+@audit.verb("space.check_update", watch="space")
 def update_check(space: Space, name: str, item: dict, *, actor: str) -> Space:
     """Replace the check called `name` (it may be renamed) in place, keeping the order."""
     check = clean_check(item)
@@ -293,6 +296,7 @@ def update_check(space: Space, name: str, item: dict, *, actor: str) -> Space:
     return _edit(space, edit, actor=actor)
 
 
+@audit.verb("space.check_remove", watch="space")
 def remove_check(space: Space, name: str, *, actor: str) -> Space:
     def edit(current: list[dict]) -> list[dict]:
         del current[_index(current, name)]

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q, Value
 from django.db.models.functions import Concat, Now
 
-from veronica import bus, events
+from veronica import audit, bus, events
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, RunStatus, UsageDay
 from veronica.secret_store import mask
@@ -85,6 +85,7 @@ def clear(member: Member) -> None:
         member.failures, member.retry_at, member.error_reason, member.parked_config = 0, None, "", ""
 
 
+@audit.verb("member.unpark", watch="member")
 def unpark(member: Member, *, actor: str) -> bool:
     """The operator's resume: forget the failure streak and run again now."""
     with transaction.atomic():

@@ -28,7 +28,7 @@ from django.db import transaction
 from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from veronica import events, ledger
+from veronica import audit, events, ledger
 from veronica.errors import VeronicaError
 from veronica.models import (
     Approval, ApprovalStatus, Event, Message, Question, Run, Session, Space, Task, Turn, Wake, WebhookDelivery,
@@ -123,6 +123,7 @@ def _purge_events(space: Space, through: int, max_batches: int | None) -> int:
     return done
 
 
+@audit.verb("space.purge", after=lambda a, counts: counts, unless=lambda a: a["dry_run"])
 def purge_space(space: Space, *, now: datetime | None = None, dry_run: bool = False,
                 max_batches: int | None = None, announce: bool = True) -> dict[str, int]:
     """Counts per kind of what was deleted (or, dry_run, would be). Empty when retention is off.
@@ -167,7 +168,7 @@ def purge_if_due() -> int:
 
 def purge_due() -> int:
     """The tick's duty: a few batches per kind for every space with retention on."""
-    total = prune_webhook_deliveries()
+    total = prune_webhook_deliveries() + audit.purge()  # the audit trail's own, longer window
     for space in Space.objects.filter(retention_days__gt=0):
         total += sum(purge_space(space, max_batches=TICK_BATCHES, announce=False).values())
     return total
@@ -192,6 +193,7 @@ def clean_days(raw: object) -> int:
     return days
 
 
+@audit.verb("space.retention_set", watch="space")
 def set_retention_days(space: Space, raw: object, *, actor: str) -> int:
     """Owners set the window; 0 keeps everything. The error names the field and the range."""
     days = clean_days(raw)

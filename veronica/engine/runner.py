@@ -13,7 +13,7 @@ import time
 from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Exists, OuterRef
 
-from veronica import tracing
+from veronica import audit, tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures, outage, slot, wakes
@@ -40,6 +40,7 @@ def describe(exc: ProviderError) -> str:
 MAIL_SOURCES = ("message", "alarm", "task")
 
 
+@audit.as_engine
 def wake(member_id: int, source: str) -> str:
     """The django-q2 task. Returns a short outcome string (kept in q2's result for debugging).
 

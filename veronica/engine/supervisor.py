@@ -7,7 +7,7 @@ from django.db.models import BooleanField, Case, F, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from veronica import bus, events
+from veronica import audit, bus, events
 from veronica.engine.cron import next_fire, validate_cron
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import wake_on_commit
@@ -48,6 +48,7 @@ def is_busy(member: Member) -> bool:
 
 # --- run control ----------------------------------------------------------------------------------
 
+@audit.verb("member.suspend", watch="member")
 def suspend(member: Member, *, actor: str) -> Member:
     """Park the member; a run in flight sees cancel_requested at its next step and stops."""
     with transaction.atomic():
@@ -58,6 +59,7 @@ def suspend(member: Member, *, actor: str) -> Member:
     return _refresh(member)
 
 
+@audit.verb("member.resume", watch="member")
 def resume(member: Member, *, actor: str) -> Member:
     """Un-suspend, and un-park a member a permanent error (or a backoff) is holding: it runs now."""
     from veronica.engine import failures
@@ -72,6 +74,7 @@ def resume(member: Member, *, actor: str) -> Member:
     return _refresh(member)
 
 
+@audit.verb("space.halt_all", after=lambda a, n: {"suspended": n})
 def halt_all(space: Space, *, actor: str) -> int:
     members = list(Member.objects.filter(space=space, removed_at__isnull=True).exclude(run_status=RunStatus.SUSPENDED))
     for member in members:
@@ -79,6 +82,7 @@ def halt_all(space: Space, *, actor: str) -> int:
     return len(members)
 
 
+@audit.verb("space.resume_all", after=lambda a, n: {"resumed": n})
 def resume_all(space: Space, *, actor: str) -> int:
     """Undo halt-all: resume every suspended member (each with its own event and wake)."""
     members = list(Member.objects.filter(space=space, removed_at__isnull=True, run_status=RunStatus.SUSPENDED))
@@ -87,6 +91,7 @@ def resume_all(space: Space, *, actor: str) -> int:
     return len(members)
 
 
+@audit.verb("space.rename", watch="space")
 def rename_space(space: Space, name: object, *, actor: str) -> Space:
     """The display name only: the slug (URLs, tokens' links, the data folder) stays."""
     name = require_text(name, "name", max_len=column_limit(Space, "name"))
@@ -99,6 +104,7 @@ def rename_space(space: Space, name: object, *, actor: str) -> Space:
     return space
 
 
+@audit.verb("member.freeze", watch="member")
 def freeze(member: Member, *, actor: str) -> Member:
     """Cold-store: never scheduled again until unfreeze. A run in flight is left to finish."""
     with transaction.atomic():
@@ -109,6 +115,7 @@ def freeze(member: Member, *, actor: str) -> Member:
     return _refresh(member)
 
 
+@audit.verb("member.unfreeze", watch="member")
 def unfreeze(member: Member, *, actor: str) -> Member:
     with transaction.atomic():
         thawed = Member.objects.filter(pk=member.pk, membership=Membership.FROZEN, removed_at__isnull=True).update(
@@ -193,6 +200,7 @@ def validate_new_member(space: Space, name: str, *, role: str, model: str, permi
     return mode, cron, check_domains(rule_domains)
 
 
+@audit.verb("member.add", created=True)
 def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str = "", when_to_use: str = "",
                model: str = "offline", permission_mode: str = "", schedule: str = "", rule_domains: list[str] | None = None,
                budget_override: int | None = None, actor: str = "operator", skills: dict[str, str] | None = None,
@@ -225,6 +233,7 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
     return member
 
 
+@audit.verb("member.remove", watch="member")
 def remove_member(member: Member, *, actor: str) -> Member:
     """Retire a worker: no more runs or mail; its messages, tasks, transcript and events stay."""
     if member.role == Role.LEADER:
@@ -237,6 +246,7 @@ def remove_member(member: Member, *, actor: str) -> Member:
     return _refresh(member)
 
 
+@audit.verb("member.spawn", created=True)
 def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor: str, capped: bool = True) -> Member:
     """Clone a worker into a live ephemeral member; schedules never clone. The space's cap gates the
     agent-driven path (the leader's tool) only: an operator's spawn is uncapped (`capped=False`)."""
@@ -263,6 +273,7 @@ def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor:
     return clone
 
 
+@audit.verb("member.retire", watch="member")
 def retire(member: Member, *, actor: str) -> Member:
     if not member.spawned_from_id:
         raise VeronicaError(f"'{member.name}' is a manifest member; only spawned clones can be retired", field="member")
@@ -275,6 +286,7 @@ def retire(member: Member, *, actor: str) -> Member:
 
 # --- session / schedule / mode / skills --------------------------------------------------------------
 
+@audit.verb("member.clear_session")
 def clear_session(member: Member, *, actor: str) -> None:
     """Wipe the conversation, keep the seat: membership, schedule, skills, memory and budget stay."""
     with transaction.atomic():
@@ -285,6 +297,7 @@ def clear_session(member: Member, *, actor: str) -> None:
         events.emit(member.space_id, "member.session_cleared", member=member, actor=actor)
 
 
+@audit.verb("member.compact")
 def compact(member: Member, kind: str, *, actor: str) -> dict:
     """Compaction claims the run slot like a wake, so it never races a run; a wake that arrives
     meanwhile coalesces and the mail is drained when the slot is released. Its call is metered."""
@@ -310,6 +323,7 @@ def compact(member: Member, kind: str, *, actor: str) -> dict:
     return result
 
 
+@audit.verb("member.schedule_set", watch="member")
 def set_schedule(member: Member, cron: str, *, actor: str) -> Member:
     cron = validate_cron(cron)
     with transaction.atomic():
@@ -321,6 +335,7 @@ def set_schedule(member: Member, cron: str, *, actor: str) -> Member:
     return _refresh(member)
 
 
+@audit.verb("member.schedule_clear", watch="member")
 def clear_schedule(member: Member, *, actor: str) -> Member:
     """Writes a tombstone: the clear survives restarts and beats the manifest until a fresh register."""
     with transaction.atomic():
@@ -331,6 +346,7 @@ def clear_schedule(member: Member, *, actor: str) -> Member:
     return _refresh(member)
 
 
+@audit.verb("member.permission_mode", watch="member")
 def set_permission_mode(member: Member, mode: str, *, actor: str) -> Member:
     if mode not in PermissionMode.values:
         raise VeronicaError(f"mode must be one of {', '.join(PermissionMode.values)}", field="mode")
@@ -404,6 +420,7 @@ def clean_member_edit(member: Member, changes: dict) -> dict:
     return cleaned
 
 
+@audit.verb("member.edit", watch="member")
 def edit_member(member: Member, changes: dict, *, actor: str) -> Member:
     """Change a member's configuration (any of EDITABLE) in one transaction: everything is checked
     first, so a refused field changes nothing. The fields are marked runtime edits: a restart

@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from veronica import bus, events, ledger
+from veronica import audit, bus, events, ledger
 from veronica.engine import alarms, clock, failures, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
@@ -124,6 +124,7 @@ DUTIES = (
 )
 
 
+@audit.as_engine
 def tick() -> dict:
     """Run every duty. One duty's bug never starves the others; a database error ends the pass
     (the ticker logs it and retries next period)."""

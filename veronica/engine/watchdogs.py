@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.db.models.functions import Now
 
-from veronica import bus, events, notify
+from veronica import audit, bus, events, notify
 from veronica.engine import checks, clock
 from veronica.models import Member, Membership, Message, Phase, Role, Space
 
@@ -133,6 +133,7 @@ def clean_thresholds(values: dict) -> dict[str, int]:
     return cleaned
 
 
+@audit.verb("space.thresholds_set", watch="space")
 def set_thresholds(space: Space, values: dict, *, actor: str) -> Space:
     """Change watchdog thresholds (minutes, 0 = off). Every value is checked before any is written."""
     cleaned = clean_thresholds(values)

@@ -1,5 +1,6 @@
 """The swarm data model. The database is the single source of truth."""
 from veronica.models.access import ROLE_RANK, AccessRole, ApiToken, SpaceAccess, SsoIdentity
+from veronica.models.audit import AppendOnly, AuditRow
 from veronica.models.content import Blackboard, MemoryFile, Skill
 from veronica.models.engine import EngineLease
 from veronica.models.events import Event
@@ -26,7 +27,7 @@ from veronica.models.space import Space
 from veronica.models.tasks import Task, TaskStatus, VerifyPolicy
 
 __all__ = [
-    "AccessRole", "Alarm", "AlertTally", "ApiToken", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "TaskCheck",
+    "AccessRole", "Alarm", "AlertTally", "ApiToken", "AppendOnly", "AuditRow", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "TaskCheck",
     "McpServer", "McpTransport", "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Secret", "SsoIdentity", "Session", "Skill", "Space", "SpaceAccess",
     "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake", "WebhookDelivery",

@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db.models import Sum
 
-from veronica import blackboard, bus
+from veronica import audit, blackboard, bus
 from veronica.engine import supervisor
 from veronica.engine.drive import run_until_quiet
 from veronica.manifest import register
@@ -24,6 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--goal", default=DEMO_GOAL)
         parser.add_argument("--rounds", type=int, default=1, help="Run the goal N times (clearing sessions in between).")
 
+    @audit.as_command  # what it changes is the OS user's, via command
     def handle(self, *args, goal: str, rounds: int, **options):
         settings.WAGGLE = {**settings.WAGGLE, "sweep_async": False}  # no cluster here: mine inline
         started = time.monotonic()

@@ -2,6 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from veronica import audit
 from veronica.models import Space
 from veronica.portable import export_archive
 
@@ -13,6 +14,7 @@ class Command(BaseCommand):
         parser.add_argument("slug")
         parser.add_argument("path", help="the .tar.gz to write")
 
+    @audit.as_command  # what it changes is the OS user's, via command
     def handle(self, *args, slug: str, path: str, **options):
         space = Space.objects.filter(slug=slug).first()
         if space is None:

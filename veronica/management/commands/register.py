@@ -2,6 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from veronica import audit
 from veronica.errors import VeronicaError
 from veronica.manifest import register_space
 from veronica.portable import create_from_archive, create_from_template
@@ -31,6 +32,7 @@ class Command(BaseCommand):
                                               "host (the admin's explicit choice; the manifest's own workdir must stay "
                                               "inside its folder)")
 
+    @audit.as_command  # what it changes is the OS user's, via command
     def handle(self, *args, directory: str | None, fresh: bool, slug: str | None = None, name: str | None = None,
                template: str | None = None, workdir: str | None = None, **options):
         try:

@@ -2,7 +2,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from veronica import access
+from veronica import access, audit
 from veronica.errors import VeronicaError
 
 
@@ -24,6 +24,7 @@ class Command(BaseCommand):
         revoke.add_argument("username")
         revoke.add_argument("token_id", type=int)
 
+    @audit.as_command  # what it changes is the OS user's, via command
     def handle(self, *args, action: str, username: str, **options):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from veronica import audit
 from veronica.engine import retention
 from veronica.models import Space
 
@@ -14,6 +15,7 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="Count what would go; delete nothing.")
         parser.add_argument("--space", help="Only this space (its slug).")
 
+    @audit.as_command  # what it changes is the OS user's, via command
     def handle(self, *args, dry_run: bool = False, space: str | None = None, **options) -> None:
         spaces = Space.objects.order_by("slug")
         if space:
@@ -25,6 +27,9 @@ class Command(BaseCommand):
             pruned = retention.prune_webhook_deliveries()
             if pruned:
                 self.stdout.write(f"webhook replay guard: removed {pruned} expired deliveries")
+            purged = audit.purge()
+            if purged:
+                self.stdout.write(f"audit trail: removed {purged} rows past their window (VERONICA_AUDIT_RETENTION_DAYS)")
         for sp in spaces:
             if sp.retention_days <= 0:
                 self.stdout.write(f"{sp.slug}: retention off (retention_days = 0), nothing removed")
