@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from veronica import events, secret_store
+from veronica import audit, events, secret_store
 from veronica.errors import NotFound, VeronicaError, column_limit, text_problem
 from veronica.models import Member, Secret, Space
 
@@ -70,7 +70,8 @@ def set_secret(space: Space, name: str, value: str, *, member: Member | None = N
             created = False
         secret_store.remember(name, value)
         events.emit(space.pk, "secret.set", member=member, actor=actor, name=name, created=created, in_commands=in_commands)
-        # audit hook: the lead wires veronica.audit.record("secret.set", space, actor, name=name, member=member) here
+        audit.record("secret.set", space=space, target=f"{member.name}:{name}" if member else name,
+                     after={"name": name, "member": member.name if member else None, "created": created, "in_commands": in_commands})
     return secret
 
 
@@ -88,7 +89,8 @@ def delete_secret(space: Space, name: str, *, member: Member | None = None, acto
         if not deleted:
             raise NotFound(f"no secret named '{name}'" + (f" for {member.name}" if member else " for the space"), field="name")
         events.emit(space.pk, "secret.deleted", member=member, actor=actor, name=name)
-        # audit hook: the lead wires veronica.audit.record("secret.deleted", space, actor, name=name, member=member) here
+        audit.record("secret.deleted", space=space, target=f"{member.name}:{name}" if member else name,
+                     before={"name": name, "member": member.name if member else None})
 
 
 def listing(space: Space) -> list[dict]:
@@ -159,7 +161,7 @@ def rotate_all(batch: int = 200) -> int:
     while True:
         rows = list(Secret.objects.filter(pk__gt=last).order_by("pk").values_list("pk", "ciphertext")[:batch])
         if not rows:
-            # audit hook: the lead wires veronica.audit.record("secrets.rotated", None, "command", rows=done) here
+            audit.record("secrets.rotated", after={"rows": done})
             return done
         with transaction.atomic():
             for pk, ciphertext in rows:

@@ -40,7 +40,7 @@ from mozilla_django_oidc import middleware as oidc_middleware
 from mozilla_django_oidc import views as oidc_views
 from mozilla_django_oidc.utils import import_from_settings
 
-from veronica import access
+from veronica import access, audit
 from veronica.errors import VeronicaError
 from veronica.models import SsoIdentity
 
@@ -141,7 +141,8 @@ class OidcBackend(oidc_auth.OIDCAuthenticationBackend):
             n += 1
             username = f"{base}-{n}"
         user = User.objects.create_user(username, email=claims.get("email") or "")  # no password: unusable
-        # audit hook: the lead wires veronica.audit.record("sso.user_created", None, "sso:" + issuer, user=username) here
+        audit.record("sso.user_created", target=username, after={"issuer": discovery()["issuer"], "email": user.email},
+                     actor=audit.Actor(name=f"sso:{discovery()['issuer']}"[:160], via=audit.Via.SESSION))
         return self.update_user(user, claims)
 
     def update_user(self, user, claims):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from cryptography.fernet import Fernet
 from django.core.management.base import BaseCommand, CommandError
 
-from veronica import secret_store, secrets
+from veronica import audit, secret_store, secrets
 
 
 class Command(BaseCommand):
@@ -19,6 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--new-key", action="store_true", help="print a new Fernet key and do nothing else")
         parser.add_argument("--batch", type=int, default=200, help="rows re-encrypted per transaction (default 200)")
 
+    @audit.as_command
     def handle(self, *args, **options) -> None:
         if options["new_key"]:
             self.stdout.write(Fernet.generate_key().decode())
