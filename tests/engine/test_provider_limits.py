@@ -21,6 +21,7 @@ from tests.vendors.mock_openai import MockOpenAI
 from veronica import bus, manifest, portable
 from veronica.agent.providers import get_provider, limits, validate_fallback
 from veronica.agent.providers.fallback import FallbackProvider
+from veronica.agent.providers.limiter_db import DbLimiter
 from veronica.agent.providers.limit_config import Limit, LimitConfigError, limits_for, parse
 from veronica.engine import runner, supervisor
 from veronica.errors import VeronicaError
@@ -47,9 +48,12 @@ def anthropic_mock(settings, monkeypatch):
         yield mock
 
 
-@pytest.fixture
-def fresh_backend():
-    limits.reset_backend()
+@pytest.fixture(params=["deployment", "database"])
+def fresh_backend(request, settings):
+    """The deployment's limiter (Redis in hosted mode), and the database one on this suite's database."""
+    if request.param == "database" and not settings.REDIS_URL:
+        pytest.skip("embedded mode: the deployment's limiter is the database one")
+    limits.reset_backend(DbLimiter() if request.param == "database" else None)
     yield limits.backend()
     limits.reset_backend()
 
@@ -95,15 +99,15 @@ def test_waiters_are_served_first_come_first_served(fresh_backend):
     tickets = ["first", "second", "third"]
     for t in tickets:
         store.enqueue(limit, t)
-        assert store.try_acquire(limit, t, 1) > 0  # the slot is held: everyone queues
+        assert store.try_acquire(limit, t, 1)[0] > 0  # the slot is held: everyone queues
     holder.release()
-    assert store.try_acquire(limit, "third", 1) > 0 and store.try_acquire(limit, "second", 1) > 0  # not their turn
-    assert store.try_acquire(limit, "first", 1) == 0
+    assert store.try_acquire(limit, "third", 1)[0] > 0 and store.try_acquire(limit, "second", 1)[0] > 0  # not their turn
+    assert store.try_acquire(limit, "first", 1)[0] == 0
     store.release(limit, "first", 0)
-    assert store.try_acquire(limit, "third", 1) > 0
-    assert store.try_acquire(limit, "second", 1) == 0
+    assert store.try_acquire(limit, "third", 1)[0] > 0
+    assert store.try_acquire(limit, "second", 1)[0] == 0
     store.release(limit, "second", 0)
-    assert store.try_acquire(limit, "third", 1) == 0
+    assert store.try_acquire(limit, "third", 1)[0] == 0
     store.release(limit, "third", 0)
     assert store.held(limit) == 0
 
@@ -113,8 +117,8 @@ def test_a_dead_holders_slot_frees_itself_at_its_lease_expiry(fresh_backend):
     store, limit = fresh_backend, Limit("openai:lease-test", concurrency=1, lease_seconds=1)  # below the config's 5 s minimum
     limits.acquire([limit], 1, should_stop=NEVER, store=store)  # never released: its worker "died"
     store.enqueue(limit, "next")
-    assert store.try_acquire(limit, "next", 1) > 0
-    wait_for(lambda: store.try_acquire(limit, "next", 1) == 0, 30, message="the expired slot taken over")
+    assert store.try_acquire(limit, "next", 1)[0] > 0
+    wait_for(lambda: store.try_acquire(limit, "next", 1)[0] == 0, 30, message="the expired slot taken over")
     store.release(limit, "next", 0)
 
 
@@ -124,7 +128,7 @@ def test_requests_per_minute_are_spent_then_queue(fresh_backend):
     for _ in range(2):
         limits.acquire([limit], 1, should_stop=NEVER, store=store).release()
     store.enqueue(limit, "third")
-    assert store.try_acquire(limit, "third", 1) > 1  # a refill of one request takes ~30 s at 2 per minute
+    assert store.try_acquire(limit, "third", 1)[0] > 1  # a refill of one request takes ~30 s at 2 per minute
     store.leave(limit, "third")
 
 

@@ -16,6 +16,7 @@ from veronica.models import ProviderBucket, ProviderSlot, ProviderWaiter
 
 WAITER_TTL = 15.0  # a waiter that stopped polling this long (a killed process) no longer blocks the queue
 REFRESH_EVERY = WAITER_TTL / 3
+SLOT_POLL = 0.03  # a slot frees when a call ends: look again soon (same-process waiters are woken at once)
 
 
 class DbLimiter:
@@ -24,10 +25,11 @@ class DbLimiter:
     def __init__(self, clock=time.time) -> None:
         self.clock = clock
         self._refreshed: dict[str, float] = {}
+        self._ids: dict[str, int] = {}  # ticket -> its waiter row (its place in the queue)
 
     def enqueue(self, limit: Limit, ticket: str) -> None:
         now = self.clock()
-        ProviderWaiter.objects.create(key=limit.key, ticket=ticket, alive_until=now + WAITER_TTL)
+        self._ids[ticket] = ProviderWaiter.objects.create(key=limit.key, ticket=ticket, alive_until=now + WAITER_TTL).pk
         self._refreshed[ticket] = now
         if limit.concurrency:
             self._ensure_slots(limit)
@@ -35,34 +37,37 @@ class DbLimiter:
     def leave(self, limit: Limit, ticket: str) -> None:
         ProviderWaiter.objects.filter(ticket=ticket).delete()
         self._refreshed.pop(ticket, None)
+        self._ids.pop(ticket, None)
 
-    def try_acquire(self, limit: Limit, ticket: str, tokens: int) -> float:
-        """0: granted (the slot is held, the buckets debited). Otherwise seconds worth waiting (a hint)."""
+    def try_acquire(self, limit: Limit, ticket: str, tokens: int) -> tuple[float, int]:
+        """(0, 0): granted (the slot is held, the buckets debited). Otherwise (seconds worth waiting,
+        how many live waiters are ahead)."""
         now = self.clock()
         if now - self._refreshed.get(ticket, 0) >= REFRESH_EVERY:
             if not ProviderWaiter.objects.filter(ticket=ticket).update(alive_until=now + WAITER_TTL):
-                ProviderWaiter.objects.create(key=limit.key, ticket=ticket, alive_until=now + WAITER_TTL)  # skipped as dead: rejoin
+                self._ids[ticket] = ProviderWaiter.objects.create(  # skipped as dead: rejoin at the back
+                    key=limit.key, ticket=ticket, alive_until=now + WAITER_TTL).pk
             ProviderWaiter.objects.filter(key=limit.key, alive_until__lt=now).delete()
             self._refreshed[ticket] = now
-        me = ProviderWaiter.objects.filter(ticket=ticket).values_list("pk", flat=True).first()
+        me = self._ids.get(ticket) or ProviderWaiter.objects.filter(ticket=ticket).values_list("pk", flat=True).first()
         ahead = ProviderWaiter.objects.filter(key=limit.key, pk__lt=me or 0, alive_until__gte=now).count()
         bucket = self._bucket(limit) if (limit.rpm or limit.tpm) else None
         if bucket is not None:
             wait = self._bucket_wait(limit, bucket, now, ahead, tokens)
             if wait:
-                return wait
+                return wait, ahead
         if limit.concurrency:
             free = list(ProviderSlot.objects.filter(key=limit.key, slot__lt=limit.concurrency)
                         .filter(Q(holder="") | Q(expires_at__lt=now)).values_list("pk", flat=True))
             if ahead >= len(free):
-                return 0.5
+                return SLOT_POLL, ahead
             if not any(self._take(pk, ticket, now + limit.lease_seconds, now) for pk in free):
-                return 0.05
+                return SLOT_POLL, ahead
         if bucket is not None and not self._debit(limit, tokens):
             ProviderSlot.objects.filter(key=limit.key, holder=ticket).update(holder="", expires_at=0)
-            return 0.05
+            return SLOT_POLL, ahead
         self.leave(limit, ticket)
-        return 0.0
+        return 0.0, 0
 
     def renew(self, limit: Limit, ticket: str) -> bool:
         if not limit.concurrency:

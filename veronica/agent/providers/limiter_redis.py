@@ -16,6 +16,7 @@ from veronica.agent.providers.limit_config import Limit
 
 WAITER_TTL_MS = 15_000
 KEY_TTL_MS = 86_400_000  # idle limits leave nothing behind
+SLOT_POLL_MS = 30  # a slot frees when a call ends: look again soon (same-process waiters are woken at once)
 
 _CLOCK = """
 local t = redis.call('TIME')
@@ -34,7 +35,7 @@ end
 """
 
 # KEYS: holders, queue, alive, bucket, seq. ARGV: ticket, cap, lease_ms, rpm, tpm, tokens.
-# Returns 0 when granted, else milliseconds worth waiting.
+# Returns {0, 0} when granted, else {milliseconds worth waiting, how many wait ahead}.
 ACQUIRE = _CLOCK + _LEVELS + """
 local ticket, cap, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local rpm, tpm, tokens = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -51,21 +52,21 @@ redis.call('ZADD', KEYS[3], now + %(ttl)d, ticket)
 for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], %(key_ttl)d) end
 local ahead = redis.call('ZRANK', KEYS[2], ticket)
 local r, k, paused = levels(now, rpm, tpm)
-if paused > now then return paused - now end
+if paused > now then return {paused - now, ahead} end
 local wait = 0
 if rpm > 0 and r < ahead + 1 then wait = math.max(wait, math.ceil((ahead + 1 - r) * 60000 / rpm)) end
 local need = math.min(tokens, tpm)
 if tpm > 0 and k < need then wait = math.max(wait, math.ceil((need - k) * 60000 / tpm)) end
-if wait > 0 then return wait end
-if cap > 0 and ahead >= cap - redis.call('ZCARD', KEYS[1]) then return 500 end
+if wait > 0 then return {wait, ahead} end
+if cap > 0 and ahead >= cap - redis.call('ZCARD', KEYS[1]) then return {%(slot_poll)d, ahead} end
 if cap > 0 then redis.call('ZADD', KEYS[1], now + lease, ticket) end
 redis.call('ZREM', KEYS[2], ticket)
 redis.call('ZREM', KEYS[3], ticket)
 if rpm > 0 or tpm > 0 then
   redis.call('HSET', KEYS[4], 'rpm', r - (rpm > 0 and 1 or 0), 'tpm', k - (tpm > 0 and tokens or 0), 'at', now)
 end
-return 0
-""" % {"ttl": WAITER_TTL_MS, "key_ttl": KEY_TTL_MS}
+return {0, 0}
+""" % {"ttl": WAITER_TTL_MS, "key_ttl": KEY_TTL_MS, "slot_poll": SLOT_POLL_MS}
 
 # KEYS: holders, queue, alive, bucket. ARGV: ticket, tpm, token_delta.
 RELEASE = _CLOCK + _LEVELS + """
@@ -125,13 +126,13 @@ class RedisLimiter:
         pipe.zrem(alive, ticket)
         pipe.execute()
 
-    def try_acquire(self, limit: Limit, ticket: str, tokens: int) -> float:
+    def try_acquire(self, limit: Limit, ticket: str, tokens: int) -> tuple[float, int]:
         keys = self._keys(limit)
         if limit.rpm:
             self.client.hset(keys[3], "rpm_cap", limit.rpm)
-        waited = self._scripts["acquire"](keys=keys, args=[ticket, limit.concurrency, limit.lease_seconds * 1000,
-                                                          limit.rpm, limit.tpm, tokens])
-        return int(waited) / 1000.0
+        wait, ahead = self._scripts["acquire"](keys=keys, args=[ticket, limit.concurrency, limit.lease_seconds * 1000,
+                                                               limit.rpm, limit.tpm, tokens])
+        return int(wait) / 1000.0, int(ahead)
 
     def renew(self, limit: Limit, ticket: str) -> bool:
         if not limit.concurrency:

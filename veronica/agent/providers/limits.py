@@ -27,7 +27,10 @@ from veronica.agent.providers.limit_config import Limit, limits_for
 
 log = logging.getLogger(__name__)
 
-POLL_MIN, POLL_MAX = 0.02, 0.25
+POLL_MIN, POLL_MAX = 0.02, 2.0
+# How long a call holds its slot, per limit, as this process saw it (an average): a waiter many
+# waves back sleeps through the waves ahead of it instead of polling the shared store every few ms.
+_hold: dict[str, float] = {}
 _backend = None
 _backend_lock = threading.Lock()
 _released = threading.Condition()  # same-process waiters retry at once when a slot comes back
@@ -65,7 +68,8 @@ class Held:
 
     def __init__(self, limits: list[Limit], tickets: list[str], tokens: int, store) -> None:
         self.limits, self.tickets, self.tokens, self.store = limits, tickets, tokens, store
-        self.renew_at = time.monotonic() + self._every()
+        self.renew_at = self.since = time.monotonic()
+        self.renew_at += self._every()
         self.used: int | None = None
 
     def _every(self) -> float:
@@ -84,6 +88,9 @@ class Held:
 
     def release(self) -> None:
         delta = (self.used - self.tokens) if self.used is not None else 0
+        held_for = time.monotonic() - self.since
+        for limit in self.limits:
+            _hold[limit.key] = 0.8 * _hold.get(limit.key, held_for) + 0.2 * held_for
         for limit, ticket in zip(self.limits, self.tickets):
             try:
                 self.store.release(limit, ticket, delta)
@@ -113,22 +120,29 @@ def _wait_for(limit: Limit, ticket: str, tokens: int, store, should_stop, on_eve
     told = False
     try:
         while True:
-            wait = store.try_acquire(limit, ticket, tokens)
+            wait, ahead = store.try_acquire(limit, ticket, tokens)
             if wait <= 0:
                 return
             if not told and on_event is not None:
                 told = True
-                on_event({"type": "queued", "limit": limit.key, "wait": round(wait, 2)})
+                on_event({"type": "queued", "limit": limit.key, "ahead": ahead, "wait": round(wait, 2)})
             if should_stop():
                 raise Cancelled(f"cancelled while queued for {limit.key}")
             with _released:
-                _released.wait(min(max(wait, POLL_MIN), POLL_MAX))
+                _released.wait(min(max(wait, _waves_ahead(limit, ahead), POLL_MIN), POLL_MAX))
     except BaseException:
         try:
             store.leave(limit, ticket)
         except Exception:  # noqa: BLE001 - a dead waiter is dropped at its heartbeat's expiry anyway
             log.exception("provider limit %s: leaving the queue failed", limit.key)
         raise
+
+
+def _waves_ahead(limit: Limit, ahead: int) -> float:
+    """Sleep through most of the waves of calls ahead (a released slot here wakes us anyway)."""
+    if not limit.concurrency or ahead < limit.concurrency:
+        return 0.0
+    return (ahead // limit.concurrency) * _hold.get(limit.key, 0.0) * 0.7
 
 
 class LimitedProvider:
