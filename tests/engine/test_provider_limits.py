@@ -10,42 +10,23 @@ import sys
 import threading
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import close_old_connections
 
 from tests.conftest import make_space
 from tests.harness import REPO, isolate_queue, qcluster, wait_for, worker_env
+from tests.engine.test_live_vendor import anthropic_mock, openai_mock  # noqa: F401 - the mock vendors, as fixtures
+from tests.engine.test_tracing import spans  # noqa: F401 - an in-memory span exporter
 from tests.vendors import faults as f
-from tests.vendors.mock_anthropic import MockAnthropic
-from tests.vendors.mock_openai import MockOpenAI
 from veronica import bus, manifest, portable
 from veronica.agent.providers import get_provider, limits, validate_fallback
 from veronica.agent.providers.fallback import FallbackProvider
-from veronica.agent.providers.limiter_db import DbLimiter
 from veronica.agent.providers.limit_config import Limit, LimitConfigError, limits_for, parse
+from veronica.agent.providers.limiter_db import DbLimiter
 from veronica.engine import runner, supervisor
 from veronica.errors import VeronicaError
 from veronica.models import Event, Member, Run
 
 NEVER = lambda: False  # noqa: E731
-
-
-@pytest.fixture
-def openai_mock(settings, monkeypatch):
-    with MockOpenAI(api_key="sk-test") as mock:
-        settings.OPENAI_BASE_URL = mock.base_url
-        settings.MODEL_BACKOFF = 0.01
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-        yield mock
-
-
-@pytest.fixture
-def anthropic_mock(settings, monkeypatch):
-    with MockAnthropic(api_key="ak-test") as mock:
-        settings.ANTHROPIC_BASE_URL = mock.base_url
-        settings.MODEL_BACKOFF = 0.01
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "ak-test")
-        yield mock
 
 
 @pytest.fixture(params=["deployment", "database"])
@@ -146,7 +127,7 @@ def test_a_queued_call_is_cancellable_and_leaves_the_queue(fresh_backend):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_fifty_threads_never_exceed_the_cap_and_no_429_reaches_them(openai_mock, fresh_backend):
+def test_fifty_threads_never_exceed_the_cap_and_no_429_reaches_them(openai_mock, fresh_backend):  # noqa: F811
     openai_mock.configure(latency=0.1, capacity=5, retry_after=1)
     cap = {"openai": Limit("openai", concurrency=5)}
     results, errors = [], []
@@ -173,7 +154,7 @@ def test_fifty_threads_never_exceed_the_cap_and_no_429_reaches_them(openai_mock,
 
 @pytest.mark.cluster
 @pytest.mark.django_db(transaction=True)
-def test_two_clusters_share_one_cap_end_to_end(tmp_path, openai_mock):
+def test_two_clusters_share_one_cap_end_to_end(tmp_path, openai_mock):  # noqa: F811
     """Two qclusters (separate processes, as two hosts would be), ten members on one endpoint with a
     cap of 2: the vendor never sees a third call at once, and no run sees a 429."""
     isolate_queue()
@@ -208,7 +189,7 @@ def test_fallback_chains_are_checked_naming_the_field():
         assert exc.value.field == "fallback" and words in exc.value.message
 
 
-def test_an_overloaded_model_falls_back_and_the_switch_is_recorded(space, anthropic_mock, openai_mock, settings):
+def test_an_overloaded_model_falls_back_and_the_switch_is_recorded(space, anthropic_mock, openai_mock, settings):  # noqa: F811
     settings.MODEL_MAX_RETRIES = 1
     w1 = supervisor.edit_member(supervisor.get_member(space, "w1"), {
         "model": "anthropic:claude-sonnet-4-5", "fallback": ["openai:gpt-4.1-mini"]}, actor="test")
@@ -245,11 +226,7 @@ def test_a_permanent_error_of_the_members_own_model_does_not_fall_back(settings)
     assert made == ["anthropic:x"]
 
 
-def test_the_fallback_span_names_the_model_that_answered(monkeypatch):
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
+def test_the_fallback_span_names_the_model_that_answered(spans):  # noqa: F811 - the imported fixture
     from veronica import tracing
     from veronica.agent.providers.base import ProviderError, Reply
 
@@ -261,19 +238,10 @@ def test_the_fallback_span_names_the_model_that_answered(monkeypatch):
         def complete(self, *a, **k):
             return Reply(text="ok", finish_reason="stop")
 
-    for var in tracing.ENDPOINT_VARS:
-        monkeypatch.delenv(var, raising=False)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.configure(provider)
-    try:
-        chain = FallbackProvider(["anthropic:x", "openai:y"], lambda spec: Down() if spec.startswith("anthropic") else Up())
-        seen = []
-        reply = tracing.complete(chain, "anthropic:x", "s", [], [], should_stop=NEVER, on_event=seen.append)
-    finally:
-        tracing.configure()
-    attrs = exporter.get_finished_spans()[0].attributes
+    chain = FallbackProvider(["anthropic:x", "openai:y"], lambda spec: Down() if spec.startswith("anthropic") else Up())
+    seen = []
+    reply = tracing.complete(chain, "anthropic:x", "s", [], [], should_stop=NEVER, on_event=seen.append)
+    attrs = spans.get_finished_spans()[0].attributes
     assert reply.model == "openai:y" and attrs["veronica.model.fallback"] == "openai:y"
     assert attrs["veronica.model.fallback_from"] == "anthropic:x" and seen[0]["type"] == "fallback"
 
