@@ -15,7 +15,7 @@ from veronica.agent.providers.base import Provider, ProviderError, Reply
 
 class FallbackProvider:
     def __init__(self, specs: list[str], make: Callable[[str], Provider]) -> None:
-        self.specs, self.make = list(specs), make
+        self.specs, self.make = list(dict.fromkeys(specs)), make  # a model edited to equal a fallback is tried once
         self.current = 0  # the model that answered last: the run keeps using it
         self._built: dict[str, Provider] = {}
         self.label = specs[0]
