@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from veronica import audit, events, mcp_servers
-from veronica.agent.providers import validate_model_spec
+from veronica.agent.providers import validate_fallback, validate_model_spec
 from veronica.engine import supervisor
 from veronica.engine.timers import arm_cron
 from veronica.errors import VeronicaError, column_limit, text_problem
@@ -42,7 +42,7 @@ NOTIFY_KEYS = {"webhook_url", "slack_url", "email"}
 MANIFEST_ACTOR = "manifest"  # Member.removed_by when a register removed it
 SPACE_KEYS = {"name", "slug", "workdir", "settings", "notify", "verify_checks", "mcp_servers"}
 OWN_WORKDIR = "workspace"  # a space's files: <its own folder>/workspace, beside its manifest copy
-MEMBER_KEYS = {"role", "model", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations",
+MEMBER_KEYS = {"role", "model", "fallback", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations",
                "mcp_servers", "tools", "deferred_tools"}
 
 
@@ -67,6 +67,7 @@ class MemberSpec:
     mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
     tools: list[str] | None = None  # None: every tool of the role
     deferred_tools: list[str] = field(default_factory=list)
+    fallback: list[str] = field(default_factory=list)  # models tried on overload / outage, in order
 
 
 @dataclass
@@ -240,6 +241,9 @@ def _member(folder: Path) -> MemberSpec:
     model = cfg.get("model", "offline")
     try:
         model = validate_model_spec(model)
+        if not isinstance(cfg.get("fallback", []), list):
+            raise VeronicaError("must be a list of model specs, e.g. [\"openai:gpt-4o\"]", field="fallback")
+        fallback = validate_fallback(cfg.get("fallback", []), model)
         schedule = supervisor.validate_cron(cfg["schedule"]) if cfg.get("schedule") else ""
     except VeronicaError as exc:
         raise ManifestError(cfg_path, exc.field, exc.message) from None
@@ -267,7 +271,7 @@ def _member(folder: Path) -> MemberSpec:
     return MemberSpec(name=name, role=role, model=model, persona=persona, when_to_use=when_to_use, schedule=schedule,
                       permission_mode=mode, rule_domains=domains, budget=budget, max_iterations=iterations,
                       skills=_skills(folder / "skills"), mcp_servers=_checked(cfg_path, mcp_servers.check_list, cfg.get("mcp_servers", [])),
-                      tools=tools, deferred_tools=deferred)
+                      tools=tools, deferred_tools=deferred, fallback=fallback)
 
 
 def _rule_domains(cfg_path: Path, domains: list[str]) -> list[str]:
@@ -578,7 +582,7 @@ def _apply_members(space: Space, spec: SpaceSpec, actor: str, *, fresh: bool, re
         if ms.name in operator_removed:
             continue
         member = live.get(ms.name) if ms.name in live and not live[ms.name].spawned_from_id else None
-        fields = dict(role=ms.role, model=ms.model, persona=ms.persona, when_to_use=ms.when_to_use,
+        fields = dict(role=ms.role, model=ms.model, fallback=ms.fallback, persona=ms.persona, when_to_use=ms.when_to_use,
                       rule_domains=ms.rule_domains, budget_override=ms.budget, max_iterations=ms.max_iterations,
                       tools=ms.tools, deferred_tools=ms.deferred_tools, origin=Origin.MANIFEST)
         if member is not None:

@@ -133,6 +133,8 @@ def _member_files(space: Space) -> dict[str, str]:
                "rule_domains": list(m.rule_domains or [])}
         if m.when_to_use.strip():
             cfg["when_to_use"] = m.when_to_use.strip()
+        if m.fallback:
+            cfg["fallback"] = list(m.fallback)
         if m.schedule:
             cfg["schedule"] = m.schedule
         if m.budget_override is not None:

@@ -115,6 +115,10 @@ def spans_of(events: list[Event]) -> tuple[list[Span], str]:
             pending["retries"] += 1
             pending["errors"].append(str(p.get("text") or p.get("reason") or "retry"))
             pending["streamed"] = ""
+        elif kind == "model.fallback":  # the model was overloaded or down: the next one of the chain answers
+            pending["open"] = True
+            pending["errors"].append(str(p.get("text") or f"switched to {p.get('to')}"))
+            pending["streamed"] = ""
         elif kind == "agent.delta":
             pending["open"] = True
             text = str(p.get("text") or "")

@@ -318,6 +318,14 @@ MODEL_BACKOFF = env_float("VERONICA_MODEL_BACKOFF", 1.0, minimum=0, maximum=60)
 MODEL_MAX_TOKENS = env_int("VERONICA_MODEL_MAX_TOKENS", 4096, minimum=1, maximum=1_000_000)
 MODEL_STREAM = env_bool("VERONICA_MODEL_STREAM", True)
 MODEL_PRICES = env_prices("VERONICA_MODEL_PRICES")
+# Provider limits shared by every worker on every host (veronica.agent.providers.limits): concurrency,
+# requests and tokens per minute, per endpoint and per model. Refused here, naming the table and field.
+try:
+    from veronica.agent.providers.limit_config import LimitConfigError, parse as _parse_limits
+
+    PROVIDER_LIMITS = _parse_limits(os.environ.get("VERONICA_PROVIDER_LIMITS", ""))
+except LimitConfigError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
 # inbound webhook (veronica.webhooks): largest body accepted, and how far a delivery's timestamp
 # may be from the server's clock (also how long its signature is remembered against replays).
 WEBHOOK_MAX_BYTES = env_int("VERONICA_WEBHOOK_MAX_BYTES", 65536, minimum=1024, maximum=10 * 1024 * 1024)

@@ -96,6 +96,10 @@ def complete(provider, spec: str, *args, **kwargs):
             "gen_ai.response.finish_reasons": [reply.finish_reason] if reply.finish_reason else [],
             "veronica.usage.estimated": bool(usage.estimated), "veronica.reply.tool_calls": len(reply.tool_calls),
         })
+        used = getattr(reply, "model", "") or ""
+        if used and used != spec:  # a fallback answered: the span says which model did, and which one failed
+            span.set_attributes({"gen_ai.response.model": used.partition(":")[2] or used, "veronica.model.fallback": used,
+                                 "veronica.model.fallback_from": spec})
         return reply
 
 

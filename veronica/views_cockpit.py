@@ -88,6 +88,7 @@ def member_form_values(data) -> dict:
     tools = data.get("tools", "").strip()
     return {
         "persona": data.get("persona", ""), "when_to_use": data.get("when_to_use", ""), "model": data.get("model", "").strip(),
+        "fallback": _names(data.get("fallback", "")),
         "budget_override": _number(data.get("budget_override", ""), None),
         "max_iterations": _number(data.get("max_iterations", ""), 24),
         "rule_domains": _names(data.get("rule_domains", "")),
@@ -96,7 +97,7 @@ def member_form_values(data) -> dict:
     }
 
 
-FORM_FIELDS = ("name", "role", "persona", "when_to_use", "model", "budget_override", "max_iterations", "rule_domains", "tools",
+FORM_FIELDS = ("name", "role", "persona", "when_to_use", "model", "fallback", "budget_override", "max_iterations", "rule_domains", "tools",
                "deferred_tools", "schedule", "permission_mode")
 
 
@@ -105,7 +106,7 @@ def _initial(member: Member | None, space: Space) -> dict[str, str]:
     if member is None:
         return {"role": Role.WORKER, "model": "offline", "max_iterations": "24", "permission_mode": space.default_permission_mode}
     return {"name": member.name, "role": member.role, "persona": member.persona, "when_to_use": member.when_to_use,
-            "model": member.model, "budget_override": "" if member.budget_override is None else str(member.budget_override),
+            "model": member.model, "fallback": ", ".join(member.fallback or []), "budget_override": "" if member.budget_override is None else str(member.budget_override),
             "max_iterations": str(member.max_iterations), "rule_domains": ", ".join(member.rule_domains or []),
             "tools": "" if member.tools is None else ", ".join(member.tools), "deferred_tools": ", ".join(member.deferred_tools or []),
             "schedule": member.schedule, "permission_mode": member.permission_mode}

@@ -19,6 +19,11 @@ A behaviour is a plain dict (so a test in another process can post it as JSON to
     context_overflow()                 400 "prompt is too long" / context_length_exceeded
     no_usage(text)                     an answer without a usage block
 
+Load (configure(); POST /_mock/config from another process): `latency` seconds before every model
+answer, and `capacity`: a request arriving while that many are already in flight gets 429 with
+`Retry-After: retry_after` (a vendor's concurrency limit). The concurrency observer counts requests
+in flight and the most seen at once (stats(); GET /_mock/stats).
+
 Every request is recorded (path, headers, body, client port, behaviour, timings; for streams the
 chunks sent and when the client disconnected) for assertions.
 """
@@ -161,6 +166,8 @@ class MockVendor:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread: threading.Thread | None = None
+        self.latency, self.capacity, self.capacity_retry_after = 0.0, None, 1.0
+        self.in_flight = self.max_in_flight = self.over_capacity = 0
 
     # --- control -------------------------------------------------------------------------------
     @property
@@ -171,6 +178,36 @@ class MockVendor:
         with self.lock:
             self.script.extend(behaviours)
         return self
+
+    def configure(self, latency: float | None = None, capacity: int | None = None,
+                  retry_after: float | None = None) -> "MockVendor":
+        with self.lock:
+            self.latency = self.latency if latency is None else float(latency)
+            self.capacity = capacity if capacity is None or capacity > 0 else None
+            self.capacity_retry_after = self.capacity_retry_after if retry_after is None else float(retry_after)
+        return self
+
+    def stats(self) -> dict:
+        with self.lock:
+            return {"in_flight": self.in_flight, "max_in_flight": self.max_in_flight, "over_capacity": self.over_capacity,
+                    "model_requests": len(self.model_requests()), "capacity": self.capacity, "latency": self.latency}
+
+    def reset_stats(self) -> None:
+        with self.lock:
+            self.in_flight = self.max_in_flight = self.over_capacity = 0
+
+    def enter(self) -> bool:
+        """A model request starts: count it; False when it is over the scripted capacity."""
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            over = self.capacity is not None and self.in_flight > self.capacity
+            self.over_capacity += int(over)
+            return not over
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
 
     def next_behaviour(self) -> dict:
         with self.lock:
@@ -261,6 +298,23 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(401, vendor.error_body(401, "invalid api key"))
         if kind == "models":
             return self.send_json(200, vendor.models_body())
+        within = vendor.enter()
+        try:
+            if not within:
+                record.behaviour = {"kind": "over_capacity"}
+                return self.send_json(429, vendor.error_body(429, "too many concurrent requests"),
+                                      {"Retry-After": str(vendor.capacity_retry_after)})
+            if vendor.latency:
+                self.pause(record, vendor.latency)
+            self._answer(vendor, record, body)
+        except ClientGone:
+            record.disconnected_at = record.disconnected_at or time.monotonic()
+            self.close_connection = True
+        finally:
+            vendor.leave()
+            record.finished_at = time.monotonic()
+
+    def _answer(self, vendor: "MockVendor", record: Record, body) -> None:
         behaviour = record.behaviour = vendor.next_behaviour()
         try:
             if behaviour["kind"] == "status":
@@ -301,7 +355,6 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             record.disconnected_at = record.disconnected_at or time.monotonic()
             self.close_connection = True
-        record.finished_at = time.monotonic()
 
     def _control(self, method: str, body) -> None:
         vendor = self.vendor
@@ -312,7 +365,14 @@ class Handler(BaseHTTPRequestHandler):
             with vendor.lock:
                 vendor.script.clear()
                 vendor.requests.clear()
+            vendor.reset_stats()
             return self.send_json(200, {"ok": True})
+        if method == "POST" and self.path == "/_mock/config":
+            body = body or {}
+            vendor.configure(latency=body.get("latency"), capacity=body.get("capacity"), retry_after=body.get("retry_after"))
+            return self.send_json(200, vendor.stats())
+        if self.path == "/_mock/stats":
+            return self.send_json(200, vendor.stats())
         if self.path == "/_mock/requests":
             rows = [{"method": r.method, "path": r.path, "body": r.body, "port": r.port, "behaviour": r.behaviour,
                      "chunks_sent": r.chunks_sent, "disconnected": r.disconnected_at is not None, "usage": r.usage}

@@ -142,7 +142,8 @@ def _summarize(member: Member, ctx: RunContext, head: list[Turn], provider: Prov
     except ProviderError as exc:
         metering.record(ctx, member.model, exc.usage, purpose="compaction")
         raise
-    metering.record(ctx, member.model, metering.with_usage(reply, SUMMARY_SYSTEM, messages, []).usage, purpose="compaction")
+    metering.record(ctx, reply.model or member.model, metering.with_usage(reply, SUMMARY_SYSTEM, messages, []).usage,
+                    purpose="compaction")
     if reply.empty:
         raise ProviderError("the summarizing call returned an empty reply; the transcript was left as it was")
     return "Summary of the earlier conversation:\n" + storable(reply.text)  # kept like any reply

@@ -30,6 +30,17 @@ class LiveSink:
             self.text(event.get("delta") or "")
         elif event.get("type") == "retry":
             self.retry(float(event.get("delay") or 0), str(event.get("reason") or "error"))
+        elif event.get("type") == "fallback":
+            self.fallback(str(event.get("from") or ""), str(event.get("to") or ""), str(event.get("reason") or "error"))
+        elif event.get("type") == "queued":
+            self.ctx.phase(Phase.THINKING, f"queued for {event.get('limit')}"[:60])
+
+    def fallback(self, old: str, new: str, reason: str) -> None:
+        """The model is overloaded or down: the same request goes to the next model of the chain."""
+        self.pending, self.sent, reason = "", 0, storable(reason)
+        detail = f"switched to {new}: {reason}"
+        self.emit("model.fallback", **{"from": old, "to": new, "reason": reason, "text": f"{old} failed ({reason}); {detail}"})
+        self.ctx.phase(Phase.THINKING, detail[:60])
 
     def text(self, delta: str) -> None:
         if not delta:

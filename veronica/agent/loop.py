@@ -25,7 +25,7 @@ from veronica import bus, chat, events, tracing
 from veronica.agent import compaction, metering, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
-from veronica.agent.providers import get_provider, member_key
+from veronica.agent.providers import get_provider, member_key, provider_for
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall
 from veronica.agent.runctx import Cancelled, RunContext
@@ -109,8 +109,11 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         else:  # the operator's mail this brief carries, known without a query (chat.record_reply)
             log_.operator_mail = [m for m in unread if m.sender_name == bus.OPERATOR]
 
-    key = member_key(member)  # the member's provider key from its secrets, when one is set
-    provider = get_provider(member.model, key) if key else get_provider(member.model)
+    def make(spec: str) -> Provider:  # each model of the chain with the member's key for its vendor, if one is set
+        key = member_key(member, spec)
+        return get_provider(spec, key) if key else get_provider(spec)
+
+    provider = provider_for(member.model, member.fallback, make=make)  # its fallback chain on overload and outage
     system = system_prompt(member, tools)
     if hasattr(ctx, "system_prompt"):  # the engine's lease keeps it for the Run row (the prompt inspector)
         ctx.system_prompt = system
@@ -128,7 +131,7 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             tctx.session = session
         reply = call_model(ctx, provider, system, list(log_.messages), specs, chars=fixed_chars + log_.chars)
         if reply.empty:
-            if metering.record(ctx, member.model, reply.usage):  # nothing to keep: the brief stays unanswered
+            if metering.record(ctx, reply.model or member.model, reply.usage):  # nothing to keep: the brief stays unanswered
                 return stop_for_budget(member, ctx, tctx, reply)
             empties += 1
             if empties > EMPTY_RETRIES and reply.finish_reason == "content_filter":
@@ -168,8 +171,9 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         # that run inside this transaction (a fused step: their results and the next phase too, so a
         # step is one commit) or the first call's start.
         done, waiting, judged = 0, False, False
-        with metering.billed(ctx, member.model, reply.usage), log_.batched():
-            tripped = metering.record(ctx, member.model, reply.usage)
+        used = reply.model or member.model  # the model that answered (a fallback's, after a switch)
+        with metering.billed(ctx, used, reply.usage), log_.batched():
+            tripped = metering.record(ctx, used, reply.usage)
             answer_turn(member, log_, reply)
             if reply.truncated:  # not a final answer: the next call (or the next run) continues it
                 log_.append(TurnRole.USER, CONTINUE)
@@ -304,10 +308,10 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
                                   on_event=LiveSink(member, ctx))
     except ProviderCancelled as exc:
         if getattr(exc, "usage", None) is not None:  # cut off mid-stream: what the vendor generated before the hang-up is billed
-            metering.record(ctx, member.model, exc.usage)  # outside the fence when the lease is what was lost
+            metering.record(ctx, getattr(exc, "model", "") or member.model, exc.usage)  # outside the fence when the lease is what was lost
         raise ctx.stop_reason() from None
     except ProviderError as exc:
-        metering.record(ctx, member.model, exc.usage)
+        metering.record(ctx, getattr(exc, "model", "") or member.model, exc.usage)
         raise
     return storable_reply(metering.with_usage(reply, system, messages, specs, chars=chars))
 

@@ -83,7 +83,7 @@ def task_act(request: HttpRequest, slug: str, task_id: int, action: str) -> dict
 
 # --- members (owners) -----------------------------------------------------------------------------------
 
-NEW_MEMBER_KEYS = {"name", "role", "persona", "when_to_use", "model", "permission_mode", "schedule", "rule_domains",
+NEW_MEMBER_KEYS = {"name", "role", "persona", "when_to_use", "model", "fallback", "permission_mode", "schedule", "rule_domains",
                    "budget_override", "max_iterations", "tools", "deferred_tools"}
 
 
@@ -101,7 +101,7 @@ def add_member(space: Space, data: dict, actor: str) -> Member:
         space, text_field(data, "name"), role=text["role"] or "worker", persona=text["persona"], when_to_use=text["when_to_use"],
         model=text["model"] or "offline", permission_mode=text["permission_mode"], schedule=text["schedule"].strip(),
         rule_domains=rule_domains, budget_override=data.get("budget_override"), max_iterations=data.get("max_iterations", 24),
-        tools=data.get("tools"), deferred_tools=data.get("deferred_tools"), actor=actor)
+        tools=data.get("tools"), deferred_tools=data.get("deferred_tools"), fallback=data.get("fallback"), actor=actor)
 
 
 def member_patch(request: HttpRequest, slug: str, name: str) -> dict:
@@ -113,6 +113,7 @@ def member_patch(request: HttpRequest, slug: str, name: str) -> dict:
 def member_config(member: Member) -> dict:
     """What edit_member can change, as stored (the API's and the console form's view)."""
     return {**sel.member_detail(member), "persona": member.persona, "model": member.model,
+            "fallback": list(member.fallback or []),
             "budget_override": member.budget_override, "max_iterations": member.max_iterations, "tools": member.tools,
             "deferred_tools": member.deferred_tools, "runtime_fields": member.runtime_fields}
 

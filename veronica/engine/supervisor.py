@@ -205,14 +205,17 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
                model: str = "offline", permission_mode: str = "", schedule: str = "", rule_domains: list[str] | None = None,
                budget_override: int | None = None, actor: str = "operator", skills: dict[str, str] | None = None,
                origin: str = Origin.RUNTIME, max_iterations: int = 24, tools: list[str] | None = None,
-               deferred_tools: list[str] | None = None) -> Member:
+               deferred_tools: list[str] | None = None, fallback: list[str] | None = None) -> Member:
     """Create a member (and its skills) in one transaction: a failure leaves nothing behind."""
+    from veronica.agent.providers import validate_fallback
+
     name = name.strip() if isinstance(name, str) else name
     mode, cron, domains = validate_new_member(space, name, role=role, model=model, permission_mode=permission_mode,
                                               schedule=schedule, rule_domains=rule_domains, persona=persona,
                                               when_to_use=when_to_use, budget_override=budget_override)
     check_int(max_iterations, "max_iterations", minimum=1, maximum=MAX_ITERATIONS)
     tools, deferred_tools = check_tools(role, tools, deferred_tools)
+    fallback = validate_fallback(fallback, model)
     when_to_use = when_to_use.strip()
     with transaction.atomic():
         try:
@@ -220,7 +223,7 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
                 space=space, name=name, role=role, persona=persona, when_to_use=when_to_use, model=model,
                 permission_mode=mode, schedule=cron, schedule_origin=origin, origin=origin, rule_domains=domains,
                 budget_override=budget_override, schedule_next_at=next_fire(cron) if cron else None, phase_since=timezone.now(),
-                max_iterations=max_iterations, tools=tools, deferred_tools=deferred_tools)
+                max_iterations=max_iterations, tools=tools, deferred_tools=deferred_tools, fallback=fallback)
         except IntegrityError as exc:
             raise Conflict(f"could not add member '{name}': {exc}", field="name") from None
         if cron:
@@ -370,14 +373,14 @@ def _check_role(member: Member, role: object) -> None:
 # --- editing a member's configuration ----------------------------------------------------------------
 
 # the fields edit_member writes itself; schedule and permission_mode go through their own verbs
-CONFIG_FIELDS = ("role", "persona", "when_to_use", "model", "budget_override", "max_iterations", "rule_domains", "tools",
+CONFIG_FIELDS = ("role", "persona", "when_to_use", "model", "fallback", "budget_override", "max_iterations", "rule_domains", "tools",
                  "deferred_tools")
 EDITABLE = (*CONFIG_FIELDS, "schedule", "permission_mode")
 
 
 def _config_value(member: Member, field: str, value: object, changes: dict) -> object:
     """One field's value as stored, or a VeronicaError naming the field and its limit."""
-    from veronica.agent.providers import validate_model_spec
+    from veronica.agent.providers import validate_fallback, validate_model_spec
 
     if field == "role":
         _check_role(member, value)
@@ -388,6 +391,8 @@ def _config_value(member: Member, field: str, value: object, changes: dict) -> o
         return require_text(value, "when_to_use", max_len=MAX_WHEN_TO_USE, allow_empty=True).strip()
     if field == "model":
         return validate_model_spec(value)
+    if field == "fallback":
+        return validate_fallback(value, str(changes.get("model", member.model)))
     if field == "budget_override":
         return None if value is None else check_int(value, "budget_override")
     if field == "max_iterations":

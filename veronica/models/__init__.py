@@ -4,6 +4,7 @@ from veronica.models.audit import AppendOnly, AuditRow
 from veronica.models.content import Blackboard, MemoryFile, Skill
 from veronica.models.engine import EngineLease
 from veronica.models.events import Event
+from veronica.models.limits import ProviderBucket, ProviderSlot, ProviderWaiter
 from veronica.models.mcp import McpServer, McpTransport
 from veronica.models.member import Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus
 from veronica.models.messaging import Message, WebhookDelivery
@@ -27,7 +28,7 @@ from veronica.models.space import Space
 from veronica.models.tasks import Task, TaskStatus, VerifyPolicy
 
 __all__ = [
-    "AccessRole", "Alarm", "AlertTally", "ApiToken", "AppendOnly", "AuditRow", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "TaskCheck",
+    "AccessRole", "Alarm", "AlertTally", "ApiToken", "AppendOnly", "AuditRow", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "ProviderBucket", "ProviderSlot", "ProviderWaiter", "TaskCheck",
     "McpServer", "McpTransport", "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Secret", "SsoIdentity", "Session", "Skill", "Space", "SpaceAccess",
     "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake", "WebhookDelivery",

@@ -61,6 +61,9 @@ class Member(models.Model):
     persona = models.TextField(blank=True, help_text="System prompt.")
     when_to_use = models.TextField(blank=True)
     model = models.CharField(max_length=120, default="offline", help_text="offline | openai:MODEL | anthropic:MODEL")
+    fallback = models.JSONField(default=list, blank=True, help_text=(
+        "Model specs tried in order when the model is overloaded or down (429 / 5xx / 529 / unreachable after "
+        "retries), e.g. [\"openai:gpt-4o\"]."))
     permission_mode = models.CharField(max_length=10, choices=PermissionMode.choices, default=PermissionMode.BYPASS)
     permission_origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.MANIFEST)
     membership = models.CharField(max_length=10, choices=Membership.choices, default=Membership.ACTIVE)

@@ -76,6 +76,7 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     finish_reason: str = ""
+    model: str = ""  # the spec that answered, when a fallback chain chose it (else the member's model)
 
     @property
     def truncated(self) -> bool:
