@@ -31,6 +31,7 @@ from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCa
 from veronica.agent.runctx import Cancelled, RunContext
 from veronica.agent.tools import Tool, ToolContext, ToolError, deferred_of, tools_for, truncate, workspace
 from veronica.agent.tools.mcp import NAME_LIMIT as MCP_NAME_LIMIT
+from veronica.agent.tools.a2a import A2ATool
 from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
 from veronica.engine import approvals as approval_verbs
@@ -520,7 +521,7 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
 def escapes_the_fence(tool: Tool) -> bool:
     """Its effects live outside the run's transaction (files, commands, an MCP server): a crash
     during it cannot roll them back."""
-    return tool.name in LOCAL_TOOLS or isinstance(tool, McpTool)
+    return tool.name in LOCAL_TOOLS or isinstance(tool, (McpTool, A2ATool))
 
 
 def rerun_is_safe(tool: Tool) -> bool:
