@@ -43,7 +43,9 @@ class RpcError(Exception):
 
 
 def error_body(request_id, error) -> dict:
-    return t.JSONRPCErrorResponse(id=request_id, error=error).model_dump(mode="json", by_alias=True, exclude_none=True)
+    body = t.JSONRPCErrorResponse(id=request_id, error=error).model_dump(mode="json", by_alias=True, exclude_none=True)
+    body["id"] = request_id  # JSON-RPC: an error answers with "id": null when the id is unknown
+    return body
 
 
 def result_body(request_id, result, *, wrap: str = "") -> dict:
@@ -114,7 +116,8 @@ def parse(raw: bytes) -> Parsed:
     except VeronicaError as exc:
         raise Rpc(request_id, t.InvalidParamsError(message=str(exc))) from None
     try:
-        request = t.A2ARequest.model_validate(data).root
+        # JSON-RPC allows "id": null (fasta2a's tasks/get sends it); a2a-sdk's models want a value
+        request = t.A2ARequest.model_validate({**data, "id": 0} if data.get("id") is None else data).root
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"][1:]) or "params"
@@ -239,36 +242,56 @@ def _artifact_event(link: A2ATaskLink, artifact: t.Artifact) -> dict:
     return body
 
 
-def stream(space: Space, link: A2ATaskLink, request_id, *, after_seq: int, poll: float = 0.3, max_seconds: float = 900,
-           clock=None, sleep=None):
-    """The task first, then what the event log says about it: its status moves, the member's live
-    text (agent.delta previews, agent.text turns) as working updates, and at the end its result as
-    an artifact and the final status. A stream that outlives max_seconds just ends (tasks/get still works)."""
-    import time
+class TaskStream:
+    """message/stream's answer: the task first (taken when the request is answered), then what the
+    event log says about it: its status moves, the member's live text (agent.delta previews,
+    agent.text turns) as working updates, and at the end its result as an artifact and the final
+    status. An async iterator (daphne sends each event as it comes; a sync one would be buffered
+    whole), each poll a short database read in a thread; a stream that outlives max_seconds just
+    ends (tasks/get still works)."""
 
-    from veronica.models import Event
+    def __init__(self, space: Space, link: A2ATaskLink, request_id, *, after_seq: int, poll: float = 0.3,
+                 max_seconds: float = 900) -> None:
+        self.space, self.link, self.request_id, self.cursor = space, link, request_id, after_seq
+        self.poll_every, self.max_seconds = poll, max_seconds
+        first = as_task(link).model_dump(mode="json", by_alias=True, exclude_none=True)
+        first["task"] = {k: v for k, v in first.items() if k != "kind"}  # the 1.0 wrapping, for 1.0 readers
+        self.first = _sse(request_id, first)
 
-    clock, sleep = clock or time.monotonic, sleep or time.sleep
-    first = as_task(link).model_dump(mode="json", by_alias=True, exclude_none=True)
-    first["task"] = {k: v for k, v in first.items() if k != "kind"}
-    yield _sse(request_id, first)
-    cursor, deadline = after_seq, clock() + max_seconds
-    while clock() < deadline:
-        for ev in Event.objects.filter(space=space, seq__gt=cursor).order_by("seq")[:500]:
-            cursor = ev.seq
+    def poll(self) -> tuple[list[bytes], bool]:
+        from veronica.models import Event
+
+        out, link = [], self.link
+        for ev in Event.objects.filter(space=self.space, seq__gt=self.cursor).order_by("seq")[:500]:
+            self.cursor = ev.seq
             payload = ev.payload if isinstance(ev.payload, dict) else {}
             if ev.kind == "task.status" and payload.get("task") == link.task_id:
                 state = STATE.get(payload.get("to"))
                 if state is not None and state not in FINAL:
-                    yield _sse(request_id, _status_event(link, state))
+                    out.append(_sse(self.request_id, _status_event(link, state)))
             elif ev.kind in ("agent.delta", "agent.text") and ev.member_id == link.member_id and payload.get("text"):
-                yield _sse(request_id, _status_event(link, t.TaskState.working, text=str(payload["text"])))
+                out.append(_sse(self.request_id, _status_event(link, t.TaskState.working, text=str(payload["text"]))))
         link.task.refresh_from_db()
         done = as_task(link)
-        if done.status.state in FINAL:
-            for artifact in done.artifacts or []:
-                yield _sse(request_id, _artifact_event(link, artifact))
-            text = a2a_client.parts_text(done.status.message.parts) if done.status.message else ""
-            yield _sse(request_id, _status_event(link, done.status.state, text=text, final=True))
-            return
-        sleep(poll)
+        if done.status.state not in FINAL:
+            return out, False
+        out += [_sse(self.request_id, _artifact_event(link, artifact)) for artifact in done.artifacts or []]
+        text = a2a_client.parts_text(done.status.message.parts) if done.status.message else ""
+        out.append(_sse(self.request_id, _status_event(link, done.status.state, text=text, final=True)))
+        return out, True
+
+    async def __aiter__(self):
+        import asyncio
+
+        from asgiref.sync import sync_to_async
+
+        yield self.first
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_seconds
+        while loop.time() < deadline:
+            chunks, done = await sync_to_async(self.poll)()
+            for chunk in chunks:
+                yield chunk
+            if done:
+                return
+            await asyncio.sleep(self.poll_every)

@@ -98,7 +98,7 @@ def rpc(request: HttpRequest, slug: str, name: str | None = None) -> HttpRespons
         link = a2a_serve.start(space, member, cred, params)
         if parsed.method == "message/send":
             return JsonResponse(a2a_serve.result_body(request_id, a2a_serve.as_task(link), wrap="task"))
-        response = StreamingHttpResponse(a2a_serve.stream(space, link, request_id, after_seq=after),
+        response = StreamingHttpResponse(a2a_serve.TaskStream(space, link, request_id, after_seq=after),
                                          content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"

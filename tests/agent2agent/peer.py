@@ -1,6 +1,6 @@
 """A third-party A2A agent for the tests, written with `fasta2a` (pydantic's implementation of the
 protocol, independent of a2a-sdk): run as `python peer.py PORT [TOKEN]` and served by uvicorn on
-127.0.0.1. With TOKEN it refuses (401) any request without `Authorization: Bearer TOKEN`.
+127.0.0.1. With TOKEN it refuses (401) any JSON-RPC request without `Authorization: Bearer TOKEN`.
 
 It echoes: "echo: <text>" as the task's artifact. A message starting with "slow" leaves its task
 working until it is cancelled (the in-memory broker runs operations one at a time, so the task is
@@ -47,6 +47,8 @@ class BearerOnly(BaseHTTPMiddleware):
         self.token = token
 
     async def dispatch(self, request, call_next):
+        if request.url.path.startswith("/.well-known/"):  # the card is public; the agent is not
+            return await call_next(request)
         if request.headers.get("authorization") != f"Bearer {self.token}":
             return JSONResponse({"error": "unauthorized"}, status_code=401)
         return await call_next(request)

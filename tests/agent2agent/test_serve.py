@@ -2,6 +2,7 @@
 per-space credential and its role, and bad input answered with a JSON-RPC error that writes nothing."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -152,20 +153,32 @@ def test_another_spaces_task_id_is_unknown(served, tmp_path):
     assert A2ATaskLink.objects.get(a2a_id=theirs).task.status != "cancelled"
 
 
+@pytest.mark.django_db(transaction=True)
 def test_message_stream_follows_the_task_and_the_members_live_text(served):
-    space, key = served
-    response = rpc("alpha", send_body(method="message/stream"), key)
-    assert response["Content-Type"] == "text/event-stream"
-    chunks = iter(response.streaming_content)
-    first = json.loads(next(chunks).decode().removeprefix("data: "))["result"]
-    assert first["kind"] == "task" and first["status"]["state"] == "working"
-    task = A2ATaskLink.objects.get(a2a_id=first["id"]).task
+    """The stream's polls run in a thread (as under daphne): the rows must be committed."""
+    from asgiref.sync import sync_to_async
+
     from veronica import events
 
-    boss = task.assignee
-    events.emit(space.pk, "agent.text", member=boss, text="Working on the report")
-    ledger.complete(task, actor="boss", result="Done: report.md")
-    seen = [json.loads(c.decode().removeprefix("data: "))["result"] for c in chunks]
+    space, key = served
+    response = rpc("alpha", send_body(method="message/stream"), key)
+    assert response["Content-Type"] == "text/event-stream" and response.is_async
+
+    def decode(chunk):
+        return json.loads(chunk.decode().removeprefix("data: "))["result"]
+
+    async def read():
+        seen = []
+        async for chunk in response.streaming_content:
+            seen.append(decode(chunk))
+            if len(seen) == 1:
+                task = await sync_to_async(lambda: A2ATaskLink.objects.select_related("task__assignee").get(a2a_id=seen[0]["id"]).task)()
+                await sync_to_async(lambda: (events.emit(space.pk, "agent.text", member=task.assignee, text="Working on the report"),
+                                             ledger.complete(task, actor="boss", result="Done: report.md")))()
+        return seen
+
+    seen = asyncio.run(read())
+    assert seen[0]["kind"] == "task" and seen[0]["status"]["state"] == "working"
     texts = [e["status"]["message"]["parts"][0]["text"] for e in seen if e.get("kind") == "status-update" and "message" in e["status"]]
     assert "Working on the report" in texts
     assert seen[-2]["kind"] == "artifact-update" and seen[-2]["artifact"]["parts"][0]["text"] == "Done: report.md"
