@@ -161,3 +161,39 @@ def remote_api(request: HttpRequest, slug: str, name: str):
     space = _owner_space(request, slug)
     a2a_settings.remove_remote(space, name, actor=access.actor_name(request.user))
     return {"removed": name}
+
+
+# --- owners: the console's manage page --------------------------------------------------------------
+
+CONSOLE_ACTIONS = ("a2a_serve", "a2a_members", "a2a_revoke", "a2a_add_remote", "a2a_remove_remote")
+
+
+def console_action(space: Space, data, actor: str) -> str:
+    """One form on the manage page, one verb (a2a_credential is the manage view's: its key is shown once)."""
+    action = data.get("action", "")
+    if action == "a2a_serve":
+        on = data.get("enabled", "") == "on"
+        a2a_settings.set_enabled(space, on, actor=actor)
+        return "A2A serving is on" if on else "A2A serving is off"
+    if action == "a2a_members":
+        names = data.get("members", "").replace(",", " ").split()
+        a2a_settings.set_members(space, names, actor=actor)
+        return f"exposed members: {', '.join(names) or 'none (the leader only)'}"
+    if action == "a2a_revoke":
+        raw = data.get("credential_id", "")
+        a2a_settings.revoke_credential(space, int(raw) if raw.isdigit() and len(raw) < 12 else -1, actor=actor)
+        return "credential revoked"
+    if action == "a2a_add_remote":
+        timeout = data.get("timeout", "").strip() or "60"
+        cfg = a2a_settings.check_remote({"name": data.get("name", "").strip(), "card_url": data.get("card_url", "").strip(),
+                                         "token": data.get("token", ""),
+                                         "timeout": int(timeout) if timeout.isdigit() and len(timeout) < 6 else timeout})
+        remote = a2a_settings.add_remote(space, cfg, actor=actor)
+        return f"added remote agent {remote.name}: members call it as a2a__{remote.name}"
+    a2a_settings.remove_remote(space, data.get("name", ""), actor=actor)
+    return f"removed remote agent {data.get('name')}"
+
+
+def create_console_credential(space: Space, data, actor: str) -> str:
+    _, key = a2a_settings.create_credential(space, data.get("name", "").strip(), data.get("role", ""), actor=actor)
+    return key
