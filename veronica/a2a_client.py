@@ -161,22 +161,36 @@ class Outcome:
     task_id: str
     state: str
     text: str
+    parked: bool = False  # still going after the inline wait: the caller parks and polls later
 
 
-def call(endpoint: str, token: str, text: str, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> Outcome:
-    """Send, then wait (polling tasks/get) until the remote task ends or asks for input; past the
-    timeout the remote task is cancelled (best effort) and RemoteError says so."""
-    deadline = clock() + timeout
+def ended(task: t.Task) -> bool:
+    return task.status.state in TERMINAL | WAITS_ON_US
+
+
+def cancel_quietly(endpoint: str, token: str, task_id: str) -> None:
+    try:
+        cancel_task(endpoint, token, task_id, timeout=10)
+    except VeronicaError:
+        pass
+
+
+def call(endpoint: str, token: str, text: str, *, timeout: float, inline: float | None = None, clock=time.monotonic,
+         sleep=time.sleep) -> Outcome:
+    """Send, then wait (polling tasks/get) until the remote task ends or asks for input. With
+    `inline` shorter than the timeout, a task still going after `inline` seconds comes back parked;
+    past the timeout the remote task is cancelled (best effort) and RemoteError says so."""
+    started = clock()
     result = send_message(endpoint, token, text, timeout=min(timeout, 30))
     if isinstance(result, t.Message):
         return Outcome("", "completed", parts_text(result.parts) or "(no output)")
     task = result
-    while task.status.state not in TERMINAL | WAITS_ON_US:
-        if clock() >= deadline:
-            try:
-                cancel_task(endpoint, token, task.id, timeout=10)
-            except VeronicaError:
-                pass
+    while not ended(task):
+        waited = clock() - started
+        if inline is not None and inline < timeout and waited >= inline:
+            return Outcome(task.id, task.status.state.value, "", parked=True)
+        if waited >= timeout:
+            cancel_quietly(endpoint, token, task.id)
             raise RemoteError(f"the remote task {task.id} did not finish within {timeout} s (cancelled)")
         sleep(POLL_EVERY)
         task = get_task(endpoint, token, task.id, timeout=min(timeout, 30))

@@ -4,7 +4,7 @@ protocol, independent of a2a-sdk): run as `python peer.py PORT [TOKEN]` and serv
 
 It echoes: "echo: <text>" as the task's artifact. A message starting with "slow" leaves its task
 working until it is cancelled (the in-memory broker runs operations one at a time, so the task is
-left running rather than awaited)."""
+left running rather than awaited); "later N" finishes N seconds later."""
 from __future__ import annotations
 
 import sys
@@ -27,8 +27,20 @@ class EchoWorker(Worker):
         await self.storage.update_task(params["id"], state="working")
         if text.startswith("slow"):
             return
+        if text.startswith("later"):  # finished a moment later, in the background (the broker is not held)
+            import asyncio
+
+            asyncio.get_running_loop().create_task(self._finish_later(params, text))
+            return
         artifact = {"artifact_id": uuid.uuid4().hex, "name": "echo", "parts": [{"text": f"echo: {text}"}]}
         await self.publish_artifact(params["id"], params["context_id"], artifact)
+        await self.storage.update_task(params["id"], state="completed", new_artifacts=[artifact])
+
+    async def _finish_later(self, params, text: str) -> None:
+        import asyncio
+
+        await asyncio.sleep(float(text.split()[1]))
+        artifact = {"artifact_id": uuid.uuid4().hex, "name": "echo", "parts": [{"text": f"echo: {text}"}]}
         await self.storage.update_task(params["id"], state="completed", new_artifacts=[artifact])
 
     async def cancel_task(self, params) -> None:

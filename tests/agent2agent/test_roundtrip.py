@@ -25,12 +25,12 @@ from pydantic import TypeAdapter
 from tests.conftest import make_space
 from tests.console.servers import ServerProcess, free_port, server_env
 from tests.engine.conftest import ScriptedProvider
-from veronica import a2a_client, a2a_settings, bus
+from veronica import a2a_calls, a2a_client, a2a_settings, bus
 from veronica.agent.loop import run_tool
 from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import approvals, runner, supervisor
-from veronica.models import A2ATaskLink, Approval, Event, Turn
+from veronica.models import A2ACall, A2ATaskLink, Approval, Event, Turn
 from veronica.outbound import Refused
 
 PEER = str(Path(__file__).resolve().parent / "peer.py")
@@ -199,6 +199,29 @@ def test_we_call_them_through_the_gated_tool_with_timeout_cancel_and_a_refused_c
         {"name": "echo", "card_url": f"{peer.url}/.well-known/agent-card.json", "token": "wrong"}), actor="test")
     result = run_tool(tools_for(w1)["a2a__echo"], ctx, {"message": "hi"})
     assert "refused our credential (HTTP 401)" in result
+
+
+def test_a_long_remote_task_parks_the_run_and_its_end_wakes_the_member(peer, tmp_path, script, settings, monkeypatch):
+    settings.A2A_INLINE_SECONDS = 0  # park as soon as the remote task is accepted
+    woken = []
+    monkeypatch.setattr("veronica.engine.wakes.enqueue_wake", lambda pk, source: woken.append((pk, source)))
+    space = make_space(tmp_path, "delta")
+    a2a_settings.add_remote(space, a2a_settings.check_remote(
+        {"name": "echo", "card_url": f"{peer.url}/.well-known/agent-card.json", "token": TOKEN, "timeout": 60}), actor="test")
+    w1 = supervisor.get_member(space, "w1")
+    script(("a2a__echo", {"message": "later 1"}), "done")
+    bus.send(space, "boss", "w1", "ask the echo agent something long")
+    assert runner.wake(w1.pk, "message") == "waiting"  # the run ended: no worker holds the call
+    parked = A2ACall.objects.get()
+    assert parked.finished_at is None and parked.remote_task_id and parked.tool_call_id == "c1"
+    w1.refresh_from_db()
+    assert w1.phase == "waiting-input" and w1.run_status == "idle"
+    assert runner.wake(w1.pk, "resume") == "waiting"  # woken early: still parked, still no result
+    wait_for(lambda: a2a_calls.poll_parked())  # the engine tick's duty
+    assert (w1.pk, "resume") in woken
+    assert runner.wake(w1.pk, "resume") == "done"
+    assert Turn.objects.get(role="tool", tool_name="a2a__echo").content == "echo: later 1"
+    assert A2ACall.objects.get().consumed and Event.objects.filter(kind="a2a.called", payload__parked=True).exists()
 
 
 def test_a_hosted_deployment_refuses_internal_remote_agents(settings):

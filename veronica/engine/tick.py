@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from veronica import bus, events, ledger
+from veronica import a2a_calls, bus, events, ledger
 from veronica.engine import alarms, clock, failures, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
@@ -111,6 +111,7 @@ DUTIES = (
     ("alarms_fired", alarms.fire_due),
     ("dispatched", lambda: len(ledger.dispatch_ready())),
     ("stale_tasks", stale_tasks),
+    ("a2a_polled", a2a_calls.poll_parked),  # parked a2a__ calls: their remote tasks' ends wake the members
     ("clones_retired", lambda: len(retire_finished_clones())),
     ("swept", lambda: len(sweep_unread())),
     ("retried", lambda: len(failures.due_retries())),  # backoff elapsed: the failure model's re-wake

@@ -63,3 +63,23 @@ class A2ATaskLink(models.Model):
     credential = models.ForeignKey(A2ACredential, null=True, on_delete=models.SET_NULL, related_name="+")
     caller = models.CharField(max_length=60)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class A2ACall(models.Model):
+    """A member's a2a__ call whose remote task outlived the inline wait: the run parked (no worker
+    held), the engine tick polls the remote task, and its end wakes the member, whose next run
+    takes `result` as the call's result (resolve_held)."""
+
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="a2a_calls")
+    member = models.ForeignKey("veronica.Member", on_delete=models.CASCADE, related_name="a2a_calls")
+    tool_call_id = models.CharField(max_length=80)
+    remote = models.ForeignKey(A2ARemote, null=True, on_delete=models.SET_NULL, related_name="calls")
+    remote_name = models.CharField(max_length=32)
+    remote_task_id = models.CharField(max_length=200)
+    deadline = models.DateTimeField()
+    next_poll_at = models.DateTimeField()
+    state = models.CharField(max_length=20, default="working")
+    result = models.TextField(blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    consumed = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
