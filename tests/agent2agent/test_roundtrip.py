@@ -39,6 +39,11 @@ TOKEN = "peer-secret"
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def loopback_allowed(settings):
+    settings.A2A_ALLOW_HOSTS = ["127.0.0.1"]  # the peers listen on loopback, refused by the hosted default
+
+
 @pytest.fixture(scope="module")
 def web(django_db_setup):
     server = ServerProcess.daphne(server_env())
