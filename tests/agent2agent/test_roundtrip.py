@@ -187,6 +187,13 @@ def test_we_call_them_through_the_gated_tool_with_timeout_cancel_and_a_refused_c
     assert Turn.objects.get(role="tool", tool_name="a2a__echo").content == "echo: hello from veronica"
     called = Event.objects.get(kind="a2a.called")
     assert called.payload["ok"] and called.payload["state"] == "completed" and called.payload["remote"] == "echo"
+    from veronica import run_trace
+    from veronica.models import Run
+
+    run = Run.objects.filter(member=w1).order_by("-pk").first()  # the resumed run made the call: the run page shows it
+    spans, _ = run_trace.spans_of(run_trace._run_events(run))
+    call_span = next(sp for sp in spans if sp.name == "a2a__echo")
+    assert any(m.startswith("remote task ") and "completed" in m for m in call_span.marks)
 
     # a remote task past the timeout is cancelled there, and the model reads why
     a2a_settings.remove_remote(space, "echo", actor="test")
