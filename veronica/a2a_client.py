@@ -142,7 +142,7 @@ def parts_text(parts: list[t.Part] | None) -> str:
         if isinstance(root, t.TextPart):
             out.append(root.text)
         elif isinstance(root, t.DataPart):
-            out.append(json.dumps(root.data, default=str))
+            out.append(json.dumps(root.data, ensure_ascii=False, default=str))
         else:
             out.append("[file part omitted]")
     return "\n".join(out)

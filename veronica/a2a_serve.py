@@ -135,16 +135,9 @@ class Rpc(RpcError):
 
 def message_text(message: t.Message) -> str:
     """Text and data parts as the mail's body; files are not taken (no place to keep them yet)."""
-    pieces = []
-    for part in message.parts:
-        root = part.root
-        if isinstance(root, t.TextPart):
-            pieces.append(root.text)
-        elif isinstance(root, t.DataPart):
-            pieces.append(json.dumps(root.data, ensure_ascii=False))
-        else:
-            raise VeronicaError("file parts are not accepted; send text or data parts", field="params.message.parts")
-    text = "\n\n".join(pieces).strip()
+    if any(isinstance(part.root, t.FilePart) for part in message.parts):
+        raise VeronicaError("file parts are not accepted; send text or data parts", field="params.message.parts")
+    text = a2a_client.parts_text(message.parts).strip()
     if not text:
         raise VeronicaError("the message has no text", field="params.message.parts")
     if len(text) > bus.MAX_BODY:

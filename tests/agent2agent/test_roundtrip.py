@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 
 from tests.conftest import make_space
 from tests.console.servers import ServerProcess, free_port, server_env
-from tests.engine.conftest import ScriptedProvider
+from tests.engine.conftest import scripted as script  # noqa: F401 (a fixture: the LLM vendor, scripted)
 from veronica import a2a_calls, a2a_client, a2a_settings, bus
 from veronica.agent.loop import run_tool
 from veronica.agent.providers.base import Reply, ToolCall, Usage
@@ -59,15 +59,6 @@ def peer(django_db_setup):
     server.wait_http("/.well-known/agent-card.json", 30)
     yield server
     server.stop()
-
-
-@pytest.fixture
-def script(monkeypatch):
-    def install(*replies):
-        provider = ScriptedProvider(replies)
-        monkeypatch.setattr("veronica.agent.loop.get_provider", lambda spec: provider)
-        return provider
-    return install
 
 
 def message(text: str) -> dict:
