@@ -65,7 +65,10 @@ def sender_name(cred: A2ACredential) -> str:
 
 def card(space: Space, member: Member, endpoint: str) -> dict:
     """The Agent Card: the member's persona summary and its skills; bearer auth declared."""
-    summary = (member.when_to_use or member.persona or f"{member.role} of {space.name}").strip()
+    # when_to_use is the member's own summary for routing; the persona (its system prompt) is not
+    # published beyond its first line
+    first_line = next((line.strip() for line in member.persona.splitlines() if line.strip()), "")[:200]
+    summary = (member.when_to_use or first_line or f"{member.role} of {space.name}").strip()
     skills = [t.AgentSkill(id=s.name, name=s.name, description=s.description or s.name, tags=["veronica"])
               for s in Skill.objects.filter(space=space, member=member).order_by("name")[:50]]
     if not skills:

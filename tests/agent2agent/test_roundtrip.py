@@ -14,10 +14,12 @@ import sys
 import threading
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+from django.utils import timezone
 from fasta2a.client import A2AClient, UnexpectedResponseError
 from fasta2a.schema import CancelTaskResponse, CancelTaskRequest, a2a_request_ta
 from pydantic import TypeAdapter
@@ -29,8 +31,8 @@ from veronica import a2a_calls, a2a_client, a2a_settings, bus
 from veronica.agent.loop import run_tool
 from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.agent.tools import ToolContext, tools_for
-from veronica.engine import approvals, runner, supervisor
-from veronica.models import A2ACall, A2ATaskLink, Approval, Event, Turn
+from veronica.engine import approvals, runner, supervisor, tick
+from veronica.models import A2ACall, A2ATaskLink, Approval, Event, Turn, Wake
 from veronica.outbound import Refused
 
 PEER = str(Path(__file__).resolve().parent / "peer.py")
@@ -222,6 +224,10 @@ def test_a_long_remote_task_parks_the_run_and_its_end_wakes_the_member(peer, tmp
     assert runner.wake(w1.pk, "resume") == "waiting"  # woken early: still parked, still no result
     wait_for(lambda: a2a_calls.poll_parked())  # the engine tick's duty
     assert (w1.pk, "resume") in woken
+    # were that wake lost, the tick's sweep wakes a member whose parked call ended a while ago
+    A2ACall.objects.update(finished_at=timezone.now() - timedelta(hours=1))
+    Wake.objects.filter(member=w1).update(created_at=timezone.now() - timedelta(hours=1))
+    assert w1.pk in tick.sweep_unread()
     assert runner.wake(w1.pk, "resume") == "done"
     assert Turn.objects.get(role="tool", tool_name="a2a__echo").content == "echo: later 1"
     assert A2ACall.objects.get().consumed and Event.objects.filter(kind="a2a.called", payload__parked=True).exists()

@@ -18,7 +18,7 @@ from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.errors import Conflict, NotFound
 from veronica.models import (
-    Approval, ApprovalStatus, Member, Membership, Message, Phase, Question, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
+    A2ACall, Approval, ApprovalStatus, Member, Membership, Message, Phase, Question, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
 )
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,12 @@ def sweep_unread() -> list[int]:
     unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True, created_at__lt=cutoff)
     decided = Approval.objects.filter(member=OuterRef("pk"), consumed=False, decided_at__lt=cutoff).exclude(status=ApprovalStatus.PENDING)
     answered = Question.objects.filter(member=OuterRef("pk"), consumed=False, answered_at__lt=cutoff)
+    remote_done = A2ACall.objects.filter(member=OuterRef("pk"), consumed=False, finished_at__lt=cutoff)  # a parked a2a__ call
     woken_lately = Wake.objects.filter(member=OuterRef("pk"), created_at__gte=cutoff)
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
     idle = idle.filter(failures.RUNNABLE)  # parked or backing off: the failure model wakes them
     waiting = Q(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # mail waits for the decision, which wakes them
-    work = (Exists(unread) & ~waiting) | Exists(decided) | Exists(answered)
+    work = (Exists(unread) & ~waiting) | Exists(decided) | Exists(answered) | Exists(remote_done)
     ids = list(idle.filter(work).exclude(Exists(woken_lately)).values_list("pk", flat=True))
     for member_id in ids:
         enqueue_wake(member_id, "message")
