@@ -28,14 +28,19 @@ TOUCH_EVERY = access.TOKEN_TOUCH_EVERY
 
 
 def config(space: Space) -> A2AConfig:
-    return A2AConfig.objects.get_or_create(space=space)[0]
+    """The settings as stored, or the defaults (unsaved: a read never writes a row)."""
+    return A2AConfig.objects.filter(space=space).first() or A2AConfig(space=space)
+
+
+def _stored(space: Space) -> A2AConfig:
+    return A2AConfig.objects.select_for_update().get_or_create(space=space)[0]
 
 
 def set_enabled(space: Space, enabled: object, *, actor: str) -> A2AConfig:
     if not isinstance(enabled, bool):
         raise VeronicaError("enabled must be true or false", field="enabled")
     with transaction.atomic():
-        cfg = config(space)
+        cfg = _stored(space)
         cfg.enabled = enabled
         cfg.save(update_fields=["enabled", "updated_at"])
         events.emit(space.pk, "a2a.enabled" if enabled else "a2a.disabled", by=actor)
@@ -58,7 +63,7 @@ def set_members(space: Space, names: object, *, actor: str) -> A2AConfig:
     """The members the owner exposes as agents of their own (the leader is the space's agent)."""
     checked = check_members(space, names)
     with transaction.atomic():
-        cfg = config(space)
+        cfg = _stored(space)
         cfg.members = checked
         cfg.save(update_fields=["members", "updated_at"])
         events.emit(space.pk, "a2a.members", by=actor, members=checked)
