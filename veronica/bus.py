@@ -14,8 +14,9 @@ OPERATOR = "operator"
 SYSTEM = "system"
 WEBHOOK = "webhook"  # the sender of mail that arrived through the inbound webhook
 CHECKS = "checks"  # the actor of the verify-check runner's task moves
+A2A = "a2a"  # the sender kind of mail from an outside A2A agent: "a2a:<its credential's name>"
 # names the engine itself sends or acts as: no member may take one, or its mail would pass for the engine's
-ENGINE_NAMES = (BROADCAST, OPERATOR, SYSTEM, WEBHOOK, CHECKS)
+ENGINE_NAMES = (BROADCAST, OPERATOR, SYSTEM, WEBHOOK, CHECKS, A2A)
 MAX_BODY = 20000
 MAX_SUBJECT = column_limit(Message, "subject")
 

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from veronica import audit, events, mcp_servers
+from veronica import a2a_settings, audit, events, mcp_servers
 from veronica.agent.providers import validate_fallback, validate_model_spec
 from veronica.engine import supervisor
 from veronica.engine.timers import arm_cron
@@ -40,7 +40,7 @@ MAX_SKILL_BODY = 50000  # the skills verb's limit
 MAX_TOML_DEPTH = 100  # where a RecursionError from tomllib is looked for, to name the key
 NOTIFY_KEYS = {"webhook_url", "slack_url", "email"}
 MANIFEST_ACTOR = "manifest"  # Member.removed_by when a register removed it
-SPACE_KEYS = {"name", "slug", "workdir", "settings", "notify", "verify_checks", "mcp_servers"}
+SPACE_KEYS = {"name", "slug", "workdir", "settings", "notify", "verify_checks", "mcp_servers", "a2a"}
 OWN_WORKDIR = "workspace"  # a space's files: <its own folder>/workspace, beside its manifest copy
 MEMBER_KEYS = {"role", "model", "fallback", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations",
                "mcp_servers", "tools", "deferred_tools"}
@@ -81,6 +81,7 @@ class SpaceSpec:
     path: Path
     mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
     rules: dict[str, list[str]] = field(default_factory=dict)
+    a2a: dict | None = None  # [a2a]: serving, exposed members, remote agents (veronica.a2a_settings)
 
 
 def _text_file(path: Path, what: str = "file") -> str:
@@ -437,7 +438,8 @@ def _space_file(root: Path, *, slug: str | None, name: str | None, own: bool, wo
         _setting(space_path, key, value)
     settings = {**settings, **_ops_settings(space_path, cfg)}
     servers = _checked(space_path, mcp_servers.check_list, cfg.get("mcp_servers", []))
-    return {"name": name, "slug": slug, "workdir": workdir, "settings": settings, "mcp_servers": servers}
+    a2a = _checked(space_path, a2a_settings.check_manifest_table, cfg["a2a"]) if "a2a" in cfg else None
+    return {"name": name, "slug": slug, "workdir": workdir, "settings": settings, "mcp_servers": servers, "a2a": a2a}
 
 
 def _member_dirs(root: Path) -> list[Path]:
@@ -541,6 +543,7 @@ def register_space(directory: str | Path, *, fresh: bool = False, actor: str = "
         for skill_name, (description, body) in spec.shared_skills.items():
             Skill.objects.create(space=space, name=skill_name, description=description, body=body)
         mcp_servers.replace_from_manifest(space, None, spec.mcp_servers, actor=actor)
+        _checked(spec.path / "space.toml", a2a_settings.apply_manifest, space, spec.a2a, actor=actor)
         _apply_rules(space, spec, actor)
         events.emit(space.pk, "space.registered", actor=actor, created=created, mode=result.mode,
                     members=[m.name for m in spec.members], kept=result.kept[:50], discarded=result.discarded[:50])

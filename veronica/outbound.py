@@ -42,6 +42,7 @@ class Purpose:
 
 NOTIFY = Purpose("NOTIFY_ALLOW_HOSTS", "VERONICA_NOTIFY_ALLOW_HOSTS", "outbound notifications")
 MCP = Purpose("MCP_ALLOW_HOSTS", "VERONICA_MCP_ALLOW_HOSTS", "MCP servers")
+A2A = Purpose("A2A_ALLOW_HOSTS", "VERONICA_A2A_ALLOW_HOSTS", "remote A2A agents")
 
 
 def _allow_list(purpose: Purpose) -> tuple[frozenset[str], tuple]:
@@ -135,8 +136,12 @@ def check_url(url: str, field: str, purpose: Purpose = NOTIFY) -> None:
 class _GuardedBackend(httpcore.SyncBackend):
     """Resolve, check and connect to the checked address (one resolution: no rebinding window)."""
 
+    def __init__(self, purpose: Purpose = NOTIFY) -> None:
+        super().__init__()
+        self.purpose = purpose
+
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        addresses = checked_addresses(host, port, "url", must_resolve=True)
+        addresses = checked_addresses(host, port, "url", must_resolve=True, purpose=self.purpose)
         last: Exception | None = None
         for ip in addresses:
             try:
@@ -146,11 +151,11 @@ class _GuardedBackend(httpcore.SyncBackend):
         raise last or httpcore.ConnectError(f"{host} has no address")
 
 
-def client(timeout: float) -> httpx.Client:
+def client(timeout: float, purpose: Purpose = NOTIFY) -> httpx.Client:
     """An httpx client whose every connection goes through the guard (and ignores proxy env vars,
     which would move the connection, and the check, to the proxy)."""
     transport = httpx.HTTPTransport()
-    transport._pool._network_backend = _GuardedBackend()  # httpcore's documented backend hook, set on httpx's pool
+    transport._pool._network_backend = _GuardedBackend(purpose)  # httpcore's documented backend hook, set on httpx's pool
     return httpx.Client(transport=transport, timeout=timeout, follow_redirects=False, trust_env=False)
 
 

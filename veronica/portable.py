@@ -33,7 +33,7 @@ from django.utils.text import slugify
 
 from urllib.parse import urlsplit, urlunsplit
 
-from veronica import access, audit, manifest, toml_out
+from veronica import a2a_settings, access, audit, manifest, toml_out
 from veronica.errors import Conflict, VeronicaError, column_limit
 from veronica.models import McpServer, McpTransport, Member, Skill, Space
 
@@ -108,6 +108,9 @@ def _space_files(space: Space) -> dict[str, str]:
     servers = _mcp_entries(McpServer.objects.filter(space=space, member__isnull=True).order_by("name"))
     if servers:
         cfg["mcp_servers"] = servers
+    a2a = a2a_settings.export_table(space)  # credentials never, remote tokens scrubbed
+    if a2a:
+        cfg["a2a"] = a2a
     return {"space.toml": _toml(cfg)}
 
 

@@ -94,6 +94,7 @@ def spans_of(events: list[Event]) -> tuple[list[Span], str]:
     """The spans of a run and the run's error text (from run.ended, or the watchdog's note)."""
     spans: list[Span] = []
     tools: list[Span] = []  # open tool calls, oldest first
+    held_marks: dict[str, list[str]] = {}  # an a2a__ call's remote-task marks, seen before its span
     cursor: datetime | None = None  # where the next model call starts
     pending = {"open": False, "retries": 0, "errors": [], "streamed": ""}  # the model call in flight
     last_model: Span | None = None  # the latest finished call, for its agent.text
@@ -152,12 +153,22 @@ def spans_of(events: list[Event]) -> tuple[list[Span], str]:
             else:
                 tools.remove(span)
             span.end = at
+            span.marks += held_marks.pop(span.name, [])
             span.text = str(p.get("preview") or "")
             span.chars = p.get("chars") if isinstance(p.get("chars"), int) else len(span.text)
             span.call = str(p.get("call") or "")
             if p.get("ok") is False:
                 span.errors.append(span.text or "error")
             cursor = at
+        elif kind in ("a2a.called", "a2a.parked"):  # the remote agent's task, marked on its a2a__ call
+            span = next((sp for sp in reversed(spans) if sp.kind == "tool" and sp.name == f"a2a__{p.get('remote')}"), None)
+            mark = (f"parked on remote task {p.get('task')}: the run ends, the task's end wakes the member"
+                    if kind == "a2a.parked" else f"remote task {p.get('task') or '?'} {p.get('state') or 'failed'}"
+                    + (f" in {p.get('seconds')} s" if p.get("seconds") is not None else ""))
+            if span is not None and span.end is None:
+                span.marks.append(mark)
+            else:  # a held call resumed: its span opens with its result, which comes after
+                held_marks.setdefault(f"a2a__{p.get('remote')}", []).append(mark)
         elif kind == "waggle.replayed":
             after = next((s for s in reversed(spans) if s.kind == "tool" and s.name == p.get("after")), None)
             mark = f"waggle replayed after {p.get('after')} ({p.get('chars', 0)} chars)"

@@ -345,6 +345,14 @@ NOTIFY_ALLOW_HOSTS = env_hosts("VERONICA_NOTIFY_ALLOW_HOSTS")
 # Set (even empty: nothing) it replaces that default.
 MCP_ALLOW_HOSTS = (env_hosts("VERONICA_MCP_ALLOW_HOSTS") if "VERONICA_MCP_ALLOW_HOSTS" in os.environ
                    else [] if HOSTED else ["localhost", "127.0.0.0/8", "::1"])
+# Remote A2A agents, like MCP servers: embedded reaches loopback (agents on this machine, another
+# space of this deployment); hosted refuses internal addresses unless allowed here.
+A2A_ALLOW_HOSTS = (env_hosts("VERONICA_A2A_ALLOW_HOSTS") if "VERONICA_A2A_ALLOW_HOSTS" in os.environ
+                   else [] if HOSTED else ["localhost", "127.0.0.0/8", "::1"])
+# An a2a__ call waits this long in the run; a remote task still going then parks the run (no worker
+# held) and the engine tick polls it, waking the member when it ends (or its timeout passes).
+A2A_INLINE_SECONDS = env_int("VERONICA_A2A_INLINE_SECONDS", 20, minimum=0, maximum=600)
+A2A_MAX_BYTES = env_int("VERONICA_A2A_MAX_BYTES", 65536, minimum=1024, maximum=10 * 1024 * 1024)
 # retention (veronica.engine.retention): the newest N events of a space are never purged (stream
 # replay), and each kind is deleted in batches of this size (the tick does a few batches a call).
 RETENTION_KEEP_EVENTS = env_int("VERONICA_RETENTION_KEEP_EVENTS", 1000, minimum=0)

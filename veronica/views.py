@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, metrics as metrics_module, notify, run_trace, views_steer, webhooks
+from veronica import a2a_settings, access, metrics as metrics_module, notify, run_trace, views_a2a, views_steer, webhooks
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
@@ -210,6 +210,8 @@ def _manage_action(request: HttpRequest, space: Space) -> str:
         return _check_action(space, action, data, actor)
     if action in ("add_mcp", "remove_mcp", "check_mcp", "env_mcp"):
         return _mcp_action(space, action, data, actor)
+    if action in views_a2a.CONSOLE_ACTIONS:
+        return views_a2a.console_action(space, data, actor)
     raise VeronicaError("action must be grant, revoke, add_member, remove_member, rotate_webhook, clear_webhook, retention, "
                         "notify, notify_test, watchdogs, add_check, edit_check, remove_check, add_mcp, remove_mcp, env_mcp "
                         "or check_mcp",
@@ -269,12 +271,14 @@ def _mcp_action(space: Space, action: str, data, actor: str) -> str:
 @require_http_methods(["GET", "POST"])
 def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
     space, role = access.space_for(request.user, slug, OWNER)
-    status, new_secret = 200, None
+    status, new_secret, new_a2a_key = 200, None, None
     if request.method == "POST":
         try:
             refuse_unstorable(request.POST)
             if request.POST.get("action") == "rotate_webhook":
                 new_secret = webhooks.rotate_secret(space, actor=access.actor_name(request.user))
+            elif request.POST.get("action") == "a2a_credential":  # shown once, like the webhook secret
+                new_a2a_key = views_a2a.create_console_credential(space, request.POST, access.actor_name(request.user))
             else:
                 messages.success(request, _manage_action(request, space))
                 return redirect("console:manage", slug=space.slug)
@@ -287,7 +291,8 @@ def manage_page(request: HttpRequest, slug: str) -> HttpResponse:
         retention=retention.preview(space), notifier=notify.config_of(space), deliveries=notify.delivery_rows(space, 30),
         thresholds=watchdogs.thresholds_of(space), verify_checks=space.verify_checks, check_timeout_max=checks.TIMEOUT_MAX,
         check_timeout_default=checks.TIMEOUT_DEFAULT, check_limit=checks.MAX_CHECKS, check_counts=checks.counts([space.pk])[space.pk],
-        mcp_rows=space.mcp_servers.select_related("member").order_by("member__name", "name")), status=status)
+        mcp_rows=space.mcp_servers.select_related("member").order_by("member__name", "name"),
+        a2a=a2a_settings.status(space), new_a2a_key=new_a2a_key), status=status)
 
 
 # --- tokens -----------------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall
 from veronica.agent.runctx import Cancelled, RunContext
 from veronica.agent.tools import Tool, ToolContext, ToolError, deferred_of, tools_for, truncate, workspace
+from veronica.agent.tools import a2a as a2a_tools
+from veronica.agent.tools.a2a import A2ATool
 from veronica.agent.tools.mcp import NAME_LIMIT as MCP_NAME_LIMIT
 from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
@@ -378,7 +380,10 @@ def run_tool(tool: Tool, tctx: ToolContext, args: dict, *, savepoint: bool = Tru
         return unparsed_error(tool.name, args[UNPARSED])
     try:
         if not savepoint:
-            return truncate(mask(tool.fn(tctx, args)))  # masked whole, before a cut could split a secret
+            try:
+                return truncate(mask(tool.fn(tctx, args)))  # masked whole, before a cut could split a secret
+            except WaitForOperator as wait:  # an a2a__ call parked on its remote task
+                return wait
         with transaction.atomic():
             try:
                 return truncate(mask(tool.fn(tctx, args)))
@@ -418,10 +423,18 @@ def run_and_persist(member: Member, ctx: RunContext, tools: dict[str, Tool], tct
     A call whose effects live outside the database (files, commands, MCP servers) runs outside the
     run's transaction, so its I/O never holds the fence's row locks; its result is fenced after."""
     if escapes_the_fence(tool):
+        if isinstance(tool, A2ATool):  # its call id names the parked call, if the remote task outlives the inline wait
+            args = {**args, "_call_id": call["id"]}
         if tool.name in INLINE_TOOLS:
             result = run_tool(tool, tctx, args, savepoint=False)
         else:
             result = ctx.keep_alive(lambda: run_tool(tool, tctx, args, savepoint=False))
+        if isinstance(result, WaitForOperator):  # parked: no worker waits; the tick wakes the member when it ends
+            with ctx.fenced():
+                if consume:
+                    consume()
+                ctx.phase(Phase.WAITING_INPUT, call["name"])
+            return WAITING
         if then:
             next_phase(ctx, then)
         with ctx.fenced():
@@ -516,6 +529,13 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
         with ctx.fenced():
             Question.objects.filter(pk=question.pk).update(consumed=True)
             return persist_result(member, tctx, call, f"The operator answered: {question.answer}")
+    parked = a2a_tools.held(member, call["id"])  # an a2a__ call waiting on its remote task
+    if parked is not None:
+        if parked.finished_at is None:
+            ctx.phase(Phase.WAITING_INPUT, call["name"])
+            return WAITING
+        with ctx.fenced():
+            return persist_result(member, tctx, call, a2a_tools.consume(parked))
     tool = tools.get(call["name"])
     if tool is not None and rerun_is_safe(tool):  # it never took effect (rolled back) or it only reads
         return execute(member, ctx, tools, tctx, call)
@@ -526,7 +546,7 @@ def resolve_held(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: 
 def escapes_the_fence(tool: Tool) -> bool:
     """Its effects live outside the run's transaction (files, commands, an MCP server): a crash
     during it cannot roll them back."""
-    return tool.name in LOCAL_TOOLS or isinstance(tool, McpTool)
+    return tool.name in LOCAL_TOOLS or isinstance(tool, (McpTool, A2ATool))
 
 
 def rerun_is_safe(tool: Tool) -> bool:

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from veronica import views_a2a
 from veronica.api import cockpit, secrets, steer, views
 
 app_name = "api"
@@ -54,6 +55,11 @@ urlpatterns = [
     path(S + "questions/<int:question_id>/answer/", views.question_answer, name="answer"),
     path(S + "webhook/", views.webhook, name="webhook"),
     path(S + "webhook/secret/", views.webhook_secret, name="webhook-secret"),
+    path(S + "a2a/", views_a2a.settings_api, name="a2a"),
+    path(S + "a2a/credentials/", views_a2a.credentials_api, name="a2a-credentials"),
+    path(S + "a2a/credentials/<int:credential_id>/", views_a2a.credential_api, name="a2a-credential"),
+    path(S + "a2a/remotes/", views_a2a.remotes_api, name="a2a-remotes"),
+    path(S + "a2a/remotes/<str:name>/", views_a2a.remote_api, name="a2a-remote"),
     path(S + "retention/", views.retention_view, name="retention"),
     path(S + "access/", views.space_access, name="access"),
     path(S + "notify/", views.space_notify, name="notify"),

@@ -12,13 +12,13 @@ from datetime import timedelta
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from veronica import audit, bus, events, ledger
+from veronica import a2a_calls, audit, bus, events, ledger
 from veronica.engine import alarms, clock, failures, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
 from veronica.errors import Conflict, NotFound
 from veronica.models import (
-    Approval, ApprovalStatus, Member, Membership, Message, Phase, Question, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
+    A2ACall, Approval, ApprovalStatus, Member, Membership, Message, Phase, Question, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
 )
 
 log = logging.getLogger(__name__)
@@ -51,16 +51,18 @@ def sweep_unread() -> list[int]:
     unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True, created_at__lt=cutoff)
     decided = Approval.objects.filter(member=OuterRef("pk"), consumed=False, decided_at__lt=cutoff).exclude(status=ApprovalStatus.PENDING)
     answered = Question.objects.filter(member=OuterRef("pk"), consumed=False, answered_at__lt=cutoff)
+    remote_done = A2ACall.objects.filter(member=OuterRef("pk"), consumed=False, finished_at__lt=cutoff)  # a parked a2a__ call
     woken_lately = Wake.objects.filter(member=OuterRef("pk"), created_at__gte=cutoff)
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
     idle = idle.filter(failures.RUNNABLE)  # parked or backing off: the failure model wakes them
     waiting = Q(phase__in=[Phase.WAITING_APPROVAL, Phase.WAITING_INPUT])  # mail waits for the decision, which wakes them
-    work = (Exists(unread) & ~waiting) | Exists(decided) | Exists(answered)
-    # Start from what is owed (old unread mail, unfolded decisions and answers: small, partially
-    # indexed sets), so an idle tick reads no member row (issue 25.3).
+    work = (Exists(unread) & ~waiting) | Exists(decided) | Exists(answered) | Exists(remote_done)
+    # Start from what is owed (old unread mail, unfolded decisions and answers, ended remote calls:
+    # small, partially indexed sets), so an idle tick reads no member row (issue 25.3).
     owed = (Message.objects.filter(read_at__isnull=True, created_at__lt=cutoff).order_by().values("recipient_id").union(
         Approval.objects.filter(consumed=False, decided_at__lt=cutoff).order_by().values("member_id"),
-        Question.objects.filter(consumed=False, answered_at__lt=cutoff).order_by().values("member_id")))
+        Question.objects.filter(consumed=False, answered_at__lt=cutoff).order_by().values("member_id"),
+        A2ACall.objects.filter(consumed=False, finished_at__lt=cutoff).order_by().values("member_id")))
     ids = list(idle.filter(pk__in=owed).filter(work).exclude(Exists(woken_lately)).values_list("pk", flat=True))
     for member_id in ids:
         enqueue_wake(member_id, "message")
@@ -116,6 +118,7 @@ DUTIES = (
     ("alarms_fired", alarms.fire_due),
     ("dispatched", lambda: len(ledger.dispatch_ready())),
     ("stale_tasks", stale_tasks),
+    ("a2a_polled", a2a_calls.poll_parked),  # parked a2a__ calls: their remote tasks' ends wake the members
     ("clones_retired", lambda: len(retire_finished_clones())),
     ("swept", lambda: len(sweep_unread())),
     ("retried", lambda: len(failures.due_retries())),  # backoff elapsed: the failure model's re-wake

@@ -1,4 +1,5 @@
 """The swarm data model. The database is the single source of truth."""
+from veronica.models.a2a import A2ACall, A2AConfig, A2ACredential, A2ARemote, A2ATaskLink
 from veronica.models.access import ROLE_RANK, AccessRole, ApiToken, SpaceAccess, SsoIdentity
 from veronica.models.audit import AppendOnly, AuditRow
 from veronica.models.content import Blackboard, MemoryFile, Skill
@@ -28,7 +29,7 @@ from veronica.models.space import Space
 from veronica.models.tasks import Task, TaskStatus, VerifyPolicy
 
 __all__ = [
-    "AccessRole", "Alarm", "AlertTally", "ApiToken", "AppendOnly", "AuditRow", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "ProviderBucket", "ProviderSlot", "ProviderWaiter", "TaskCheck",
+    "A2ACall", "A2AConfig", "A2ACredential", "A2ARemote", "A2ATaskLink", "AccessRole", "Alarm", "AlertTally", "ApiToken", "AppendOnly", "AuditRow", "Approval", "ApprovalRule", "ApprovalStatus", "Blackboard", "Channel", "DeliveryStatus", "EngineLease", "Event", "Member", "NotificationDelivery", "ProviderBucket", "ProviderSlot", "ProviderWaiter", "TaskCheck",
     "McpServer", "McpTransport", "Membership", "MemoryFile", "Message", "Origin", "PermissionMode", "Phase", "Question", "ROLE_RANK",
     "RetirePolicy", "Role", "Run", "RunOutcome", "RunStatus", "Secret", "SsoIdentity", "Session", "Skill", "Space", "SpaceAccess",
     "Task", "TaskStatus", "Turn", "TurnRole", "UsageDay", "VerifyPolicy", "Wake", "WebhookDelivery",

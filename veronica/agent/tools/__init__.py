@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["Tool", "ToolContext", "ToolError", "check_tool_set", "deferred_block", "deferred_of", "offered_tools", "tools_for", "truncate"]
 MAX_TOOL_NAMES = 200
 MCP_PREFIX = "mcp__"
+A2A_PREFIX = "a2a__"  # a remote A2A agent (veronica.agent.tools.a2a), matched when the run lists them
 
 
 class ToolSetError(VeronicaError):
@@ -42,6 +43,10 @@ def tools_for(who: "str | Member") -> dict[str, Tool]:
 
         for tool in mcp.tools_of(who):
             found.setdefault(tool.name, tool)
+        from veronica.agent.tools import a2a
+
+        for tool in a2a.tools_of(who):
+            found.setdefault(tool.name, tool)
         found = offered_tools(who, found)  # its own tool set (active and deferred)
     return found
 
@@ -62,7 +67,7 @@ def check_tool_set(role: str, tools: object, deferred: object) -> tuple[list[str
     known, every = builtin_tools(role), builtin_tools("leader")
     for field, names in (("tools", listed or []), ("deferred_tools", later)):
         for name in names:
-            if name.startswith(MCP_PREFIX) and len(name) > len(MCP_PREFIX) and len(name) <= 64:
+            if name.startswith((MCP_PREFIX, A2A_PREFIX)) and len(name) > len(MCP_PREFIX) and len(name) <= 64:
                 continue
             if name in every and name not in known:
                 raise ToolSetError(f"{field}: '{name}' is a leader-only tool; a {role} cannot be offered it", field=field)
