@@ -158,12 +158,17 @@ def test_the_sweep_leaves_fresh_mail_and_recently_woken_members_to_their_own_wak
     assert sorted(tick.sweep_unread()) == sorted([w1.pk, w2.pk])
 
 
-def test_a_due_retention_pass_adds_two_statements_to_an_idle_tick(tmp_path, monkeypatch):
+def test_a_due_retention_pass_adds_a_fixed_handful_of_statements_to_an_idle_tick(tmp_path, monkeypatch):
+    from django.db import connection
+
     populate(tmp_path, "a", spaces=3, workers=2)
     monkeypatch.setattr(retention, "_last_purge", time.monotonic())
     idle = idle_tick_statements()
     monkeypatch.setattr(retention, "_last_purge", time.monotonic() - 10 * 86400)
-    assert idle_tick_statements() == idle + 2, "prune webhook deliveries, select spaces with retention on"
+    # prune webhook deliveries, select spaces with retention on; the audit trail's purge: select the
+    # spaces keeping events longer, savepoint, delete, release (and SET LOCAL for its trigger on PostgreSQL)
+    extra = 2 + 4 + (connection.vendor == "postgresql")
+    assert idle_tick_statements() == idle + extra
     assert idle_tick_statements() == idle, "then not again until the period has passed"
 
 
