@@ -10,8 +10,9 @@ then "done"), with real `manage.py qcluster` processes:
    end - t0) over the ideal, total RSS of the cluster's processes (sampled; every q2 process, the
    sentinel and monitor included), peak PostgreSQL connections to the bench's database (hosted),
    lost (members without their final answer, or with unread mail, after the drain) and overlapping
-   runs of one member. Then the same again with one q2 worker process SIGKILLed mid-way (q2 starts
-   another; the lease watchdog ends and re-wakes its runs, so that run's ideal is the lease longer).
+   runs of one member. Then the same again with the workers split over two hosts (qcluster process
+   groups) and one host SIGKILLed mid-way and started again (the lease watchdog ends its runs and
+   re-wakes them, so that run's ideal is the lease longer).
 5. Worker memory: a one-worker cluster, a zero-latency model, `--mem-members` members each re-mailed
    (its session cleared) as soon as it is idle, until the vendor has answered `--mem-steps` calls:
    the cluster's RSS after 1,000 steps and at the end, and the growth in percent.
@@ -72,12 +73,6 @@ def status_of(pid: int) -> dict:
 
 def rss_mb(pgid: int) -> float:
     return sum(int(status_of(pid).get("VmRSS", "0 kB").split()[0]) for pid in group_pids(pgid)) / 1024
-
-
-def busiest_worker(pgid: int) -> int | None:
-    """The q2 worker with the most threads: the one running the most members."""
-    threads = {pid: int(status_of(pid).get("Threads", "0")) for pid in group_pids(pgid) if pid != pgid}
-    return max(threads, key=threads.get) if threads else None
 
 
 class Cluster:
@@ -159,7 +154,7 @@ def setup_members(n: int, max_iterations: int) -> list:
     per_space = 50
     first = Space.objects.count()
     for s in range(first * per_space, first * per_space + n, per_space):
-        workdir = Path(tempfile.mkdtemp(prefix="bench-fleet-ws-"))
+        workdir = Path(tempfile.mkdtemp(prefix="ws-", dir=os.environ["VERONICA_DATA_DIR"]))  # dropped with the mode
         (workdir / "README.md").write_text("# fleet\n")
         space = Space.objects.create(name=f"fleet {s // per_space}", slug=f"fleet-{s // per_space}", workdir=str(workdir))
         supervisor.add_member(space, "lead", role=Role.LEADER, actor="bench")
@@ -236,19 +231,27 @@ def cluster_env(args, mock: Mock, workers: int, runs: int) -> dict:
 
 
 def fleet_run(args, kill: bool) -> dict:
-    """One fleet run on fresh members: mail them all, optionally SIGKILL the busiest worker mid-way."""
+    """One fleet run on fresh members: mail them all. kill: the workers are split over two hosts (two
+    qcluster process groups) and one host is SIGKILLed mid-way, then started again, as in
+    bench/recovery.py. (A lone q2 worker process is not what is killed: django-q2's workers share one
+    multiprocessing task queue, and a worker killed while it waits in that queue's get() takes the
+    queue's lock with it, stalling its cluster's other workers for good. That holds with or without
+    run pools, but a worker with a run pool waits there most of the time.)"""
     from django.db import connection
 
     members = setup_members(args.members, args.steps + 4)
-    warm = setup_members(args.workers * 2, args.steps + 4)
+    warm = setup_members(args.workers * 4, args.steps + 4)
     mock = Mock(args.latency, args.steps)
-    log = Path(os.environ["VERONICA_DATA_DIR"]) / f"cluster-{'kill' if kill else 'run'}.log"
-    cluster = Cluster(cluster_env(args, mock, args.workers, args.runs_per_worker), log)
+    data = Path(os.environ["VERONICA_DATA_DIR"])
+    hosts = 2 if kill else 1
+    per_host = max(1, args.workers // hosts)
+    env = cluster_env(args, mock, per_host, args.runs_per_worker)
+    clusters = [Cluster(env, data / f"cluster-{'kill' if kill else 'run'}-{n}.log") for n in range(hosts)]
     mail_all(warm)  # every worker has imported, connected and run once before t0
     deadline = time.time() + 300
     while not drained(warm) and time.time() < deadline:
         time.sleep(0.2)
-    sampler = Sampler([cluster], connection.vendor == "postgresql")
+    sampler = Sampler(clusters, connection.vendor == "postgresql")
     sampler.start()
     killed = 0
     try:
@@ -256,10 +259,10 @@ def fleet_run(args, kill: bool) -> dict:
         ideal = args.steps * args.latency
         if kill:
             time.sleep(ideal / 2)
-            victim = busiest_worker(cluster.proc.pid)
-            if victim is not None:
-                os.kill(victim, signal.SIGKILL)
-                killed = 1
+            os.killpg(clusters[0].proc.pid, signal.SIGKILL)
+            clusters[0].proc.wait(timeout=10)
+            killed = per_host
+            clusters[0] = Cluster(env, data / "cluster-kill-restarted.log")
         deadline = time.time() + max(120.0, ideal * 10 + args.lease * 3)
         while time.time() < deadline and not drained(members):
             time.sleep(0.5)
@@ -267,7 +270,8 @@ def fleet_run(args, kill: bool) -> dict:
     finally:
         sampler.running = False
         sampler.join(timeout=5)
-        cluster.stop()
+        for cluster in clusters:
+            cluster.stop()
         mock.stop()
     figures.update(ideal=ideal, completion_ratio_to_ideal=round(figures["elapsed"] / ideal, 3),
                    worker_rss_mb=round(sampler.rss_max, 1), pg_connections_max=int(sampler.pg_max) if sampler.hosted else None,
@@ -395,7 +399,7 @@ def main() -> None:
         r.update(scale=scale_figures(mode))
         per_mode[mode] = r
         print(f"[{mode}]")
-        for label, key in (("run", "run"), ("with a worker SIGKILLed", "kill")):
+        for label, key in (("run", "run"), ("with a host SIGKILLed mid-way", "kill")):
             f = r.get(key)
             if f is None:
                 continue

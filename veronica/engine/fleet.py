@@ -52,6 +52,7 @@ VERONICA_RUNS_PER_WORKER=1 turns the pool off: the task runs the member itself, 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import threading
 import time
 from typing import Callable
@@ -74,13 +75,13 @@ SLOT_WAIT_SECONDS = 30.0
 class RunPool:
     """The runs of one worker process: a bounded set of run threads and their shared heartbeat."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, heartbeat: bool = True) -> None:
         self.size = size
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
         self._leases: dict[int, object] = {}  # member id -> its RunLease, while its run thread lives
-        self._beat = threading.Thread(target=self._heartbeat, name="run-heartbeat", daemon=True)
-        self._beat.start()
+        if heartbeat:
+            threading.Thread(target=self._heartbeat, name="run-heartbeat", daemon=True).start()
 
     # --- slots ---------------------------------------------------------------------------------
     def reserve(self, timeout: float = SLOT_WAIT_SECONDS) -> bool:
@@ -92,9 +93,7 @@ class RunPool:
     def start(self, lease, body: Callable[[], object]) -> None:
         """Run body (the claimed run, to its finish) in a thread of its own; the slot reserved for it
         is given back when it ends, however it ends."""
-        lease.beat = self
-        with self._lock:
-            self._leases[lease.member.pk] = lease
+        self.register(lease)
 
         def target() -> None:
             try:
@@ -118,6 +117,12 @@ class RunPool:
         """A run's fenced write committed: with a connection pool, its connection goes back at once."""
         if pooled_connections():
             release_connection()
+
+    def register(self, lease) -> None:
+        """The heartbeat renews this lease from now on."""
+        lease.beat = self
+        with self._lock:
+            self._leases[lease.member.pk] = lease
 
     def running(self) -> int:
         with self._lock:
@@ -167,8 +172,8 @@ def enable() -> RunPool | None:
     its runs share (PostgreSQL). Settings: VERONICA_RUNS_PER_WORKER, VERONICA_DB_POOL_SIZE."""
     global _pool
     size = settings.RUNS_PER_WORKER
-    if size <= 1:
-        return None
+    if size <= 1 or multiprocessing.parent_process() is None:
+        return None  # off, or not a worker forked by a cluster (a test sending q2's spawn signal)
     with _pool_lock:
         if _pool is None:
             use_connection_pool()
