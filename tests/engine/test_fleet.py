@@ -183,3 +183,37 @@ def written(members: list[Member]) -> tuple:
                 "phase", "phase_since", "run_status", "lease_token")),
             list(Run.objects.filter(member__in=members).order_by("id").values_list("outcome", "ended_at")))
 
+
+
+def test_approved_commands_cut_off_by_a_crash_in_a_shared_worker_are_never_run_twice(tmp_path, django_user_model):
+    """Six members' approved commands run at once in one worker process; the cluster is SIGKILLed while
+    they run (their effect done, their results not yet written); after the leases run out each member
+    is told its call was interrupted and none is run again."""
+    from veronica.engine import approvals
+    from veronica.models import Approval
+
+    operator = django_user_model.objects.create_user("op")
+    members = fleet_space(tmp_path, 6)
+    for m in members:
+        supervisor.set_permission_mode(m, "default", actor="op")
+    log = tmp_path / "alpha" / "effects.txt"
+    with MockOpenAI(api_key="sk-fleet") as mock:
+        mock.configure(latency=0.2, steps=2, tool="run_command", args={"command": "echo once >> effects.txt; sleep 60"})
+        env = dict(OPENAI_BASE_URL=mock.base_url, OPENAI_API_KEY="sk-fleet", VERONICA_RUN_LEASE_SECONDS="3",
+                   VERONICA_COMMAND_SANDBOX="none")
+        with qcluster(workers=1, **env) as proc:
+            mail_all(members)
+            wait_for(lambda: Approval.objects.filter(member__in=members).count() == len(members), 60, message="six held calls")
+            for approval in Approval.objects.filter(member__in=members):
+                approvals.decide(approval, approve=True, user=operator)
+            wait_for(lambda: log.exists() and log.read_text().count("once") == len(members) and in_flight(members) == len(members),
+                     60, interval=0.1, message="six approved commands running at once")
+            kill_cluster(proc)
+        with qcluster(workers=1, **env):
+            ticking(lambda: answered(members), 120, message="every member answered after the crash")
+    close_old_connections()
+    assert log.read_text().count("once") == len(members), "an approved command ran twice"
+    for m in members:
+        results = list(Turn.objects.filter(session__member=m, role="tool").values_list("content", flat=True))
+        assert len(results) == 1 and "interrupted while it ran" in results[0] and "not run again" in results[0]
+    assert all(a.consumed for a in Approval.objects.filter(member__in=members))
