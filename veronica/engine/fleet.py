@@ -26,7 +26,16 @@ What each run keeps, exactly as before
 * One heartbeat per *process*, not per run: every RUN_HEARTBEAT_SECONDS one statement renews all the
   leases the process holds and a second reads back their cancel flags (and whether each lease still
   holds). A waiting run's `should_stop` is then a memory read; before, each waiting run renewed on
-  its own connection every second (500 statements a second for 500 waiting runs).
+  its own connection every second (500 statements a second for 500 waiting runs). The heartbeat
+  renews only runs whose thread showed life within half a lease (a step, or a poll while its model
+  or tool call runs): a hung run's lease runs out as before, and the watchdog takes its member back.
+  That matters more now: q2's task timeout, once the hard stop of a run, bounds only the claim.
+* A SIGKILL of one q2 worker *process* (the OOM killer's pick: with a run pool it is the largest)
+  ends all its runs, each recovered by its lease. django-q2's workers share one multiprocessing task
+  queue, and a worker killed while it waits in that queue's get() holds the queue's lock for good, so
+  its cluster's other workers stop taking tasks; a run-pool worker waits there most of the time.
+  This is django-q2's, not the pool's, but restart a cluster whose worker was killed (its leases
+  and the other clusters carry its members meanwhile).
 
 Connections
 -----------
@@ -146,12 +155,16 @@ class RunPool:
         if not leases:
             return
         ids = [lease.member.pk for lease in leases]
-        tokens = [lease.token for lease in leases]
-        Member.objects.filter(pk__in=ids, lease_token__in=tokens, lease_expires_at__gt=Now()).update(
-            lease_expires_at=Now() + lease_delta())
-        live = ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
+        # Only runs whose thread showed life lately (a step, a poll while its model or tool call runs):
+        # a hung run stops being renewed and its lease runs out, as when each run renewed its own.
+        recent = time.monotonic() - settings.RUN_LEASE_SECONDS / 2
+        live = [lease for lease in leases if lease.touched >= recent]
+        if live:
+            Member.objects.filter(pk__in=[lease.member.pk for lease in live], lease_token__in=[lease.token for lease in live],
+                                  lease_expires_at__gt=Now()).update(lease_expires_at=Now() + lease_delta())
+        held = ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
         rows = {pk: (token, cancel, alive) for pk, token, cancel, alive in Member.objects.filter(pk__in=ids).annotate(
-            alive=live).values_list("pk", "lease_token", "cancel_requested", "alive")}
+            alive=held).values_list("pk", "lease_token", "cancel_requested", "alive")}
         release_connection()
         for lease in leases:
             token, cancel, alive = rows.get(lease.member.pk, ("", False, False))

@@ -126,6 +126,7 @@ class RunLease:
         self.permission_mode = member.permission_mode  # as of the latest fence
         self.beat = None  # the worker's run pool (veronica.engine.fleet) when its heartbeat renews this lease
         self._last_beat = 0.0
+        self.touched = time.monotonic()  # the run's thread last showed it is alive (the heartbeat renews only then)
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
 
     def count_call(self, tokens: int) -> None:
@@ -134,6 +135,7 @@ class RunLease:
 
     def _fence(self) -> None:
         """The first statement of every fenced transaction (see the module's docstring)."""
+        self.touched = time.monotonic()
         meter, self._meter, self._metered = self._meter, None, None
         if isinstance(self._stop, LeaseLost):
             raise self._stop
@@ -209,6 +211,7 @@ class RunLease:
             self.beat.idle()
 
     def should_stop(self) -> bool:
+        self.touched = time.monotonic()
         if self._stop is not None:
             return True
         if self.beating():
@@ -268,6 +271,7 @@ class RunLease:
         self.idle()
         try:
             while not done.wait(wait):
+                self.touched = time.monotonic()
                 if self.beating():  # the process's heartbeat renews the lease and reads the flag
                     if isinstance(self._stop, LeaseLost):
                         raise self._stop
