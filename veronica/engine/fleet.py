@@ -93,8 +93,9 @@ class RunPool:
             threading.Thread(target=self._heartbeat, name="run-heartbeat", daemon=True).start()
 
     # --- slots ---------------------------------------------------------------------------------
-    def reserve(self, timeout: float = SLOT_WAIT_SECONDS) -> bool:
-        return self._slots.acquire(timeout=timeout)
+    def reserve(self) -> bool:
+        # a third of q2's task timeout at most: a task past it gets its worker killed, runs and all
+        return self._slots.acquire(timeout=min(SLOT_WAIT_SECONDS, settings.Q_TIMEOUT / 3))
 
     def unreserve(self) -> None:
         self._slots.release()
