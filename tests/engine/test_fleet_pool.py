@@ -68,14 +68,14 @@ def test_a_spawn_signal_outside_a_clusters_worker_starts_no_run_pool(settings):
 
 
 def test_the_beat_does_not_renew_a_run_whose_thread_shows_no_life(space, settings):
-    """A run hung in its thread (no step, no poll for half a lease) is not kept alive by its neighbours'
+    """A run hung in its thread (no step, no poll for a whole lease) is not kept alive by its neighbours'
     heartbeat: its lease runs out and the watchdog takes the member back, as when each run renewed its own."""
     settings.RUN_LEASE_SECONDS = 10
     pool = fleet.RunPool(8, heartbeat=False)
     alive, hung = claimed(space, "w1", "w2")
     pool.register(alive)
     pool.register(hung)
-    hung.touched -= 6  # its thread last showed life six seconds ago, more than half the lease
+    hung.touched -= 11  # its thread last showed life eleven seconds ago, more than the lease
     soon = timezone.now() + timedelta(seconds=2)
     Member.objects.filter(pk__in=[alive.member.pk, hung.member.pk]).update(lease_expires_at=soon)
     pool.beat_once()

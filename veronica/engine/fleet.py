@@ -27,8 +27,8 @@ What each run keeps, exactly as before
   leases the process holds and a second reads back their cancel flags (and whether each lease still
   holds). A waiting run's `should_stop` is then a memory read; before, each waiting run renewed on
   its own connection every second (500 statements a second for 500 waiting runs). The heartbeat
-  renews only runs whose thread showed life within half a lease (a step, or a poll while its model
-  or tool call runs): a hung run's lease runs out as before, and the watchdog takes its member back.
+  renews only runs whose thread showed life within a lease (a step, or a poll while its model or
+  tool call runs): a hung run's lease runs out within two, and the watchdog takes its member back.
   That matters more now: q2's task timeout, once the hard stop of a run, bounds only the claim.
 * A SIGKILL of one q2 worker *process* (the OOM killer's pick: with a run pool it is the largest)
   ends all its runs, each recovered by its lease. django-q2's workers share one multiprocessing task
@@ -156,9 +156,9 @@ class RunPool:
         if not leases:
             return
         ids = [lease.member.pk for lease in leases]
-        # Only runs whose thread showed life lately (a step, a poll while its model or tool call runs):
-        # a hung run stops being renewed and its lease runs out, as when each run renewed its own.
-        recent = time.monotonic() - settings.RUN_LEASE_SECONDS / 2
+        # Only runs whose thread showed life within a lease (a step, a poll while its model or tool call
+        # runs): a hung run stops being renewed and its lease runs out, as when each run renewed its own.
+        recent = time.monotonic() - settings.RUN_LEASE_SECONDS
         live = [lease for lease in leases if lease.touched >= recent]
         if live:
             Member.objects.filter(pk__in=[lease.member.pk for lease in live], lease_token__in=[lease.token for lease in live],
