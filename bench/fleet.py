@@ -13,7 +13,7 @@ then "done"), with real `manage.py qcluster` processes:
    runs of one member. Then the same again with the workers split over two hosts (qcluster process
    groups) and one host SIGKILLed mid-way and started again (the lease watchdog ends its runs and
    re-wakes them, so that run's ideal is the lease longer).
-5. Worker memory: a one-worker cluster, a zero-latency model, `--mem-members` members each re-mailed
+5. Worker memory: a one-worker cluster that is never recycled (VERONICA_Q_RECYCLE), a zero-latency model, `--mem-members` members each re-mailed
    (its session cleared) as soon as it is idle, until the vendor has answered `--mem-steps` calls:
    the cluster's RSS after 1,000 steps and at the end, and the growth in percent.
 2-4 (idle members, the tick, big spaces) come from bench/fleet_scale.py when it is there.
@@ -291,7 +291,8 @@ def memory_run(args) -> dict:
     members = setup_members(args.mem_members, args.steps + 4)
     mock = Mock(0.0, args.steps)
     log = Path(os.environ["VERONICA_DATA_DIR"]) / "cluster-memory.log"
-    cluster = Cluster(cluster_env(args, mock, 1, args.runs_per_worker), log)
+    # q2 recycles a worker after 500 tasks by default: a fresh process would hide any growth
+    cluster = Cluster({**cluster_env(args, mock, 1, args.runs_per_worker), "VERONICA_Q_RECYCLE": str(10**9)}, log)
     early = None
     started = time.monotonic()
     try:

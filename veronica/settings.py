@@ -206,6 +206,10 @@ Q_CLUSTER = {
     "retry": Q_TIMEOUT + 60,
     "max_attempts": 1,
     "ack_failures": True,
+    # A worker restarts after this many tasks (django-q2's recycle, a memory safety valve); a worker with
+    # a run pool first finishes its runs (veronica.engine.fleet). bench/fleet.py sets it out of reach to
+    # measure a long-lived worker's memory.
+    "recycle": env_int("VERONICA_Q_RECYCLE", 500, minimum=1),
     "catch_up": False,
     "save_limit": 200,
     "poll": 0.1,
