@@ -202,3 +202,30 @@ def test_answers_from_a_server_that_ignored_reply_off_are_drained():
     redisbell._drain(conn)
     assert not conn.can_read(timeout=0)
     conn.disconnect()
+
+
+def test_rings_from_many_threads_of_one_worker_all_get_through_and_none_hangs():
+    """A worker's many runs (veronica.engine.fleet) ring from their own threads over the process's one
+    connection: interleaved writes and drains once left a half-read reply a ring then spun on for good."""
+    import threading
+
+    async def scenario():
+        rings: list = []
+        listener = listen(rings)
+        await asyncio.wait_for(listener.subscribed.wait(), 5)
+        done = []
+
+        def ringer(n: int) -> None:
+            for seq in range(100):
+                redisbell.ring(n, seq)
+            done.append(n)
+        threads = [threading.Thread(target=ringer, args=(n,), daemon=True) for n in range(16)]
+        for t in threads:
+            t.start()
+        await asyncio.to_thread(lambda: [t.join(20) for t in threads])
+        await heard(rings, 1600)
+        listener.task.cancel()
+        return done, rings
+    done, rings = asyncio.run(scenario())
+    assert len(done) == 16, "a ringing thread hung"
+    assert len(rings) == 1600

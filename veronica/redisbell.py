@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Callable
@@ -42,6 +43,9 @@ def client_name(role: str) -> str:
 
 
 _client: tuple[int, object] | None = None  # (pid, a redis-py Connection with replies off)
+# A redis-py Connection is not thread-safe, and a worker's many runs (veronica.engine.fleet) ring from
+# their own threads: two interleaved rings left a half-read reply that _drain then spun on for good.
+_lock = threading.Lock()
 _retry_at, _retry_after = 0.0, 0.0  # while Redis cannot be reached: when to try again, and the wait
 
 
@@ -95,6 +99,11 @@ def ring(space_id: int, seq: int) -> None:
     waits for Redis's answer (a send into a connection that died is a lost ring: the feeds' poll
     delivers it, and the next ring reconnects at once; a server that cannot be reached is tried again
     after a back-off, so an outage costs a commit nothing)."""
+    with _lock:
+        _ring(space_id, seq)
+
+
+def _ring(space_id: int, seq: int) -> None:
     global _client
     try:
         conn = _connection()

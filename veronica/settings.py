@@ -200,6 +200,13 @@ else:
 #   owed resumes every tick and the sweep recovers mail, but each costs seconds).
 Q_TIMEOUT = env_int("VERONICA_Q_TIMEOUT", 900, minimum=10)
 Q_WORKERS = env_int("VERONICA_Q_WORKERS", 4, minimum=1, maximum=64)
+# Runs per worker process (veronica.engine.fleet): a worker claims a wake, hands the run to a thread
+# of its own and takes the next wake while its runs wait on their models; a host runs up to
+# VERONICA_Q_WORKERS x VERONICA_RUNS_PER_WORKER members at once. 1: a run holds its worker process
+# for its whole length (the model before 2026). Hosted, each worker's runs share a pool of at most
+# VERONICA_DB_POOL_SIZE PostgreSQL connections, taken only while a run writes (0: one per thread).
+RUNS_PER_WORKER = env_int("VERONICA_RUNS_PER_WORKER", 32, minimum=1, maximum=1024)
+DB_POOL_SIZE = env_int("VERONICA_DB_POOL_SIZE", 8, minimum=0, maximum=200)
 Q_CLUSTER = {
     "name": env_str("VERONICA_Q_NAME", "veronica"),
     "workers": Q_WORKERS,
@@ -208,6 +215,10 @@ Q_CLUSTER = {
     "retry": Q_TIMEOUT + 60,
     "max_attempts": 1,
     "ack_failures": True,
+    # A worker restarts after this many tasks (django-q2's recycle, a memory safety valve); a worker with
+    # a run pool first finishes its runs (veronica.engine.fleet). bench/fleet.py sets it out of reach to
+    # measure a long-lived worker's memory.
+    "recycle": env_int("VERONICA_Q_RECYCLE", 500, minimum=1),
     "catch_up": False,
     "save_limit": 200,
     "poll": 0.1,

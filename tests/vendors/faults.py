@@ -26,6 +26,12 @@ in flight and the most seen at once (stats(); GET /_mock/stats).
 
 Every request is recorded (path, headers, body, client port, behaviour, timings; for streams the
 chunks sent and when the client disconnected) for assertions.
+
+For load (bench/fleet.py), a vendor can also be configured (`configure()`, POST /_mock/config, or the
+command line): `latency` seconds before every model answer (a real call takes seconds), `steps` for a
+scripted conversation when the script is empty (each request answers a `step_tool` call until the
+conversation holds steps - 1 tool results, then "done"; so every run makes `steps` calls whatever its
+member), and `lean` (keep no request records or prompt-cache state: a long bench stays flat).
 """
 from __future__ import annotations
 
@@ -140,6 +146,8 @@ class Record:
 
 
 class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # hundreds of runs connect at once in the fleet bench (the default backlog is 5)
+
     def handle_error(self, request, client_address) -> None:
         """A client that hung up (cancel, timeout) is part of the script, not a server error."""
         import sys
@@ -162,6 +170,10 @@ class MockVendor:
         self.script: list[dict] = []
         self.requests: list[Record] = []
         self.lock = threading.Lock()
+        self.steps = 0
+        self.step_tool, self.step_args = "list_dir", {"path": "."}
+        self.lean = False
+        self.served = 0  # model answers given (kept in lean mode too)
         self.httpd = _Server((host, port), self._handler())
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -179,12 +191,21 @@ class MockVendor:
             self.script.extend(behaviours)
         return self
 
-    def configure(self, latency: float | None = None, capacity: int | None = None,
-                  retry_after: float | None = None) -> "MockVendor":
+    def configure(self, latency: float | None = None, capacity: int | None = None, retry_after: float | None = None,
+                  steps: int | None = None, tool: str | None = None, args: dict | None = None,
+                  lean: bool | None = None) -> "MockVendor":
         with self.lock:
             self.latency = self.latency if latency is None else float(latency)
             self.capacity = capacity if capacity is None or capacity > 0 else None
             self.capacity_retry_after = self.capacity_retry_after if retry_after is None else float(retry_after)
+            if steps is not None:
+                self.steps = int(steps)
+            if tool is not None:
+                self.step_tool = tool
+            if args is not None:
+                self.step_args = args
+            if lean is not None:
+                self.lean = bool(lean)
         return self
 
     def stats(self) -> dict:
@@ -209,9 +230,28 @@ class MockVendor:
         with self.lock:
             self.in_flight -= 1
 
-    def next_behaviour(self) -> dict:
+    def next_behaviour(self, body: dict | None = None) -> dict:
         with self.lock:
-            return self.script.pop(0) if self.script else text("done")
+            self.served += 1
+            if self.script:
+                return self.script.pop(0)
+        if self.steps > 1 and self.tool_results(body or {}) < self.steps - 1:
+            return tool_call(self.step_tool, self.step_args)
+        return text("done")
+
+    def tool_results(self, body: dict) -> int:
+        """Tool results in the conversation since its last user brief (the wire formats differ)."""
+        count = 0
+        for message in reversed(body.get("messages") or []):
+            role, content = message.get("role"), message.get("content")
+            if role == "tool":
+                count += 1
+            elif role == "user" and isinstance(content, list) and any(
+                    isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+                count += sum(1 for b in content if isinstance(b, dict) and b.get("type") == "tool_result")
+            elif role == "user":
+                break
+        return count
 
     def model_requests(self) -> list[Record]:
         return [r for r in self.requests if r.method == "POST" and not r.path.startswith("/_mock")]
@@ -289,8 +329,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/_mock/"):
             return self._control(method, body)
         record = Record(method, self.path, {k.lower(): v for k, v in self.headers.items()}, body, self.client_address[1])
-        with vendor.lock:
-            vendor.requests.append(record)
+        if not vendor.lean:
+            with vendor.lock:
+                vendor.requests.append(record)
         kind = vendor.route(method, self.path.split("?")[0])
         if kind is None:
             return self.send_json(404, vendor.error_body(404, f"no route {method} {self.path}"))
@@ -315,7 +356,7 @@ class Handler(BaseHTTPRequestHandler):
             record.finished_at = time.monotonic()
 
     def _answer(self, vendor: "MockVendor", record: Record, body) -> None:
-        behaviour = record.behaviour = vendor.next_behaviour()
+        behaviour = record.behaviour = vendor.next_behaviour(body)
         try:
             if behaviour["kind"] == "status":
                 extra = {}
@@ -361,6 +402,8 @@ class Handler(BaseHTTPRequestHandler):
         if method == "POST" and self.path == "/_mock/script":
             vendor.push(*(body or []))
             return self.send_json(200, {"queued": len(vendor.script)})
+        if self.path == "/_mock/served":
+            return self.send_json(200, {"served": vendor.served})
         if method == "POST" and self.path == "/_mock/reset":
             with vendor.lock:
                 vendor.script.clear()
@@ -369,8 +412,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, {"ok": True})
         if method == "POST" and self.path == "/_mock/config":
             body = body or {}
-            vendor.configure(latency=body.get("latency"), capacity=body.get("capacity"), retry_after=body.get("retry_after"))
-            return self.send_json(200, vendor.stats())
+            vendor.configure(**{k: body.get(k) for k in ("latency", "capacity", "retry_after", "steps", "tool", "args", "lean")})
+            return self.send_json(200, {**vendor.stats(), "steps": vendor.steps, "lean": vendor.lean})
         if self.path == "/_mock/stats":
             return self.send_json(200, vendor.stats())
         if self.path == "/_mock/requests":
@@ -451,8 +494,12 @@ def serve_main(vendor_cls, argv=None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--key", default="test-key")
     parser.add_argument("--script", default="", help="JSON list of behaviours to queue at start")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds before every model answer")
+    parser.add_argument("--steps", type=int, default=0, help="calls per conversation (tool calls, then done)")
+    parser.add_argument("--lean", action="store_true", help="keep no request records (long benches)")
     args = parser.parse_args(argv)
     vendor = vendor_cls(api_key=args.key, host=args.host, port=args.port)
+    vendor.configure(latency=args.latency, steps=args.steps, lean=args.lean)
     if args.script:
         vendor.push(*json.loads(args.script))
     print(vendor.root, flush=True)

@@ -67,7 +67,8 @@ class MockOpenAI(MockVendor):
         prompt_tokens = tokens(prompt)
         shared = max((_common_prefix(prompt, earlier) for earlier in self.prompts), default=0) // 4
         cached = (shared // 128) * 128 if shared >= self.MIN_CACHE_TOKENS else 0
-        self.prompts.append(prompt)
+        if not self.lean:  # a long bench would compare each prompt with every earlier one
+            self.prompts.append(prompt)
         out = tokens(completion) if completion else 1
         return {"prompt_tokens": prompt_tokens, "completion_tokens": out, "total_tokens": prompt_tokens + out,
                 "prompt_tokens_details": {"cached_tokens": cached}}

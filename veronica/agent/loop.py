@@ -305,6 +305,9 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     """One model call. A failed call is metered here; a reply is metered by the caller, in the fence
     that persists it (the breaker is checked after every call either way)."""
     member = ctx.member
+    idle = getattr(ctx, "idle", None)  # a run of a worker's run pool gives its connection back while it waits
+    if idle is not None:
+        idle()
     try:
         reply = tracing.complete(provider, member.model, system, messages, specs, should_stop=ctx.should_stop,  # a chat span
                                   on_event=LiveSink(member, ctx))

@@ -63,4 +63,5 @@ class RunContext(Protocol):
 
     # Optional (the loop falls back when a context lacks them):
     # permission_mode: str — the member's permission mode as read by the run's latest fence;
-    # next_phase(phase, tool="") — the phase the next fence writes, in its own statement.
+    # next_phase(phase, tool="") — the phase the next fence writes, in its own statement;
+    # idle() — the run is about to wait on its model: it gives its database connection back.

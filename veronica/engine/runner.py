@@ -16,7 +16,7 @@ from django.db.models import Exists, OuterRef
 from veronica import audit, tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
-from veronica.engine import budget, failures, outage, slot, wakes
+from veronica.engine import budget, failures, fleet, outage, slot, wakes
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
 from veronica.errors import storable
 from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
@@ -45,7 +45,30 @@ def wake(member_id: int, source: str) -> str:
     """The django-q2 task. Returns a short outcome string (kept in q2's result for debugging).
 
     Nothing is read before the claim: its UPDATE carries every gate (active, idle, not parked or
-    backing off, breaker not tripped, work to do), so the run starts one statement after the wake."""
+    backing off, breaker not tripped, work to do), so the run starts one statement after the wake.
+    In a worker with a run pool (veronica.engine.fleet) the task claims on a free slot of the pool and
+    hands the claimed run to it ("started"); elsewhere it runs the member itself, to the outcome."""
+    pool = fleet.current()
+    if pool is None:
+        lease = claim_for(member_id, source)
+        return lease if isinstance(lease, str) else run_claimed(lease, source)
+    if not pool.reserve():
+        return hand_back(member_id, source, "every run slot of this worker stayed busy")  # another worker, or later
+    started = False
+    try:
+        lease = claim_for(member_id, source)
+        if isinstance(lease, str):
+            return lease
+        pool.start(lease, lambda: run_claimed(lease, source))
+        started = True
+        return "started"
+    finally:
+        if not started:
+            pool.unreserve()
+
+
+def claim_for(member_id: int, source: str) -> slot.RunLease | str:
+    """The wake's claim: the lease, or why there is no run (the outcome string)."""
     mail = source in MAIL_SOURCES
     gates = ("breaker", "mail") if mail else ("breaker",)
     if outage.is_down():  # this host cannot reach the database: a host that can takes the wake
@@ -70,6 +93,11 @@ def wake(member_id: int, source: str) -> str:
                 Wake.objects.create(member_id=member_id, source=source)
             return why
     Wake.objects.create(member_id=member_id, source=source, claimed=True)  # the metrics split wakes by claimed / coalesced
+    return lease
+
+
+def run_claimed(lease: slot.RunLease, source: str) -> str:
+    """The claimed run, to its finish under the lease (on the task's thread, or a run pool's)."""
     member = lease.member
     traced = tracing.start_run(lease.member, lease.run, source)  # the run's root span (a no-op when tracing is off)
     from veronica.agent.loop import run_member
@@ -121,9 +149,9 @@ def cut_off(member_id: int, source: str, exc: Exception) -> str:
     return hand_back(member_id, source)
 
 
-def hand_back(member_id: int, source: str) -> str:
+def hand_back(member_id: int, source: str, why: str = "this host cannot reach the database") -> str:
     wakes.enqueue_wake(member_id, source, front=True, owe=False)
-    log.info("wake of member %s (%s) handed back: this host cannot reach the database", member_id, source)
+    log.info("wake of member %s (%s) handed back: %s", member_id, source, why)
     time.sleep(BOUNCE_PAUSE)
     return "handed-back"
 
@@ -135,6 +163,8 @@ def first_claim(member_id: int, source: str, gates: tuple[str, ...]) -> slot.Run
     (a token lost with the dead connection is released by the lease watchdog)."""
     conn = connections[Member.objects.db]
     skipped = conn.connection is not None and conn.health_check_enabled and not conn.health_check_done
+    # A pooled connection (veronica.engine.fleet) is not checked on the way out of the pool either.
+    skipped = skipped or conn.connection is not None and fleet.pooled_connections()
     if skipped:
         conn.health_check_done = True
     try:

@@ -124,6 +124,9 @@ class RunLease:
         self._metered = None  # its row, for metering.record
         self.system_prompt = ""  # the run's system prompt (agent.loop sets it), kept on the Run row by finish()
         self.permission_mode = member.permission_mode  # as of the latest fence
+        self.beat = None  # the worker's run pool (veronica.engine.fleet) when its heartbeat renews this lease
+        self._last_beat = 0.0
+        self.touched = time.monotonic()  # the run's thread last showed it is alive (the heartbeat renews only then)
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
 
     def count_call(self, tokens: int) -> None:
@@ -132,6 +135,7 @@ class RunLease:
 
     def _fence(self) -> None:
         """The first statement of every fenced transaction (see the module's docstring)."""
+        self.touched = time.monotonic()
         meter, self._meter, self._metered = self._meter, None, None
         if isinstance(self._stop, LeaseLost):
             raise self._stop
@@ -186,9 +190,32 @@ class RunLease:
             return  # the step's fence has just read the cancel flag
         self._renew(honour_cancel=True)
 
+    def heard(self, held: bool, cancel: bool) -> None:
+        """The process's heartbeat (veronica.engine.fleet) renewed the leases it holds and read back this one:
+        still held or not, and whether a stop was asked for. The run's next check or should_stop acts on it."""
+        if not held:
+            if not isinstance(self._stop, LeaseLost):
+                self._stop = LeaseLost(f"the lease {self.token[:8]} of member {self.member.pk} is gone")
+            return
+        self._last_beat = self._last_check = time.monotonic()
+        if cancel and self._stop is None:
+            self._stop = Cancelled("the run was asked to stop")
+
+    def beating(self) -> bool:
+        """The process's heartbeat has renewed this lease lately (else the run renews it itself)."""
+        return self.beat is not None and time.monotonic() - self._last_beat < 3 * settings.RUN_HEARTBEAT_SECONDS
+
+    def idle(self) -> None:
+        """About to wait (a model call): a run of a run pool holds no database connection while it waits."""
+        if self.beat is not None and not self._depth:
+            self.beat.idle()
+
     def should_stop(self) -> bool:
+        self.touched = time.monotonic()
         if self._stop is not None:
             return True
+        if self.beating():
+            return False
         if time.monotonic() - self._last_check < settings.RUN_HEARTBEAT_SECONDS:
             return False
         try:
@@ -206,13 +233,17 @@ class RunLease:
         if self._depth:  # already inside this run's fence: one renew per transaction is enough
             yield
             return
-        with events.transaction_batch():
-            self._fence()
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
+        try:
+            with events.transaction_batch():
+                self._fence()
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+        finally:
+            if self.beat is not None:  # a run of a run pool holds a connection only while it writes
+                self.beat.after_write()
 
     def keep_alive(self, fn: Callable[[], T]) -> T:
         """Run fn in a helper thread (it must not touch the DB) and renew the lease while it runs.
@@ -237,8 +268,16 @@ class RunLease:
         threading.Thread(target=target, name=f"step-{self.member.pk}", daemon=True).start()
         renewed = time.monotonic()
         wait = min(CANCEL_POLL_SECONDS, settings.RUN_HEARTBEAT_SECONDS)
+        self.idle()
         try:
             while not done.wait(wait):
+                self.touched = time.monotonic()
+                if self.beating():  # the process's heartbeat renews the lease and reads the flag
+                    if isinstance(self._stop, LeaseLost):
+                        raise self._stop
+                    if self._stop is not None:
+                        stop.set()
+                    continue
                 if not stop.is_set() and self._stop_asked():
                     stop.set()
                 if time.monotonic() - renewed >= settings.RUN_HEARTBEAT_SECONDS:

@@ -25,10 +25,13 @@ NO_MEMBER = 0  # ids start at 1: the claim compiles, runs and matches no row
 
 
 def warm_worker(**_) -> None:
-    """post_spawn receiver. Best effort: a worker that cannot warm up (the database down at spawn)
+    """post_spawn receiver: the worker's run pool (veronica.engine.fleet), then the warm-up. Best effort: a worker that cannot warm up (the database down at spawn)
     still starts, and its first wake pays the cost as before."""
     from django.db import connections
 
+    from veronica.engine import fleet
+
+    fleet.enable()  # this worker's run pool (and its connection pool), before it reads a task
     try:
         for name in MODULES:
             importlib.import_module(name)

@@ -1,0 +1,446 @@
+"""A fleet of members running at once, embedded (SQLite) and hosted (PostgreSQL + Redis): issue 25.
+
+Per mode, against a mock OpenAI-compatible vendor in its own process whose every call takes
+`--latency` seconds and whose conversations are scripted to `--steps` calls (list_dir tool calls,
+then "done"), with real `manage.py qcluster` processes:
+
+1. Many runs per worker: `--members` members each get one message in one commit (t0); every member
+   then makes `--steps` calls, so the ideal schedule (all of them at once from t0) ends at
+   steps x latency. Printed: peak members running at once (from the Run rows), completion (last run's
+   end - t0) over the ideal, total RSS of the cluster's processes (sampled; every q2 process, the
+   sentinel and monitor included), peak PostgreSQL connections to the bench's database (hosted),
+   lost (members without their final answer, or with unread mail, after the drain) and overlapping
+   runs of one member. Then the same again with the workers split over two hosts (qcluster process
+   groups) and one host SIGKILLed mid-way and started again (the lease watchdog ends its runs and
+   re-wakes them, so that run's ideal is the lease longer).
+5. Worker memory: a one-worker cluster that is never recycled (VERONICA_Q_RECYCLE), a zero-latency model, `--mem-members` members each re-mailed
+   (its session cleared) as soon as it is idle, until the vendor has answered `--mem-steps` calls:
+   the cluster's RSS after 1,000 steps and at the end, and the growth in percent.
+2-4 (idle members, the tick, big spaces) come from bench/fleet_scale.py when it is there.
+
+The 1-minute load average is printed beside every figure (the host is shared).
+Usage: .venv/bin/python bench/fleet.py [--modes embedded,hosted] [--members 500] [--latency 2] [--steps 5]
+       [--workers 2] [--runs-per-worker 256] [--lease 10] [--mem-steps 100000] [--skip-kill] [--skip-memory]
+The last line is one JSON object: the issue's figures (the hosted run's, the goals' mode) and both modes'.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._setup import REPO, isolated_env  # noqa: E402
+
+GOALS = {"completion_ratio_to_ideal": "<= 1.2", "worker_rss_mb": "<= 2048", "pg_connections_max": "<= 50", "lost": "= 0",
+         "overlaps": "= 0", "rss_growth_pct": "<= 10"}
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} CPUs"
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+def group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                pids.append(int(entry))
+    return pids
+
+
+def status_of(pid: int) -> dict:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def rss_mb(pgid: int) -> float:
+    return sum(int(status_of(pid).get("VmRSS", "0 kB").split()[0]) for pid in group_pids(pgid)) / 1024
+
+
+class Cluster:
+    def __init__(self, env: dict, log: Path) -> None:
+        self.log = log
+        handle = open(log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True, env=env,
+                                     stdout=handle, stderr=subprocess.STDOUT)
+        handle.close()
+        deadline = time.monotonic() + 120
+        while b"] running." not in log.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the cluster did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+
+class Mock:
+    """The mock vendor in a process of its own (its threads never compete with the bench's)."""
+
+    def __init__(self, latency: float, steps: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.vendors.mock_openai", "--port", "0", "--key", "sk-fleet",
+                                      "--latency", str(latency), "--steps", str(steps), "--lean"], cwd=REPO,
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.root = self.proc.stdout.readline().strip()
+
+    def served(self) -> int:
+        import urllib.request
+
+        with urllib.request.urlopen(self.root + "/_mock/served", timeout=10) as response:
+            return json.load(response)["served"]
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+class Sampler(threading.Thread):
+    """Every half second: the cluster's RSS and (hosted) the bench database's connections."""
+
+    def __init__(self, clusters: list[Cluster], hosted: bool) -> None:
+        super().__init__(daemon=True)
+        self.clusters, self.hosted = clusters, hosted
+        self.rss_max = self.pg_max = 0.0
+        self.running = True
+
+    def run(self) -> None:
+        from django.db import connection
+
+        while self.running:
+            self.rss_max = max(self.rss_max, sum(rss_mb(c.proc.pid) for c in self.clusters if c.proc.poll() is None))
+            if self.hosted:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+                    self.pg_max = max(self.pg_max, cursor.fetchone()[0] - 1)  # not the sampler's own
+            time.sleep(0.5)
+        connection.close()
+
+
+# --- the child (one mode, in its own database) -------------------------------------------------------
+
+def setup_members(n: int, max_iterations: int) -> list:
+    from veronica.engine import supervisor
+    from veronica.models import Role, Space
+
+    members = []
+    per_space = 50
+    first = Space.objects.count()
+    for s in range(first * per_space, first * per_space + n, per_space):
+        workdir = Path(tempfile.mkdtemp(prefix="ws-", dir=os.environ["VERONICA_DATA_DIR"]))  # dropped with the mode
+        (workdir / "README.md").write_text("# fleet\n")
+        space = Space.objects.create(name=f"fleet {s // per_space}", slug=f"fleet-{s // per_space}", workdir=str(workdir))
+        supervisor.add_member(space, "lead", role=Role.LEADER, actor="bench")
+        for i in range(s, min(first * per_space + n, s + per_space)):
+            members.append(supervisor.add_member(space, f"m{i}", model="openai:gpt-mock", max_iterations=max_iterations,
+                                                 actor="bench"))
+    return members
+
+
+def mail_all(members: list) -> float:
+    from django.db import transaction
+
+    from veronica import bus
+
+    with transaction.atomic():
+        for member in members:
+            bus.send(member.space, "lead", member.name, "list the folder, then say done")
+    return time.time()
+
+
+def outcome(members: list, t0: float) -> dict:
+    from django.db import close_old_connections
+
+    from veronica.models import Message, Run, Turn
+
+    close_old_connections()
+    ids = [m.pk for m in members]
+    runs = list(Run.objects.filter(member_id__in=ids).order_by("member_id", "started_at").values_list(
+        "member_id", "started_at", "ended_at", "outcome"))
+    overlaps, points = 0, []
+    for (m1, _, end1, _), (m2, start2, _, _) in zip(runs, runs[1:]):
+        if m1 == m2 and (end1 is None or start2 < end1):
+            overlaps += 1
+    for _, start, end, _ in runs:
+        points += [(start.timestamp(), 1), ((end.timestamp() if end else time.time()), -1)]
+    peak = running = 0
+    for _, delta in sorted(points):
+        running += delta
+        peak = max(peak, running)
+    answered = set(Turn.objects.filter(session__member_id__in=ids, role="assistant", content="done").values_list(
+        "session__member_id", flat=True))
+    unread = set(Message.objects.filter(recipient_id__in=ids, read_at__isnull=True).values_list("recipient_id", flat=True))
+    last_end = max((end.timestamp() for _, _, end, _ in runs if end), default=t0)
+    starts = sorted(start.timestamp() - t0 for _, start, _, _ in runs)
+    lengths = sorted(end.timestamp() - start.timestamp() for _, start, end, _ in runs if end)
+    return {"start_lag_max": round(starts[-1], 2) if starts else None,
+            "run_seconds_p50": round(lengths[len(lengths) // 2], 2) if lengths else None,
+            "run_seconds_max": round(lengths[-1], 2) if lengths else None,"runs": len(runs), "expired": sum(1 for r in runs if r[3] == "lease_expired"), "overlaps": overlaps,
+            "concurrent_members": peak, "lost": len(set(ids) - answered) + len(unread - answered),
+            "elapsed": last_end - t0}
+
+
+def drained(members: list) -> bool:
+    from django.db import close_old_connections
+
+    from veronica.models import Member, Message, Turn
+
+    close_old_connections()
+    ids = [m.pk for m in members]
+    if Member.objects.filter(pk__in=ids).exclude(lease_token="").exists():
+        return False
+    if Message.objects.filter(recipient_id__in=ids, read_at__isnull=True).exists():
+        return False
+    return Turn.objects.filter(session__member_id__in=ids, role="assistant", content="done").values(
+        "session__member_id").distinct().count() == len(ids)
+
+
+def cluster_env(args, mock: Mock, workers: int, runs: int) -> dict:
+    env = {**os.environ, "OPENAI_BASE_URL": mock.root + "/v1", "OPENAI_API_KEY": "sk-fleet", "LOG_LEVEL": "INFO",
+           "VERONICA_Q_WORKERS": str(workers), "VERONICA_RUNS_PER_WORKER": str(runs),
+           "VERONICA_RUN_LEASE_SECONDS": str(args.lease), "VERONICA_Q_STOP_GRACE": "10",
+           "VERONICA_MODEL_STREAM": "1", "VERONICA_ENGINE_TICK_SECONDS": "1"}
+    return env
+
+
+def fleet_run(args, kill: bool) -> dict:
+    """One fleet run on fresh members: mail them all. kill: the workers are split over two hosts (two
+    qcluster process groups) and one host is SIGKILLed mid-way, then started again, as in
+    bench/recovery.py. (A lone q2 worker process is not what is killed: django-q2's workers share one
+    multiprocessing task queue, and a worker killed while it waits in that queue's get() takes the
+    queue's lock with it, stalling its cluster's other workers for good. That holds with or without
+    run pools, but a worker with a run pool waits there most of the time.)"""
+    from django.db import connection
+
+    members = setup_members(args.members, args.steps + 4)
+    warm = setup_members(args.workers * 4, args.steps + 4)
+    mock = Mock(args.latency, args.steps)
+    data = Path(os.environ["VERONICA_DATA_DIR"])
+    hosts = 2 if kill else 1
+    per_host = max(1, args.workers // hosts)
+    env = cluster_env(args, mock, per_host, args.runs_per_worker)
+    clusters = [Cluster(env, data / f"cluster-{'kill' if kill else 'run'}-{n}.log") for n in range(hosts)]
+    mail_all(warm)  # every worker has imported, connected and run once before t0
+    deadline = time.time() + 300
+    while not drained(warm) and time.time() < deadline:
+        time.sleep(0.2)
+    sampler = Sampler(clusters, connection.vendor == "postgresql")
+    sampler.start()
+    killed = 0
+    try:
+        t0 = mail_all(members)
+        ideal = args.steps * args.latency
+        if kill:
+            time.sleep(ideal / 2)
+            os.killpg(clusters[0].proc.pid, signal.SIGKILL)
+            clusters[0].proc.wait(timeout=10)
+            killed = per_host
+            clusters[0] = Cluster(env, data / "cluster-kill-restarted.log")
+        deadline = time.time() + max(120.0, ideal * 10 + args.lease * 3)
+        while time.time() < deadline and not drained(members):
+            time.sleep(0.5)
+        figures = outcome(members, t0)
+    finally:
+        sampler.running = False
+        sampler.join(timeout=5)
+        for cluster in clusters:
+            cluster.stop()
+        mock.stop()
+    figures.update(ideal=ideal, completion_ratio_to_ideal=round(figures["elapsed"] / ideal, 3),
+                   worker_rss_mb=round(sampler.rss_max, 1), pg_connections_max=int(sampler.pg_max) if sampler.hosted else None,
+                   killed_workers=killed, load=os.getloadavg()[0])
+    return figures
+
+
+def memory_run(args) -> dict:
+    """Point 5: the cluster's RSS after 1,000 steps and after --mem-steps steps."""
+    from django.db import close_old_connections
+
+    from veronica import bus
+    from veronica.engine import supervisor
+    from veronica.errors import VeronicaError
+    from veronica.models import Member, Message
+
+    members = setup_members(args.mem_members, args.steps + 4)
+    mock = Mock(0.0, args.steps)
+    log = Path(os.environ["VERONICA_DATA_DIR"]) / "cluster-memory.log"
+    # q2 recycles a worker after 500 tasks by default: a fresh process would hide any growth
+    cluster = Cluster({**cluster_env(args, mock, 1, args.runs_per_worker), "VERONICA_Q_RECYCLE": str(10**9)}, log)
+    early = None
+    started = time.monotonic()
+    try:
+        while True:
+            served = mock.served()
+            if early is None and served >= 1000:
+                early = (served, rss_mb(cluster.proc.pid), os.getloadavg()[0])
+            if served >= args.mem_steps or time.monotonic() - started > args.mem_timeout:
+                break
+            close_old_connections()
+            idle = Member.objects.filter(pk__in=[m.pk for m in members], lease_token="").exclude(
+                pk__in=Message.objects.filter(read_at__isnull=True).values("recipient_id"))
+            for member in idle:
+                try:  # a fresh conversation each round: the transcript stays the size of one run
+                    supervisor.clear_session(member, actor="bench")
+                except VeronicaError:
+                    continue
+                bus.send(member.space, "lead", member.name, "list the folder, then say done")
+            time.sleep(0.2)
+        late = (mock.served(), rss_mb(cluster.proc.pid), os.getloadavg()[0])
+    finally:
+        cluster.stop()
+        mock.stop()
+    if early is None:
+        early = late
+    return {"steps_early": early[0], "rss_early_mb": round(early[1], 1), "steps_late": late[0], "rss_late_mb": round(late[1], 1),
+            "rss_growth_pct": round((late[1] - early[1]) / early[1] * 100, 1), "load": late[2],
+            "seconds": round(time.monotonic() - started)}
+
+
+def child(args) -> dict:
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "veronica.settings")
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    result = {"run": fleet_run(args, kill=False)}
+    if not args.skip_kill:
+        result["kill"] = fleet_run(args, kill=True)
+    if not args.skip_memory:
+        result["memory"] = memory_run(args)
+    return result
+
+
+def spawn(mode: str, args) -> dict:
+    with isolated_env(mode, "fleet") as env:
+        forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                     if k not in ("child", "modes", "skip_kill", "skip_memory")]
+        forwarded += [flag for flag, on in (("--skip-kill", args.skip_kill), ("--skip-memory", args.skip_memory)) if on]
+        proc = subprocess.run([sys.executable, __file__, "--child", mode, *forwarded], cwd=REPO, env=env,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{mode} run failed:\n{proc.stderr[-4000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def scale_figures(mode: str) -> dict:
+    try:
+        from bench import fleet_scale
+    except ImportError:
+        return {}
+    figures = {}
+    for name in ("idle_figures", "big_space_figures"):
+        try:
+            figures.update(getattr(fleet_scale, name)(mode))
+        except Exception as exc:  # its own failure is reported, never this bench's
+            print(f"  fleet_scale.{name}({mode}) failed: {exc}")
+    return figures
+
+
+def show(name: str, value, goal: str = "", unit: str = "") -> None:
+    shown = "not measured" if value is None else f"{value}{unit}"
+    print(f"  {name:<28} {shown:<16} {('goal ' + goal) if goal else '':<14} ({load()})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--modes", default="embedded,hosted")
+    parser.add_argument("--members", type=int, default=500)
+    parser.add_argument("--latency", type=float, default=2.0, help="seconds per model call")
+    parser.add_argument("--steps", type=int, default=5, help="model calls per run")
+    parser.add_argument("--workers", type=int, default=2, help="q2 worker processes")
+    parser.add_argument("--runs-per-worker", type=int, default=256)
+    parser.add_argument("--lease", type=int, default=10)
+    parser.add_argument("--mem-members", type=int, default=16)
+    parser.add_argument("--mem-steps", type=int, default=100_000)
+    parser.add_argument("--mem-timeout", type=float, default=3600)
+    parser.add_argument("--skip-kill", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        import logging
+
+        logging.disable(logging.CRITICAL)
+        print(json.dumps(child(args), default=str))
+        return
+    print(f"fleet: {args.members} members x {args.steps} calls of {args.latency:g}s, {args.workers} workers x "
+          f"{args.runs_per_worker} runs, lease {args.lease}s; memory: {args.mem_steps} steps\n")
+    per_mode = {}
+    for mode in args.modes.split(","):
+        r = spawn(mode, args)
+        r.update(scale=scale_figures(mode))
+        per_mode[mode] = r
+        print(f"[{mode}]")
+        for label, key in (("run", "run"), ("with a host SIGKILLed mid-way", "kill")):
+            f = r.get(key)
+            if f is None:
+                continue
+            print(f" {label}: {f['runs']} runs, {f['expired']} lease-expired, ideal {f['ideal']:g}s, took {f['elapsed']:.1f}s"
+                  f" (load at the end {f['load']:.1f})")
+            print(f"   last run started {f['start_lag_max']}s after t0; a run took {f['run_seconds_p50']}s (p50), "
+                  f"{f['run_seconds_max']}s (max)")
+            show("concurrent_members", f["concurrent_members"], f">= {args.members}")
+            show("completion_ratio_to_ideal", f["completion_ratio_to_ideal"], GOALS["completion_ratio_to_ideal"] if key == "run"
+                 else f"(ideal+lease {(f['ideal'] + args.lease) / f['ideal']:.2f})")
+            show("worker_rss_mb", f["worker_rss_mb"], GOALS["worker_rss_mb"])
+            show("pg_connections_max", f["pg_connections_max"], GOALS["pg_connections_max"] if mode == "hosted" else "")
+            show("lost", f["lost"], GOALS["lost"])
+            show("overlaps", f["overlaps"], GOALS["overlaps"])
+            show("killed_workers", f["killed_workers"])
+        m = r.get("memory")
+        if m:
+            print(f" worker memory: {m['rss_early_mb']} MB after {m['steps_early']} steps, {m['rss_late_mb']} MB after "
+                  f"{m['steps_late']} steps ({m['seconds']}s)")
+            show("rss_growth_pct", m["rss_growth_pct"], GOALS["rss_growth_pct"], " %")
+        for key in ("idle_members", "tick_ms_10k_idle", "tick_statements_10k_idle", "page_p99_ms_big_space"):
+            show(key, r["scale"].get(key))
+        print()
+    main_mode = "hosted" if "hosted" in per_mode else next(iter(per_mode))
+    r = per_mode[main_mode]
+    run, kill, memory = r["run"], r.get("kill") or {}, r.get("memory") or {}
+    summary = {
+        "mode": main_mode, "members": args.members, "latency": args.latency, "steps": args.steps,
+        "concurrent_members": run["concurrent_members"], "completion_ratio_to_ideal": run["completion_ratio_to_ideal"],
+        "worker_rss_mb": max(run["worker_rss_mb"], kill.get("worker_rss_mb", 0)),
+        "pg_connections_max": max(filter(None, [run["pg_connections_max"], kill.get("pg_connections_max")]), default=None),
+        "lost": run["lost"] + kill.get("lost", 0), "overlaps": run["overlaps"] + kill.get("overlaps", 0),
+        "killed_workers": kill.get("killed_workers", 0), "kill_completion_ratio": kill.get("completion_ratio_to_ideal"),
+        "idle_members": r["scale"].get("idle_members"), "tick_ms_10k_idle": r["scale"].get("tick_ms_10k_idle"),
+        "tick_statements_10k_idle": r["scale"].get("tick_statements_10k_idle"),
+        "page_p99_ms_big_space": r["scale"].get("page_p99_ms_big_space"), "rss_growth_pct": memory.get("rss_growth_pct"),
+        "load": os.getloadavg()[0], "per_mode": per_mode,
+    }
+    print(json.dumps(summary, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The run pool's heartbeat (veronica.engine.fleet), in process: one beat renews every lease the worker
+holds in two statements, and a waiting run learns from it, without a statement of its own, that it
+was asked to stop or lost its lease."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from veronica import bus
+from veronica.agent.runctx import Cancelled, LeaseLost
+from veronica.engine import fleet, slot, supervisor, warm
+from veronica.models import Member
+
+pytestmark = pytest.mark.django_db
+
+
+def claimed(space, *names: str) -> list[slot.RunLease]:
+    leases = []
+    for name in names:
+        bus.send(space, "boss", name, "work")
+        leases.append(slot.claim(supervisor.get_member(space, name).pk, "message"))
+    return leases
+
+
+def test_one_beat_renews_every_lease_of_the_process_in_two_statements(space):
+    pool = fleet.RunPool(8, heartbeat=False)
+    leases = claimed(space, "w1", "w2")
+    for lease in leases:
+        pool.register(lease)
+    soon = timezone.now() + timedelta(seconds=2)
+    Member.objects.filter(pk__in=[lease.member.pk for lease in leases]).update(lease_expires_at=soon)
+    with CaptureQueriesContext(connection) as queries:
+        pool.beat_once()
+    assert len(queries) == 2
+    assert all(e > soon + timedelta(seconds=30) for e in Member.objects.filter(
+        pk__in=[lease.member.pk for lease in leases]).values_list("lease_expires_at", flat=True))
+    with CaptureQueriesContext(connection) as queries:
+        assert not any(lease.should_stop() for lease in leases)
+    assert len(queries) == 0, "a waiting run renewed its own lease while the heartbeat beats"
+
+
+def test_a_stop_and_a_lost_lease_reach_the_waiting_run_through_the_beat(space):
+    pool = fleet.RunPool(8, heartbeat=False)
+    stopped, lost = claimed(space, "w1", "w2")
+    pool.register(stopped)
+    pool.register(lost)
+    Member.objects.filter(pk=stopped.member.pk).update(cancel_requested=True)
+    Member.objects.filter(pk=lost.member.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+    pool.beat_once()
+    with CaptureQueriesContext(connection) as queries:
+        assert stopped.should_stop() and lost.should_stop()
+    assert len(queries) == 0
+    assert isinstance(stopped.stop_reason(), Cancelled) and not isinstance(stopped.stop_reason(), LeaseLost)
+    assert isinstance(lost.stop_reason(), LeaseLost)
+    with pytest.raises(LeaseLost), lost.fenced():  # and its fence still refuses, as before
+        pass
+
+
+def test_a_spawn_signal_outside_a_clusters_worker_starts_no_run_pool(settings):
+    settings.RUNS_PER_WORKER = 32
+    warm.warm_worker(proc_name="Process-1")
+    assert fleet.current() is None  # this (test) process is no child of a cluster: wakes run inline
+
+
+def test_the_beat_does_not_renew_a_run_whose_thread_shows_no_life(space, settings):
+    """A run hung in its thread (no step, no poll for a whole lease) is not kept alive by its neighbours'
+    heartbeat: its lease runs out and the watchdog takes the member back, as when each run renewed its own."""
+    settings.RUN_LEASE_SECONDS = 10
+    pool = fleet.RunPool(8, heartbeat=False)
+    alive, hung = claimed(space, "w1", "w2")
+    pool.register(alive)
+    pool.register(hung)
+    hung.touched -= 11  # its thread last showed life eleven seconds ago, more than the lease
+    soon = timezone.now() + timedelta(seconds=2)
+    Member.objects.filter(pk__in=[alive.member.pk, hung.member.pk]).update(lease_expires_at=soon)
+    pool.beat_once()
+    assert Member.objects.get(pk=alive.member.pk).lease_expires_at > soon
+    assert Member.objects.get(pk=hung.member.pk).lease_expires_at == soon

@@ -1,0 +1,219 @@
+"""Many runs per worker process: a run waiting on its model costs a thread and a socket, not a process.
+
+Why threads (and not asyncio, and not one process per run)
+----------------------------------------------------------
+A run spends seconds waiting on the vendor's HTTP stream and a millisecond or two of CPU per step.
+A django-q2 worker process (~100 MB) held for the whole run made the host's concurrency its worker
+count (4 by default). Here the q2 task only *claims* the slot (the same conditional UPDATE as
+before) and hands the claimed run to a thread of the worker's own run pool, then returns; the worker
+takes the next wake while its runs wait. A waiting thread costs its stack's touched pages and one
+socket (tens of KB), so a process carries hundreds of runs.
+
+Threads, not asyncio, because every layer below the run is synchronous and already correct: the
+vendors' official SDK clients (sync, shared per process, cancelled by shutting the thread's socket,
+veronica.agent.providers.sdk), Django's ORM and its transactions (the fence is `transaction.atomic`
+on a thread-bound connection), bubblewrap'd commands and MCP stdio sessions. Rewriting all of that
+async would change every invariant at once; a thread per run changes none of them. The GIL is no
+limit: a step is 1-2 ms of CPU and the rest is waiting, which releases it.
+
+What each run keeps, exactly as before
+--------------------------------------
+* Lease and fence: every write is still fenced by its own renew-and-check UPDATE on the database's
+  clock (veronica.engine.slot). A SIGSTOPped process stops its heartbeat with its runs, so every
+  lease it holds runs out and each run's next fence writes nothing; a SIGKILLed one leaves leases the
+  watchdog expires and re-wakes (veronica.engine.leases) - per run, however many shared the process.
+* Approvals run once: the held-call path is the run's own (veronica.agent.loop), unchanged.
+* One heartbeat per *process*, not per run: every RUN_HEARTBEAT_SECONDS one statement renews all the
+  leases the process holds and a second reads back their cancel flags (and whether each lease still
+  holds). A waiting run's `should_stop` is then a memory read; before, each waiting run renewed on
+  its own connection every second (500 statements a second for 500 waiting runs). The heartbeat
+  renews only runs whose thread showed life within a lease (a step, or a poll while its model or
+  tool call runs): a hung run's lease runs out within two, and the watchdog takes its member back.
+  That matters more now: q2's task timeout, once the hard stop of a run, bounds only the claim.
+* A SIGKILL of one q2 worker *process* (the OOM killer's pick: with a run pool it is the largest)
+  ends all its runs, each recovered by its lease. django-q2's workers share one multiprocessing task
+  queue, and a worker killed while it waits in that queue's get() holds the queue's lock for good, so
+  its cluster's other workers stop taking tasks; a run-pool worker waits there most of the time.
+  This is django-q2's, not the pool's, but restart a cluster whose worker was killed (its leases
+  and the other clusters carry its members meanwhile).
+
+Connections
+-----------
+Django opens one connection per thread and keeps it; 500 runs would hold 500 PostgreSQL backends. A
+run gives its connection back before it waits (the model call, a long tool step) and after each
+fenced write when the process has a connection pool, so it holds one only while it writes. Hosted, a
+worker with a run pool draws its connections from a per-process psycopg pool
+(VERONICA_DB_POOL_SIZE, Django's native pooling): handing a connection back and taking one is a
+queue operation, not a new backend (a new PostgreSQL connection costs a process fork on the server).
+Embedded (SQLite), giving the connection back closes it (opening one is a file open).
+
+Back-pressure and q2's semantics
+--------------------------------
+A worker takes a wake only when its pool has a free slot: the task blocks on the slot first (so a
+wake fetched by a full worker waits, as it did behind a busy worker before) and hands the wake back
+to the broker if no slot frees within a bound well below q2's task timeout. The task returns (and q2
+acks it) once the run has started in its thread: from then on the lease, not q2, is what recovers a
+dead run, as it was already. Run threads are not daemons, so a recycled or stopped worker finishes
+its runs before it exits (multiprocessing joins them); a killed one leaves expiring leases.
+
+VERONICA_RUNS_PER_WORKER=1 turns the pool off: the task runs the member itself, as before.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from typing import Callable
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models.functions import Now
+
+from veronica.engine.slot import lease_delta
+from veronica.models import Member
+
+log = logging.getLogger(__name__)
+
+# How long a wake waits for a free run slot before it goes back to the broker (another host's worker,
+# or this one later, takes it): far below q2's task timeout, which would kill the worker and its runs.
+SLOT_WAIT_SECONDS = 30.0
+
+
+class RunPool:
+    """The runs of one worker process: a bounded set of run threads and their shared heartbeat."""
+
+    def __init__(self, size: int, *, heartbeat: bool = True) -> None:
+        self.size = size
+        self._slots = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._leases: dict[int, object] = {}  # member id -> its RunLease, while its run thread lives
+        if heartbeat:
+            threading.Thread(target=self._heartbeat, name="run-heartbeat", daemon=True).start()
+
+    # --- slots ---------------------------------------------------------------------------------
+    def reserve(self) -> bool:
+        # a third of q2's task timeout at most: a task past it gets its worker killed, runs and all
+        return self._slots.acquire(timeout=min(SLOT_WAIT_SECONDS, settings.Q_TIMEOUT / 3))
+
+    def unreserve(self) -> None:
+        self._slots.release()
+
+    def start(self, lease, body: Callable[[], object]) -> None:
+        """Run body (the claimed run, to its finish) in a thread of its own; the slot reserved for it
+        is given back when it ends, however it ends."""
+        self.register(lease)
+
+        def target() -> None:
+            try:
+                body()
+            except BaseException:  # the run's own handler logs its errors; this is the last resort
+                log.exception("run thread of member %s ended with an error", lease.member.pk)
+            finally:
+                with self._lock:
+                    if self._leases.get(lease.member.pk) is lease:
+                        del self._leases[lease.member.pk]
+                connections.close_all()
+                self._slots.release()
+
+        threading.Thread(target=target, name=f"run-{lease.member.pk}").start()  # not a daemon: see the docstring
+
+    def idle(self) -> None:
+        """A run of this pool is about to wait (a model call, a long tool step): its connection goes back."""
+        release_connection()
+
+    def after_write(self) -> None:
+        """A run's fenced write committed: with a connection pool, its connection goes back at once."""
+        if pooled_connections():
+            release_connection()
+
+    def register(self, lease) -> None:
+        """The heartbeat renews this lease from now on."""
+        lease.beat = self
+        with self._lock:
+            self._leases[lease.member.pk] = lease
+
+    def running(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+    # --- the heartbeat ---------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(settings.RUN_HEARTBEAT_SECONDS)
+            try:
+                self.beat_once()
+            except Exception:  # the database is away: the runs' own fences notice; keep beating
+                log.warning("run heartbeat failed", exc_info=True)
+                connections.close_all()
+
+    def beat_once(self) -> None:
+        """Renew every lease this process holds in one statement, then read back, in a second, which
+        still hold and which were asked to stop: the runs' should_stop reads that, not the database."""
+        with self._lock:
+            leases = list(self._leases.values())
+        if not leases:
+            return
+        ids = [lease.member.pk for lease in leases]
+        # Only runs whose thread showed life within a lease (a step, a poll while its model or tool call
+        # runs): a hung run stops being renewed and its lease runs out, as when each run renewed its own.
+        recent = time.monotonic() - settings.RUN_LEASE_SECONDS
+        live = [lease for lease in leases if lease.touched >= recent]
+        if live:
+            Member.objects.filter(pk__in=[lease.member.pk for lease in live], lease_token__in=[lease.token for lease in live],
+                                  lease_expires_at__gt=Now()).update(lease_expires_at=Now() + lease_delta())
+        held = ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
+        rows = {pk: (token, cancel, alive) for pk, token, cancel, alive in Member.objects.filter(pk__in=ids).annotate(
+            alive=held).values_list("pk", "lease_token", "cancel_requested", "alive")}
+        release_connection()
+        for lease in leases:
+            token, cancel, alive = rows.get(lease.member.pk, ("", False, False))
+            lease.heard(token == lease.token and bool(alive), bool(cancel))
+
+
+_pool: RunPool | None = None
+_pool_lock = threading.Lock()
+
+
+def current() -> RunPool | None:
+    """This process's run pool, or None: the wake runs its member on the task's own thread."""
+    return _pool
+
+
+def enable() -> RunPool | None:
+    """In a q2 worker, as it spawns (veronica.engine.warm): start the run pool, and the connection pool
+    its runs share (PostgreSQL). Settings: VERONICA_RUNS_PER_WORKER, VERONICA_DB_POOL_SIZE."""
+    global _pool
+    size = settings.RUNS_PER_WORKER
+    if size <= 1 or multiprocessing.parent_process() is None:
+        return None  # off, or not a worker forked by a cluster (a test sending q2's spawn signal)
+    with _pool_lock:
+        if _pool is None:
+            use_connection_pool()
+            _pool = RunPool(size)
+    return _pool
+
+
+def use_connection_pool() -> None:
+    """Django's psycopg pool for this process (a forked worker builds its own: the pool is made on first
+    use, after the fork). A pooled connection is not kept per thread (CONN_MAX_AGE 0 hands it back at
+    close) and is checked by the pool only when handed back broken, not by a round trip per use."""
+    db = connections.settings[DEFAULT_DB_ALIAS]
+    if db["ENGINE"] != "django.db.backends.postgresql" or not settings.DB_POOL_SIZE:
+        return
+    connections.close_all()
+    db["CONN_MAX_AGE"] = 0
+    db["CONN_HEALTH_CHECKS"] = False
+    db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": settings.DB_POOL_SIZE, "timeout": 30}
+
+
+def pooled_connections() -> bool:
+    return bool(connections.settings[DEFAULT_DB_ALIAS]["OPTIONS"].get("pool"))
+
+
+def release_connection() -> None:
+    """Give this thread's connection back (to the pool, or closed) unless a transaction holds it."""
+    conn = connections[DEFAULT_DB_ALIAS]
+    if conn.connection is not None and not conn.in_atomic_block:
+        conn.close()
