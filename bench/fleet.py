@@ -285,7 +285,7 @@ def memory_run(args) -> dict:
 
     from veronica import bus
     from veronica.engine import supervisor
-    from veronica.errors import VeronicaError
+    from veronica.plumbing.errors import VeronicaError
     from veronica.models import Member, Message
 
     members = setup_members(args.mem_members, args.steps + 4)

@@ -39,7 +39,7 @@ def main() -> None:
     from django.conf import settings
 
     settings.configure() if not settings.configured else None
-    from veronica import secret_store
+    from veronica.plumbing import secret_store
 
     key = Fernet.generate_key().decode()
     settings.SECRETS_KEYS = [key]

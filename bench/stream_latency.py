@@ -9,7 +9,7 @@ own doorbell); each client stamps the arrival. Same host, same clock. It also ch
 client got every event exactly once, in order.
 
 * embedded: SQLite in a temp VERONICA_DATA_DIR, in-memory channel layer; a worker's ring reaches
-  the web process through the embedded doorbell (veronica.doorbell), the consumer's poll is the backstop.
+  the web process through the embedded doorbell (veronica.plumbing.doorbell), the consumer's poll is the backstop.
 * hosted: PostgreSQL + channels-redis (the worker's ring crosses processes), on a uniquely named
   database and channel prefix that are dropped afterwards.
 

@@ -19,7 +19,7 @@ def storable(value: object) -> object:
     """A decoded JSON value with every string (keys too) as a database keeps it: NUL and lone
     surrogates (which a model's "\\u0000" or "\\ud800" escape decodes to) become U+FFFD. Without it one
     such reply crashed the whole pass on PostgreSQL, and every retry of it. (The host's
-    veronica.errors.storable does the same; learning imports nothing from the host.)"""
+    veronica.plumbing.errors.storable does the same; learning imports nothing from the host.)"""
     if isinstance(value, str):
         value = value.replace("\x00", "\ufffd")
         try:

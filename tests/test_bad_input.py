@@ -16,7 +16,7 @@ from veronica import blackboard, bus, ledger, skills
 from veronica.agent.loop import run_tool
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.manifest import ManifestError, register
 
 # --- cron ---------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ import pytest
 from django.utils import timezone
 
 from veronica import blackboard, events
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Event
 
 

@@ -2,7 +2,7 @@ import pytest
 
 from veronica import bus
 from veronica.engine import supervisor
-from veronica.errors import RecipientError, VeronicaError
+from veronica.plumbing.errors import RecipientError, VeronicaError
 from veronica.models import Event, Message
 
 

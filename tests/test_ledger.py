@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from veronica import ledger
 from veronica.engine import supervisor
-from veronica.errors import IllegalTransition, VeronicaError
+from veronica.plumbing.errors import IllegalTransition, VeronicaError
 from veronica.models import Message, Task, TaskStatus
 
 

@@ -14,7 +14,7 @@ from learning import api as learning
 from learning.models import Rule
 from veronica import portable
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.learning_bridge import owner_key
 from veronica.manifest import register
 from veronica.models import Member, Skill, Space, SpaceAccess

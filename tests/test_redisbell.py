@@ -1,4 +1,4 @@
-"""veronica.redisbell: the hosted event doorbell is one PUBLISH per ring and one pattern subscription
+"""veronica.plumbing.redisbell: the hosted event doorbell is one PUBLISH per ring and one pattern subscription
 per event loop; it survives a dropped subscription and never fails or holds the ringing worker."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import uuid
 import pytest
 from django.conf import settings
 
-from veronica import redisbell
+from veronica.plumbing import redisbell
 from tests.harness import free_port
 
 pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="hosted mode's doorbell (Redis)")
@@ -110,7 +110,7 @@ def fresh_bell():
 def test_a_ring_with_redis_down_neither_raises_nor_hangs(settings, caplog, fresh_bell):
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
+    with caplog.at_level(logging.WARNING, logger="veronica.plumbing.redisbell"):
         redisbell.ring(1, 1)
     assert time.monotonic() - started < redisbell.SOCKET_TIMEOUT + 1
     assert "Redis unreachable" in caplog.text
@@ -126,7 +126,7 @@ def test_an_unreachable_redis_is_retried_after_a_back_off_not_on_every_commit(se
     monkeypatch.setattr(redis.Connection, "connect", lambda self: (attempts.append(1), real_connect(self))[1])
     up = settings.REDIS_URL
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
+    with caplog.at_level(logging.WARNING, logger="veronica.plumbing.redisbell"):
         for seq in range(50):
             redisbell.ring(1, seq)
     assert len(attempts) == 1, "one connect per back-off, not one per ring"
@@ -135,7 +135,7 @@ def test_an_unreachable_redis_is_retried_after_a_back_off_not_on_every_commit(se
 
     redisbell._retry_at = 0.0  # the back-off has run out; still down: the wait doubles, quietly
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
+    with caplog.at_level(logging.WARNING, logger="veronica.plumbing.redisbell"):
         redisbell.ring(1, 51)
     assert len(attempts) == 2 and redisbell._retry_after == 2 * redisbell.RETRY_FIRST
     assert "unreachable" not in caplog.text, "an outage is logged once, not at every retry"
@@ -147,7 +147,7 @@ def test_an_unreachable_redis_is_retried_after_a_back_off_not_on_every_commit(se
         rings: list = []
         listener = listen(rings)
         await asyncio.wait_for(listener.subscribed.wait(), 5)
-        with caplog.at_level(logging.WARNING, logger="veronica.redisbell"):
+        with caplog.at_level(logging.WARNING, logger="veronica.plumbing.redisbell"):
             await asyncio.to_thread(redisbell.ring, 7, 52)
         await heard(rings, 1)
         listener.close()

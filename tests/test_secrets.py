@@ -16,14 +16,15 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 
-from veronica import access, events, mcp_servers, portable, secret_store, secrets
+from veronica import access, events, mcp_servers, portable, secrets
+from veronica.plumbing import secret_store
 from veronica.agent import transcript
 from veronica.agent.loop import run_tool
 from veronica.agent.mcp_client import manager
 from veronica.agent.providers import get_provider, member_key
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import failures, supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Event, Member, Secret
 
 KEY1, KEY2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from veronica import env
+from veronica.plumbing import env
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@ import pytest
 
 from veronica import skills
 from veronica.engine import supervisor
-from veronica.errors import Conflict, VeronicaError
+from veronica.plumbing.errors import Conflict, VeronicaError
 from veronica.models import Member, Role, Skill
 
 

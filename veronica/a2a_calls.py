@@ -11,7 +11,7 @@ from django.db import transaction
 from veronica import a2a_client, events
 from veronica.engine import clock
 from veronica.engine.wakes import wake_on_commit
-from veronica.errors import VeronicaError, storable
+from veronica.plumbing.errors import VeronicaError, storable
 from veronica.models import A2ACall
 
 log = logging.getLogger(__name__)

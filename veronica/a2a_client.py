@@ -16,7 +16,7 @@ from a2a import types as t
 from pydantic import ValidationError
 
 from veronica import outbound
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 
 TERMINAL = {t.TaskState.completed, t.TaskState.failed, t.TaskState.canceled, t.TaskState.rejected}
 WAITS_ON_US = {t.TaskState.input_required, t.TaskState.auth_required}

@@ -22,7 +22,7 @@ from django.db import transaction
 from pydantic import ValidationError
 
 from veronica import a2a_client, bus, ledger
-from veronica.errors import VeronicaError, check_tree, text_problem
+from veronica.plumbing.errors import VeronicaError, check_tree, text_problem
 from veronica.models import A2ACredential, A2ATaskLink, Member, Skill, Space, Task, TaskStatus
 
 S = TaskStatus

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from veronica import access, events, outbound
-from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
+from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
 from veronica.models import A2AConfig, A2ACredential, A2ARemote, Member, Role, Space
 
 KEY_PREFIX = "a2a_"

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from veronica import audit, events
-from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
+from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import ROLE_RANK, AccessRole, ApiToken, Space, SpaceAccess
 
 VIEWER, OPERATOR, OWNER = AccessRole.VIEWER.value, AccessRole.OPERATOR.value, AccessRole.OWNER.value

@@ -12,8 +12,8 @@ from django.utils.html import format_html
 from veronica import access, blackboard, ledger, mcp_servers, memory, notify, secrets, webhooks
 from veronica import skills as skill_verbs
 from veronica.engine import alarms, checks, retention, supervisor, watchdogs
-from veronica.errors import VeronicaError
-from veronica.markdown import render_markdown
+from veronica.plumbing.errors import VeronicaError
+from veronica.plumbing.markdown import render_markdown
 from veronica.models import (
     Alarm, ApiToken, Approval, AuditRow, Blackboard, DeliveryStatus, Event, McpServer, Member, MemoryFile, Message, NotificationDelivery, Run,
     Secret, Skill, Space, SpaceAccess, SsoIdentity, Task, TaskCheck, UsageDay, WebhookDelivery,

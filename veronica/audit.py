@@ -89,7 +89,7 @@ def from_request(request: Any) -> Actor | None:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return None
-    from veronica.web_headers import client_ip
+    from veronica.plumbing.web_headers import client_ip
 
     token_id = getattr(request, "audit_token_id", None)
     via = Via.TOKEN if token_id else Via.ADMIN if request.path.startswith(_admin_prefix()) else Via.SESSION
@@ -326,7 +326,7 @@ def verb(action: str, *, watch: str | None = None, created: bool = False, target
 # --- logins ---------------------------------------------------------------------------------------------
 
 def _login_actor(request: Any, username: str, user_id: int | None) -> Actor:
-    from veronica.web_headers import client_ip
+    from veronica.plumbing.web_headers import client_ip
 
     path = getattr(request, "path", "") or ""
     via = Via.ADMIN if path.startswith(_admin_prefix()) else Via.SESSION

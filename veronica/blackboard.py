@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from veronica import audit, events
-from veronica.errors import VeronicaError, text_problem
+from veronica.plumbing.errors import VeronicaError, text_problem
 from veronica.models import Blackboard, Space
 
 # A space's cap on the board's size, in characters: the minimum is the database's CHECK

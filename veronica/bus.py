@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from veronica import audit, events
 from veronica.engine.wakes import wake_on_commit
-from veronica.errors import RecipientError, column_limit, require_text, text_problem
+from veronica.plumbing.errors import RecipientError, column_limit, require_text, text_problem
 from veronica.models import Member, Membership, Message, Space, Task
 
 BROADCAST = "all"
@@ -102,7 +102,7 @@ def accept_operator_mail(message: Message, *, user, body: str | None = None) -> 
     with transaction.atomic():
         if not Message.objects.filter(pk=message.pk, accepted_at__isnull=True).update(
                 accepted_at=timezone.now(), accepted_by=user, accepted_body=edited, read_at=timezone.now()):
-            from veronica.errors import Conflict
+            from veronica.plumbing.errors import Conflict
 
             raise Conflict(f"message #{message.pk} was already accepted", field="message_id")
         events.emit(message.space_id, "message.accepted", id=message.pk, edited=bool(edited),

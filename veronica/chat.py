@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.db.models import Q
 
 from veronica import audit, bus, events
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Member, Message, Turn
 
 REPLY_SUBJECT_MAX = bus.MAX_SUBJECT

@@ -8,8 +8,8 @@ The Event table is the truth; a ring is only a doorbell ("look again", at-most-o
   event after the client's `after`, say {"type": "ready", "seq": n}, then stream live.
 * live: one Feed per space per process looks at the table when rung and at least every
   POLL_SECONDS (the backstop for a lost ring). A ring crosses processes through Redis pub/sub
-  (hosted, veronica.redisbell: one pattern subscription per event loop) or, in the embedded default
-  whose channel layer is in-memory, through the doorbell (veronica.doorbell: a datagram socket per
+  (hosted, veronica.plumbing.redisbell: one pattern subscription per event loop) or, in the embedded default
+  whose channel layer is in-memory, through the doorbell (veronica.plumbing.doorbell: a datagram socket per
   process beside the SQLite file). The feed, not each socket, hears the ring; it reads each new
   batch once and fans it out to this process's sockets on that space.
 * each socket tracks last_sent: it never sends a seq twice, and on a gap (a batch starting past
@@ -35,7 +35,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from veronica import access, doorbell, redisbell, stream_auth
+from veronica import access, stream_auth
+from veronica.plumbing import doorbell, redisbell
 from veronica.events import RECHECK_RING, group_name
 from veronica.models import Event
 
@@ -167,7 +168,7 @@ class Feed:
 
     async def listen(self) -> None:
         """The channel-layer doorbell: any ring for a seq we have not read makes run() look now. Hosted
-        mode rings through veronica.redisbell instead (one subscription per event loop, _Doorbells)."""
+        mode rings through veronica.plumbing.redisbell instead (one subscription per event loop, _Doorbells)."""
         layer = get_channel_layer()
         if layer is None or redisbell.enabled():
             return
@@ -246,7 +247,7 @@ class Feed:
 
 class _Doorbells:
     """One doorbell listener per event loop with feeds, so a worker process's commit rings this
-    process's feeds: veronica.redisbell hosted, veronica.doorbell embedded (whose in-memory channel
+    process's feeds: veronica.plumbing.redisbell hosted, veronica.plumbing.doorbell embedded (whose in-memory channel
     layer cannot leave the process)."""
 
     _listeners: dict[int, doorbell.Listener] = {}

@@ -1,5 +1,5 @@
 """The event pump: every mutation writes one Event row, then rings the space's listeners on commit
-(hosted: veronica.redisbell; embedded: veronica.doorbell, and the in-memory layer in-process).
+(hosted: veronica.plumbing.redisbell; embedded: veronica.plumbing.doorbell, and the in-memory layer in-process).
 
 The seq comes from an F() increment of the space's counter inside the caller's transaction. The
 UPDATE takes the space row's write lock until commit, so a later seq can never commit before an
@@ -31,10 +31,11 @@ from channels.layers import get_channel_layer
 from django.db import connection, transaction
 from django.db.models import F
 
-from veronica import doorbell, redisbell, tracing
+from veronica import tracing
+from veronica.plumbing import doorbell, redisbell
 from veronica.models import Event, Member, Space
-from veronica.returning import inserted, insert_rows, json_insert_statement
-from veronica.secret_store import mask_data
+from veronica.plumbing.returning import inserted, insert_rows, json_insert_statement
+from veronica.plumbing.secret_store import mask_data
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ RECHECK_RING = 0  # a ring for seq 0 asks the space's feeds to re-check their so
 
 def ring(space_id: int, seq: int) -> None:
     """Tell live sockets to look again. At-most-once by design: sockets backfill from the table."""
-    if redisbell.enabled():  # hosted: one PUBLISH (veronica.redisbell)
+    if redisbell.enabled():  # hosted: one PUBLISH (veronica.plumbing.redisbell)
         redisbell.ring(space_id, seq)
         return
     if doorbell.enabled():  # embedded: the in-memory layer cannot leave this process, the doorbell can

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from learning.sources import Correction, OutboxItem, SessionItem
 from veronica import memory
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Approval, ApprovalStatus, Member, Message, Session, Space
 
 MAX_SESSIONS = 200

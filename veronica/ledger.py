@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from veronica import audit, bus, events
-from veronica.errors import IllegalTransition, NotFound, VeronicaError, column_limit, require_text
+from veronica.plumbing.errors import IllegalTransition, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Space, Task, TaskStatus, VerifyPolicy
 
 S = TaskStatus

@@ -21,7 +21,7 @@ from veronica import a2a_settings, audit, events, mcp_servers
 from veronica.agent.providers import validate_fallback, validate_model_spec
 from veronica.engine import supervisor
 from veronica.engine.timers import arm_cron
-from veronica.errors import VeronicaError, column_limit, text_problem
+from veronica.plumbing.errors import VeronicaError, column_limit, text_problem
 from veronica.models import Member, Membership, Origin, PermissionMode, Role, Skill, Space
 from veronica.skills import NAME_RE as SKILL_NAME_RE
 

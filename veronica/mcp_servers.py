@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from django.db import transaction
 
 from veronica import audit, events, outbound
-from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, text_problem
+from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, text_problem
 from veronica.models import McpServer, McpTransport, Member, Space
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")

@@ -16,7 +16,7 @@ from django.db.models import Sum
 from django.db.models.functions import Length
 
 from veronica import audit, events
-from veronica.errors import NotFound, VeronicaError
+from veronica.plumbing.errors import NotFound, VeronicaError
 from veronica.models import Member, MemoryFile
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,76}\.md$")

@@ -19,7 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from veronica import audit, outbound
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import AlertTally, Channel, DeliveryStatus, Event, NotificationDelivery, Space
 
 log = logging.getLogger(__name__)

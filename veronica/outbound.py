@@ -21,7 +21,7 @@ import httpcore
 import httpx
 from django.conf import settings
 
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "metadata.google.internal")

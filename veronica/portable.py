@@ -34,7 +34,7 @@ from django.utils.text import slugify
 from urllib.parse import urlsplit, urlunsplit
 
 from veronica import a2a_settings, access, audit, manifest, toml_out
-from veronica.errors import Conflict, VeronicaError, column_limit
+from veronica.plumbing.errors import Conflict, VeronicaError, column_limit
 from veronica.models import McpServer, McpTransport, Member, Skill, Space
 
 MAX_ARCHIVE_BYTES = 5 * 1024 * 1024  # an upload, compressed

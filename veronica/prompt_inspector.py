@@ -24,7 +24,7 @@ from veronica.agent import compaction, transcript
 from veronica.agent.metering import CHARS_PER_TOKEN
 from veronica.agent.prompt import brief_parts, system_parts
 from veronica.agent.tools import builtin_tools, deferred_of, offered_tools
-from veronica.errors import NotFound
+from veronica.plumbing.errors import NotFound
 from veronica.models import Member, Run, Session, Turn, TurnRole
 
 ROLE_PART = {TurnRole.USER: "transcript: briefs", TurnRole.ASSISTANT: "transcript: replies", TurnRole.TOOL: "transcript: tool results"}

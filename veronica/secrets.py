@@ -1,5 +1,5 @@
 """The secrets verbs: a space owner stores named secrets (API keys for MCP servers and tools) for the
-whole space or for one member; they are encrypted at rest (veronica.secret_store), never shown
+whole space or for one member; they are encrypted at rest (veronica.plumbing.secret_store), never shown
 again, never exported, and injected only where declared:
 
 * an MCP server's env value `${secret:NAME}` (stdio servers) is replaced when the server starts;
@@ -18,8 +18,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from veronica import audit, events, secret_store
-from veronica.errors import NotFound, VeronicaError, column_limit, text_problem
+from veronica import audit, events
+from veronica.plumbing import secret_store
+from veronica.plumbing.errors import NotFound, VeronicaError, column_limit, text_problem
 from veronica.models import Member, Secret, Space
 
 NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")

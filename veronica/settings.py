@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from veronica.env import (
+from veronica.plumbing.env import (
     env_bool, env_choice, env_float, env_int, env_hosts, env_list, env_path, env_prices, env_str, env_url, private_dir, private_file,
 )
 
@@ -169,7 +169,7 @@ if HOSTED and not REDIS_URL:
     raise ImproperlyConfigured("DATABASE_URL is set (hosted mode) but REDIS_URL is not; hosted mode needs both")
 
 if REDIS_URL:
-    # The event streams' doorbell (veronica.redisbell) publishes under this prefix too.
+    # The event streams' doorbell (veronica.plumbing.redisbell) publishes under this prefix too.
     CHANNEL_PREFIX = env_str("VERONICA_CHANNEL_PREFIX", "veronica")
     CHANNEL_LAYERS = {
         "default": {
@@ -392,8 +392,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    # every record's text (message, arguments, traceback) passes the secrets mask (veronica.secret_store)
-    "filters": {"mask_secrets": {"()": "veronica.secret_store.MaskFilter"}},
+    # every record's text (message, arguments, traceback) passes the secrets mask (veronica.plumbing.secret_store)
+    "filters": {"mask_secrets": {"()": "veronica.plumbing.secret_store.MaskFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["mask_secrets"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"httpx2": {"level": "WARNING"}},  # the SDKs' HTTP client logs every request at INFO
@@ -411,9 +411,9 @@ AXES_FAILURE_LIMIT = env_int("VERONICA_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = env_int("VERONICA_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 # Behind N reverse proxies the client's address is N entries from the right of X-Forwarded-For
-# (veronica.web_headers.client_ip); 0 = not behind a proxy, the header is ignored.
+# (veronica.plumbing.web_headers.client_ip); 0 = not behind a proxy, the header is ignored.
 TRUSTED_PROXY_COUNT = env_int("VERONICA_TRUSTED_PROXY_COUNT", 0, minimum=0, maximum=5)
-AXES_CLIENT_IP_CALLABLE = "veronica.web_headers.client_ip"
+AXES_CLIENT_IP_CALLABLE = "veronica.plumbing.web_headers.client_ip"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_LOCKOUT_CALLABLE = "veronica.login.lockout_response"  # the same page, with Retry-After
@@ -434,7 +434,7 @@ CONTENT_SECURITY_POLICY = {
 }
 MIDDLEWARE += [
     "csp.middleware.CSPMiddleware",
-    "veronica.web_headers.PrivateResponseHeaders",
+    "veronica.plumbing.web_headers.PrivateResponseHeaders",
     "veronica.sso.SessionRefresh",  # SSO sessions re-ask the IdP (prompt=none) when the ID token's time is up
     "axes.middleware.AxesMiddleware",  # last, as axes asks
 ]

@@ -6,7 +6,7 @@ import re
 from django.db import transaction
 
 from veronica import audit, events
-from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
+from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Skill, Space
 
 NAME_MAX, DESCRIPTION_MAX = column_limit(Skill, "name"), column_limit(Skill, "description")

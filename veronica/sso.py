@@ -41,7 +41,7 @@ from mozilla_django_oidc import views as oidc_views
 from mozilla_django_oidc.utils import import_from_settings
 
 from veronica import access, audit
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import SsoIdentity
 
 log = logging.getLogger(__name__)

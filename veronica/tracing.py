@@ -15,7 +15,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from veronica.secret_store import mask
+from veronica.plumbing.secret_store import mask
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 TRACED_EVENTS = {"approval.requested", "approval.decided", "waggle.replayed"}

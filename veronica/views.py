@@ -22,7 +22,7 @@ from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
 from veronica.engine import checks, retention, supervisor, watchdogs
-from veronica.errors import VeronicaError, storable, text_problem
+from veronica.plumbing.errors import VeronicaError, storable, text_problem
 from veronica.models import AccessRole, PermissionMode, Role, Space
 
 # --- panels -----------------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def _check_action(space: Space, action: str, data, actor: str) -> str:
 
 def _mcp_action(space: Space, action: str, data, actor: str) -> str:
     from veronica import mcp_servers
-    from veronica.errors import NotFound
+    from veronica.plumbing.errors import NotFound
 
     who = data.get("member", "").strip()
     member = supervisor.get_member(space, who) if who else None

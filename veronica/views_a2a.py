@@ -17,7 +17,7 @@ from django.views.decorators.csrf import csrf_exempt
 from veronica import a2a_serve, a2a_settings, access
 from veronica.a2a_serve import RpcError
 from veronica.api.base import Unauthorized, bearer_key, endpoint, json_body
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Event, Space
 
 NOT_SERVED = "no A2A agent here: the space does not exist, does not serve A2A, or does not expose that member"

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET
 from veronica import access, audit
 from veronica.access import OWNER
 from veronica.audit import Via
-from veronica.errors import VeronicaError, text_problem
+from veronica.plumbing.errors import VeronicaError, text_problem
 from veronica.models import AuditRow
 
 PAGE_ROWS = 200

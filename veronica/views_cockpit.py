@@ -16,7 +16,7 @@ from veronica.agent.tools import builtin_tools
 from veronica.api import cockpit
 from veronica.api import selectors as sel
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Member, PermissionMode, Role, Space
 
 # --- tasks (operators) -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods
 from learning.api import LeaseLost, LockBusy, OpError, ReviewError, RuleInputError
 from veronica import access, audit
 from veronica.access import OPERATOR, OWNER
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.learning_bridge import owner_key
 from veronica.models import Member, Space
 from veronica.views import _context, form_error, refuse_unstorable

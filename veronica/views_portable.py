@@ -12,7 +12,7 @@ from django.views.decorators.http import require_http_methods
 from veronica import access, portable, run_trace
 from veronica.access import OWNER
 from veronica.views import _context, form_error, refuse_unstorable
-from veronica.errors import VeronicaError, column_limit
+from veronica.plumbing.errors import VeronicaError, column_limit
 from veronica.models import Space
 
 # --- create a space -------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_http_methods
 from veronica import access, secrets
 from veronica.access import OWNER
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.views import _context, form_error, refuse_unstorable
 
 

@@ -11,7 +11,7 @@ from django.shortcuts import render
 from veronica import access, chat
 from veronica.api import selectors as sel
 from veronica.engine import approvals, budget
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 
 
 def member_panels(member: Callable) -> dict[str, Callable[[], dict]]:

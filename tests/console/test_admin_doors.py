@@ -14,7 +14,7 @@ from tests.console.helpers import call
 from veronica import access, ledger, skills
 from veronica.agent.prompt import system_prompt
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.manifest import register
 from veronica.models import Alarm, Event, Member, Message, Skill, Space, SpaceAccess, Task
 

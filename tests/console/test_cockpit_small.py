@@ -13,7 +13,7 @@ from learning.models import Rule, RuleChange
 from learning.sources import Correction, StaticSource
 from veronica import bus
 from veronica.engine import budget, supervisor
-from veronica.markdown import render_markdown
+from veronica.plumbing.markdown import render_markdown
 from veronica.models import Member, WebhookDelivery
 
 

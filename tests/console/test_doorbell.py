@@ -1,7 +1,7 @@
 """The cross-process doorbell: a commit in another process rings this process's open sockets.
 
-Embedded mode rings through veronica.doorbell (datagram sockets beside the SQLite file), hosted
-mode through Redis pub/sub (veronica.redisbell). Either way the poll is not what delivers: these tests set it to an
+Embedded mode rings through veronica.plumbing.doorbell (datagram sockets beside the SQLite file), hosted
+mode through Redis pub/sub (veronica.plumbing.redisbell). Either way the poll is not what delivers: these tests set it to an
 hour, so only a ring can bring the event within the (generous) timeout.
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 from tests.console.servers import server_env
 from tests.console.test_socket import head, receive_events, run, socket, until_ready
 from tests.console.test_socket import world  # noqa: F401  (the fixture)
-from veronica import access, consumers, doorbell
+from veronica import access, consumers
+from veronica.plumbing import doorbell
 
 PRODUCER = """
 import sys

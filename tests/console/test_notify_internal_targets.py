@@ -147,7 +147,7 @@ def test_an_allowed_name_is_reached_at_the_address_the_guard_resolved(world, set
 def test_a_bad_allow_list_entry_stops_start_up(monkeypatch):
     from django.core.exceptions import ImproperlyConfigured
 
-    from veronica.env import env_hosts
+    from veronica.plumbing.env import env_hosts
 
     monkeypatch.setenv("VERONICA_NOTIFY_ALLOW_HOSTS", "127.0.0.1, hooks.internal, not a host!")
     with pytest.raises(ImproperlyConfigured, match="not a host!"):

@@ -86,7 +86,7 @@ def test_the_admin_saves_a_blackboard_cap_in_range(world):
 
 def test_the_shared_cap_check_names_the_field_and_limits():
     from veronica.blackboard import clean_cap
-    from veronica.errors import VeronicaError
+    from veronica.plumbing.errors import VeronicaError
 
     for bad in (1, 9, 99, 1_000_001, "500", 3.5, True, None):
         with pytest.raises(VeronicaError) as err:

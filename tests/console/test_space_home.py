@@ -27,7 +27,7 @@ from veronica import portable
 from veronica.agent.tools import ToolContext
 from veronica.agent.tools import workspace as ws
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.manifest import ManifestError, register
 from veronica.models import Member, Space
 

@@ -7,7 +7,7 @@ import pytest
 
 from veronica import bus, run_trace
 from veronica.engine import approvals, runner, supervisor
-from veronica.errors import Conflict, VeronicaError
+from veronica.plumbing.errors import Conflict, VeronicaError
 from veronica.models import Approval, ApprovalRule, Event, Run
 
 

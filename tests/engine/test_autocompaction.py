@@ -7,7 +7,7 @@ import pytest
 from veronica import bus
 from veronica.agent import compaction
 from veronica.engine import runner, supervisor
-from veronica.errors import Conflict
+from veronica.plumbing.errors import Conflict
 from veronica.models import Event, Member, Run, Session, UsageDay
 
 
@@ -138,7 +138,7 @@ def test_full_operator_compaction_is_metered_and_keeps_the_unanswered_brief(spac
 
 
 def test_a_summary_holding_nul_or_a_lone_surrogate_is_kept_with_replacement_characters(space, scripted, monkeypatch):
-    """A vendor's summary is kept like any reply (veronica.errors.storable): a NUL failed the compaction
+    """A vendor's summary is kept like any reply (veronica.plumbing.errors.storable): a NUL failed the compaction
     on PostgreSQL, and a lone surrogate on both databases, every time it was tried."""
     w1 = w1_of(space)
     Member.objects.filter(pk=w1.pk).update(model="openai:gpt-4.1")

@@ -230,7 +230,7 @@ def test_an_unreachable_http_server_is_recorded(space):
 @pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data", "http://10.1.2.3:8080/mcp", "http://localhost:8000/mcp",
                                  "http://[::1]/mcp", "http://[::ffff:127.0.0.1]/mcp", "https://0.0.0.0/mcp", "http://app.localhost/mcp"])
 def test_a_url_on_the_hosts_own_network_is_refused_when_declared(settings, url):
-    from veronica.errors import VeronicaError
+    from veronica.plumbing.errors import VeronicaError
 
     settings.MCP_ALLOW_HOSTS = []  # the hosted default
     with pytest.raises(VeronicaError) as caught:
@@ -278,7 +278,7 @@ def test_a_name_that_resolves_inside_at_connect_time_is_refused_there(space, htt
     ({"name": "a", "command": ["x"], "cwd": "/"}, "mcp_servers.cwd"),
 ])
 def test_bad_declarations_name_the_field(cfg, field):
-    from veronica.errors import VeronicaError
+    from veronica.plumbing.errors import VeronicaError
 
     with pytest.raises(VeronicaError) as caught:
         mcp_servers.check(cfg)

@@ -50,7 +50,7 @@ def test_caps_name_the_limit_and_write_nothing(space, settings):
     settings.MEMORY_FILE_CHARS, settings.MEMORY_TOTAL_CHARS, settings.MEMORY_MAX_FILES = 200, 300, 2
     ctx = ToolContext(member=w1_of(space), space=space)
     write = tools_for("worker")["memory_write"].fn
-    from veronica.errors import VeronicaError
+    from veronica.plumbing.errors import VeronicaError
 
     with pytest.raises(VeronicaError, match="the limit per memory file is 200"):
         write(ctx, {"name": "a.md", "content": "x" * 201})

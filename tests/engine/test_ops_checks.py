@@ -10,7 +10,7 @@ from django.utils import timezone
 from veronica import ledger, manifest
 from veronica.agent.tools import ToolContext, swarm
 from veronica.engine import checks, supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Event, Message, Task, TaskCheck
 
 CHECKS = [{"name": "has-ok", "command": "test -f ok.txt && echo found ok.txt", "timeout": 5},

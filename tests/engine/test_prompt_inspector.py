@@ -9,7 +9,7 @@ from veronica import bus, prompt_inspector
 from veronica.agent import compaction
 from veronica.agent.prompt import system_prompt
 from veronica.engine import runner, supervisor
-from veronica.errors import NotFound
+from veronica.plumbing.errors import NotFound
 from veronica.models import Member, Run, Turn
 
 

@@ -23,7 +23,7 @@ from veronica.agent.providers.fallback import FallbackProvider
 from veronica.agent.providers.limit_config import Limit, LimitConfigError, limits_for, parse
 from veronica.agent.providers.limiter_db import DbLimiter
 from veronica.engine import runner, supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Event, Member, Run
 
 NEVER = lambda: False  # noqa: E731

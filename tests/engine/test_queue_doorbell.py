@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 from django_q.brokers import get_broker
 
-from veronica import doorbell
+from veronica.plumbing import doorbell
 from veronica.engine.qbroker import DoorbellORM
 
 pytestmark = pytest.mark.skipif(bool(settings.REDIS_URL), reason="hosted mode's broker is Redis (BLPOP, no poll)")

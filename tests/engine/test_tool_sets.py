@@ -13,7 +13,7 @@ from tests.engine.test_live_vendor import openai_mock  # noqa: F401 (a fixture)
 from tests.vendors import faults as f
 from veronica import bus, portable
 from veronica.engine import runner, supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.manifest import register
 from veronica.models import Member
 

@@ -7,7 +7,7 @@ import pytest
 
 from veronica import bus
 from veronica.engine import runner, supervisor
-from veronica.errors import storable
+from veronica.plumbing.errors import storable
 from veronica.models import Event, Turn, TurnRole
 
 pytestmark = pytest.mark.django_db

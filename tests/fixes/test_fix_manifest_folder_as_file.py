@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from veronica import manifest, portable
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Space
 
 

@@ -17,7 +17,7 @@ from veronica.agent.providers import Provider, get_provider, member_key, split_s
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import RunContext
-from veronica.errors import storable
+from veronica.plumbing.errors import storable
 from veronica.models import Member, Phase, Session, Turn, TurnRole
 
 KEEP_RECENT = 6

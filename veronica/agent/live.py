@@ -11,7 +11,7 @@ import time
 
 from veronica import events
 from veronica.agent.runctx import LeaseLost
-from veronica.errors import storable
+from veronica.plumbing.errors import storable
 from veronica.models import Member, Phase
 
 EVERY = 0.25

@@ -36,9 +36,9 @@ from veronica.agent.tools.mcp import NAME_LIMIT as MCP_NAME_LIMIT
 from veronica.agent.tools.mcp import McpTool
 from veronica.agent.tools.swarm import WaitForOperator
 from veronica.engine import approvals as approval_verbs
-from veronica.errors import VeronicaError, storable
+from veronica.plumbing.errors import VeronicaError, storable
 from veronica.models import Approval, ApprovalStatus, Member, Phase, PermissionMode, Question, RunOutcome, TurnRole
-from veronica.secret_store import mask
+from veronica.plumbing.secret_store import mask
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")  # what every vendor takes back, an
 
 def storable_reply(reply: Reply) -> Reply:
     """The reply as it can be persisted: a NUL or an unpaired surrogate from the model becomes U+FFFD
-    (veronica.errors.storable) instead of failing the step's transaction on PostgreSQL. A tool name
+    (veronica.plumbing.errors.storable) instead of failing the step's transaction on PostgreSQL. A tool name
     past the vendors' 64 characters (never a real tool: it gets "unknown tool") is cut there; a call id
     that is empty, over 80 characters, of other characters or repeated within the reply is replaced by
     a fresh one, so each call's result pairs with its call, and is stored, whatever the model sent."""

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from django.db.models import Max
 
 from veronica import events
-from veronica.secret_store import mask, mask_data
+from veronica.plumbing.secret_store import mask, mask_data
 from veronica.models import Member, Session, Turn, TurnRole
 
 ELIDED = "[older tool output elided by compaction]"
@@ -113,8 +113,8 @@ class Log:
 
 
 def insert_turns(rows: list[Turn]) -> None:
-    """One multi-row INSERT, its SQL written once (veronica.returning.insert_rows)."""
-    from veronica.returning import insert_rows
+    """One multi-row INSERT, its SQL written once (veronica.plumbing.returning.insert_rows)."""
+    from veronica.plumbing.returning import insert_rows
 
     insert_rows(Turn, rows)
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 from veronica.agent.tools.base import S, Tool, ToolContext, ToolError, truncate
-from veronica.errors import VeronicaError, check_tree
+from veronica.plumbing.errors import VeronicaError, check_tree
 
 if TYPE_CHECKING:
     from veronica.models import Member

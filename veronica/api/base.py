@@ -24,7 +24,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from veronica import access
-from veronica.errors import VeronicaError, check_tree, text_problem
+from veronica.plumbing.errors import VeronicaError, check_tree, text_problem
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 

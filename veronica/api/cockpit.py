@@ -9,7 +9,7 @@ from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import endpoint, json_body, text_field
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import Member, Space, Task, VerifyPolicy
 
 MAX_DEPENDS_ON = 1000

@@ -12,7 +12,7 @@ from veronica import access, secrets
 from veronica.access import OWNER
 from veronica.api.base import endpoint, json_body, text_field
 from veronica.engine import supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 
 
 def _scope(request: HttpRequest, slug: str, name: str | None):

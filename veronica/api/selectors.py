@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from veronica import blackboard as board_verbs
 from veronica.engine import budget, checks
-from veronica.errors import NotFound, VeronicaError
-from veronica.markdown import render_markdown
+from veronica.plumbing.errors import NotFound, VeronicaError
+from veronica.plumbing.markdown import render_markdown
 from veronica.session_usage import with_session_usage
 from veronica.models import (
     ROLE_RANK, AccessRole, Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,

@@ -10,7 +10,7 @@ from veronica.api import selectors as sel
 from veronica.api.base import endpoint, json_body, text_field
 from veronica.api.views import _actor, _space
 from veronica.engine import budget, supervisor
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 
 ENDPOINTS = [
     "GET|POST /api/spaces/<slug>/members/<name>/chat/?before=&limit=",

@@ -13,7 +13,7 @@ from veronica.api import selectors as sel
 from veronica.api.base import endpoint, error, json_body, text_field
 from veronica.engine import approvals as approval_verbs
 from veronica.engine import checks, retention, supervisor, watchdogs
-from veronica.errors import NotFound, VeronicaError
+from veronica.plumbing.errors import NotFound, VeronicaError
 from veronica.models import ApprovalStatus, RetirePolicy, TaskStatus
 
 WRITE_NEED = {"GET": VIEWER, "HEAD": VIEWER}

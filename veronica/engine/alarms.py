@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from veronica import audit, bus, events
-from veronica.errors import VeronicaError, require_text
+from veronica.plumbing.errors import VeronicaError, require_text
 from veronica.models import Alarm, Member
 
 MAX_AHEAD = timedelta(days=366)

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from veronica import audit, events
 from veronica.engine.wakes import wake_on_commit
-from veronica.errors import Conflict, NotFound, VeronicaError, require_text
+from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, require_text
 from veronica.models import Approval, ApprovalRule, ApprovalStatus, Member, Question, Space
 
 

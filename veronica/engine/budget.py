@@ -9,7 +9,7 @@ from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
 from veronica import audit, bus, events
-from veronica.errors import Conflict, VeronicaError
+from veronica.plumbing.errors import Conflict, VeronicaError
 from veronica.models import Member, Role, Space, UsageDay
 
 
@@ -72,7 +72,7 @@ METER_COLUMNS = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_wr
 def meter_statement(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
                     usd: Decimal = Decimal(0), estimated_calls: int = 0):
     """meter_returning()'s statement, compiled once, and this call's values: (compiled, values)."""
-    from veronica.returning import compiled
+    from veronica.plumbing.returning import compiled
 
     def build(slot):
         qs = UsageDay.objects.filter(member_id=slot.int("member"), day=slot.date("day"))
@@ -100,7 +100,7 @@ def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, ca
 
     stmt, values = meter_statement(member, input_tokens=input_tokens, output_tokens=output_tokens, cache_read=cache_read,
                                    cache_write=cache_write, usd=usd, estimated_calls=estimated_calls)
-    from veronica.returning import bound
+    from veronica.plumbing.returning import bound
 
     for _ in range(2):
         with connections[UsageDay.objects.db].cursor() as cur:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from veronica import audit, bus, events
 from veronica.agent.tools.base import ToolError, truncate
 from veronica.agent.tools.sandbox import Capped, limit_note, run, sandbox_env, sandboxed
-from veronica.errors import Conflict, IllegalTransition, NotFound, VeronicaError
+from veronica.plumbing.errors import Conflict, IllegalTransition, NotFound, VeronicaError
 from veronica.models import Space, Task, TaskCheck, TaskStatus, VerifyPolicy
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from datetime import datetime
 from croniter import CroniterBadDateError, croniter
 from django.utils import timezone
 
-from veronica.errors import VeronicaError, require_text
+from veronica.plumbing.errors import VeronicaError, require_text
 
 MAX_LEN = 120  # Member.schedule's column
 FIELDS = "minute hour day month weekday"

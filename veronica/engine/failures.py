@@ -21,7 +21,7 @@ from django.db.models.functions import Concat, Now
 from veronica import audit, bus, events
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, RunStatus, UsageDay
-from veronica.secret_store import mask
+from veronica.plumbing.secret_store import mask
 
 # The config a member was parked under; a change to either field un-parks it.
 CONFIG = Concat(F("model"), Value("|"), F("permission_mode"))

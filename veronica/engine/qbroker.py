@@ -2,7 +2,7 @@
 
 The ORM broker's pusher polls the queue table every `poll` seconds (0.1): a wake waited 50 ms for
 it on average and up to the whole interval (the p99 of embedded wakes was the poll). Here enqueue
-rings the pushers on this database over the embedded doorbell (veronica.doorbell: Unix datagram
+rings the pushers on this database over the embedded doorbell (veronica.plumbing.doorbell: Unix datagram
 sockets beside the SQLite file) once the task's row is committed, and an empty poll waits on that
 ring instead of sleeping, so a wake is fetched as soon as it is committed. The table stays the
 durable path: a ring says "look", never carries the task, and the wait still ends after `poll`, so
@@ -23,7 +23,7 @@ from django_q.brokers.orm import ORM
 from django_q.brokers.redis_broker import Redis
 from django_q.conf import Conf
 
-from veronica import doorbell
+from veronica.plumbing import doorbell
 from veronica.engine import outage
 
 log = logging.getLogger(__name__)

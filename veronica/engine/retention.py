@@ -29,7 +29,7 @@ from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from veronica import audit, events, ledger
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.models import (
     Approval, ApprovalStatus, Event, Message, Question, Run, Session, Space, Task, Turn, Wake, WebhookDelivery,
 )

@@ -18,7 +18,7 @@ from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures, fleet, outage, slot, wakes
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
-from veronica.errors import storable
+from veronica.plumbing.errors import storable
 from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
 
 log = logging.getLogger(__name__)

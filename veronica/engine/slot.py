@@ -36,7 +36,7 @@ from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
 from veronica import events
-from veronica.returning import compiled, update_returning, update_then
+from veronica.plumbing.returning import compiled, update_returning, update_then
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
 from veronica.engine import budget, failures
 from veronica.engine import wakes

@@ -11,7 +11,7 @@ from veronica import audit, bus, events
 from veronica.engine.cron import next_fire, validate_cron
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import wake_on_commit
-from veronica.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
+from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
 from veronica.models import (
     Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus, Session, Skill, Space,
 )

@@ -16,7 +16,7 @@ from veronica import a2a_calls, audit, bus, events, ledger
 from veronica.engine import alarms, clock, failures, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake
-from veronica.errors import Conflict, NotFound
+from veronica.plumbing.errors import Conflict, NotFound
 from veronica.models import (
     A2ACall, Approval, ApprovalStatus, Member, Membership, Message, Phase, Question, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
 )

@@ -117,7 +117,7 @@ def thresholds_of(space: Space) -> dict:
 
 
 def clean_thresholds(values: dict) -> dict[str, int]:
-    from veronica.errors import VeronicaError
+    from veronica.plumbing.errors import VeronicaError
 
     cleaned = {}
     for name, raw in values.items():

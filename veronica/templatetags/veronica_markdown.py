@@ -1,6 +1,6 @@
 from django import template
 
-from veronica.markdown import render_markdown
+from veronica.plumbing.markdown import render_markdown
 
 register = template.Library()
 

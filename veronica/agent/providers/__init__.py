@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall, Usage
-from veronica.errors import VeronicaError, require_text
+from veronica.plumbing.errors import VeronicaError, require_text
 
 KINDS = ("offline", "openai", "anthropic")
 MAX_SPEC = 120  # Member.model's column
@@ -85,7 +85,8 @@ def member_key(member, spec: str | None = None) -> str | None:
     """The member's API key for the vendor of `spec` (its own model by default), from its own or its
     space's secrets (OPENAI_API_KEY / ANTHROPIC_API_KEY, veronica.secrets), or None: the server's
     environment."""
-    from veronica import secret_store, secrets
+    from veronica import secrets
+    from veronica.plumbing import secret_store
 
     try:
         return secrets.provider_key(member, split_spec(spec or member.model)[0])

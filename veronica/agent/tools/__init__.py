@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from veronica.agent.tools import memory, swarm, workspace
 from veronica.agent.tools.base import Tool, ToolContext, ToolError, truncate
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 
 if TYPE_CHECKING:
     from veronica.models import Member

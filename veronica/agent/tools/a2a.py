@@ -68,7 +68,7 @@ def _caller(remote_pk: int, name: str):
         from django.conf import settings
 
         from veronica import a2a_client, events
-        from veronica.errors import VeronicaError
+        from veronica.plumbing.errors import VeronicaError
         from veronica.models import A2ARemote
 
         text = arg_str(args, "message", max_len=20000)

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from veronica.agent.mcp_client import McpUnavailable, ServerSpec, manager
 from veronica.agent.tools.base import Tool, ToolContext, ToolError
-from veronica.errors import storable
+from veronica.plumbing.errors import storable
 
 if TYPE_CHECKING:
     from veronica.models import McpServer, Member
@@ -63,7 +63,7 @@ def spec_of(server: "McpServer", workdir: str, member: "Member | None" = None) -
 
     from veronica import secrets
     from veronica.agent.tools.workspace import sandboxed
-    from veronica.errors import VeronicaError
+    from veronica.plumbing.errors import VeronicaError
 
     try:
         resolved = secrets.resolve_env(server.env or {}, server.space_id, member or server.member, where=f"mcp_servers.{server.name}")
@@ -84,7 +84,7 @@ def _record(server: "McpServer", error: str, tools: list[dict] | None) -> None:
 
     # A server's words are kept, not refused: one NUL or lone surrogate in a tool's name or in its
     # stderr made this write raise, and with it every run of the member.
-    from veronica.secret_store import mask
+    from veronica.plumbing.secret_store import mask
 
     fields = {"last_error": storable(mask(error)[:2000]), "checked_at": timezone.now()}
     if tools is not None:

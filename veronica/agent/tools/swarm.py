@@ -8,7 +8,7 @@ from django.utils import timezone
 from veronica import blackboard, bus, ledger, skills
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str
 from veronica.engine import alarms, budget, supervisor
-from veronica.errors import require_text
+from veronica.plumbing.errors import require_text
 from veronica.models import Member, Role, Space, Task, TaskStatus
 from veronica.session_usage import with_session_usage
 

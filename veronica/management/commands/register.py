@@ -3,7 +3,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from veronica import audit
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 from veronica.manifest import register_space
 from veronica.portable import create_from_archive, create_from_template
 

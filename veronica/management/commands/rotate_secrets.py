@@ -9,7 +9,8 @@ from __future__ import annotations
 from cryptography.fernet import Fernet
 from django.core.management.base import BaseCommand, CommandError
 
-from veronica import audit, secret_store, secrets
+from veronica import audit, secrets
+from veronica.plumbing import secret_store
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from veronica import access, audit
-from veronica.errors import VeronicaError
+from veronica.plumbing.errors import VeronicaError
 
 
 class Command(BaseCommand):
