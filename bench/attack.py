@@ -864,7 +864,7 @@ def hostile_archives() -> list[tuple[str, bytes]]:
 def bad_inputs(w: World) -> dict:
     from django.db import close_old_connections
 
-    from veronica import webhooks
+    from veronica.ops import webhooks
 
     w.served.stop_cluster()  # nothing else writes while we compare states
     time.sleep(1)

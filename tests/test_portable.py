@@ -216,7 +216,8 @@ def test_awkward_text_round_trips_byte_for_byte(demo):
 
 @pytest.fixture
 def ops_demo(demo):
-    from veronica import mcp_servers, notify
+    from veronica import mcp_servers
+    from veronica.ops import notify
     from veronica.engine import checks, retention, watchdogs
 
     checks.configure(demo, [{"name": "tests", "command": "pytest -q", "timeout": 120},

@@ -15,7 +15,7 @@ import httpx
 from a2a import types as t
 from pydantic import ValidationError
 
-from veronica import outbound
+from veronica.ops import outbound
 from veronica.plumbing.errors import VeronicaError
 
 TERMINAL = {t.TaskState.completed, t.TaskState.failed, t.TaskState.canceled, t.TaskState.rejected}

@@ -2,7 +2,7 @@
 off, which members besides the leader are agents, the callers' bearer credentials (shown once, only
 their SHA-256 kept), and the remote agents members may call (a2a__<name>).
 
-Remote agents are declared by their card URL; the internal-address guard (veronica.outbound, A2A
+Remote agents are declared by their card URL; the internal-address guard (veronica.ops.outbound, A2A
 purpose) applies when saved and again on every request."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from veronica import access, events, outbound
+from veronica import access, events
+from veronica.ops import outbound
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
 from veronica.models import A2AConfig, A2ACredential, A2ARemote, Member, Role, Space
 

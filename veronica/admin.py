@@ -9,7 +9,8 @@ from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 
-from veronica import access, blackboard, ledger, mcp_servers, memory, notify, secrets, webhooks
+from veronica import access, blackboard, ledger, mcp_servers, memory, secrets
+from veronica.ops import notify, webhooks
 from veronica import skills as skill_verbs
 from veronica.engine import alarms, checks, retention, supervisor, watchdogs
 from veronica.plumbing.errors import VeronicaError

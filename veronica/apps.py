@@ -15,7 +15,8 @@ class VeronicaConfig(AppConfig):
 
         from waggle import guard as waggle_guard
 
-        from veronica import audit, events, tracing
+        from veronica import audit, events
+        from veronica.ops import tracing
         from veronica.engine.warm import warm_worker
 
         audit.connect_signals()  # logins, failed logins and logouts are audit rows

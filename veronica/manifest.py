@@ -287,7 +287,7 @@ def _ops_settings(space_path: Path, cfg: dict) -> dict:
     """`verify_checks` (an array of {name, command, timeout} tables) and the `[notify]` table. Only
     what the manifest states is applied, so a notifier an owner set in the console survives a register
     of a manifest that has none."""
-    from veronica import notify
+    from veronica.ops import notify
     from veronica.engine import checks
 
     out: dict = {}

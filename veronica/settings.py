@@ -337,7 +337,7 @@ try:
     PROVIDER_LIMITS = _parse_limits(os.environ.get("VERONICA_PROVIDER_LIMITS", ""))
 except LimitConfigError as _exc:
     raise ImproperlyConfigured(str(_exc)) from None
-# inbound webhook (veronica.webhooks): largest body accepted, and how far a delivery's timestamp
+# inbound webhook (veronica.ops.webhooks): largest body accepted, and how far a delivery's timestamp
 # may be from the server's clock (also how long its signature is remembered against replays).
 WEBHOOK_MAX_BYTES = env_int("VERONICA_WEBHOOK_MAX_BYTES", 65536, minimum=1024, maximum=10 * 1024 * 1024)
 WEBHOOK_TOLERANCE_SECONDS = env_int("VERONICA_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=10, maximum=3600)
@@ -347,10 +347,10 @@ MAX_REQUEST_BYTES = env_int("VERONICA_MAX_REQUEST_BYTES", max(8 * 1024 * 1024, W
                             minimum=6 * 1024 * 1024, maximum=1024 ** 3)
 if MAX_REQUEST_BYTES < WEBHOOK_MAX_BYTES:
     raise ImproperlyConfigured("VERONICA_MAX_REQUEST_BYTES must be at least VERONICA_WEBHOOK_MAX_BYTES")
-# outbound notifier (veronica.outbound): host names, IP addresses or CIDR networks the webhook and
+# outbound notifier (veronica.ops.outbound): host names, IP addresses or CIDR networks the webhook and
 # Slack URLs may reach although they are internal (loopback, private, link-local); empty = none.
 NOTIFY_ALLOW_HOSTS = env_hosts("VERONICA_NOTIFY_ALLOW_HOSTS")
-# MCP servers attached by URL (veronica.outbound): the same rule. On the embedded default (one
+# MCP servers attached by URL (veronica.ops.outbound): the same rule. On the embedded default (one
 # laptop, one operator) a local MCP server is the usual case, so loopback is allowed unless the
 # variable says otherwise; hosted, where space owners are tenants, nothing internal by default.
 # Set (even empty: nothing) it replaces that default.

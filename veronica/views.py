@@ -17,7 +17,8 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from veronica import a2a_settings, access, metrics as metrics_module, notify, run_trace, views_a2a, views_steer, webhooks
+from veronica import a2a_settings, access, run_trace, views_a2a, views_steer
+from veronica.ops import metrics as metrics_module, notify, webhooks
 from veronica.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate

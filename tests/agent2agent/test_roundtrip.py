@@ -33,7 +33,7 @@ from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import approvals, runner, supervisor, tick
 from veronica.models import A2ACall, A2ATaskLink, Approval, Event, Turn, Wake
-from veronica.outbound import Refused
+from veronica.ops.outbound import Refused
 
 PEER = str(Path(__file__).resolve().parent / "peer.py")
 TOKEN = "peer-secret"

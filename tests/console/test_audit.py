@@ -118,7 +118,7 @@ def _check(world):
 
 
 def _notifier(world):
-    from veronica import notify
+    from veronica.ops import notify
     notify.configure(world.space, emails="ops@example.com", actor="test")
 
 
@@ -128,7 +128,7 @@ def _report(world):
 
 
 def _secret(world):
-    from veronica import webhooks
+    from veronica.ops import webhooks
     webhooks.rotate_secret(world.space, actor="test")
 
 

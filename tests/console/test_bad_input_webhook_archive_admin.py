@@ -10,7 +10,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from tests.bad_input import NUL, SURROGATE, changed_tables, db_state
 from tests.console.test_portable_console import _valid_files
 from tests.console.test_webhook import post
-from veronica import webhooks
+from veronica.ops import webhooks
 from veronica.models import Space
 
 

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from tests.console.helpers import call
 from tests.ops_helpers import Receiver
-from veronica import notify, outbound
+from veronica.ops import notify, outbound
 from veronica.engine import budget, supervisor
 from veronica.models import DeliveryStatus, NotificationDelivery, Space
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.console.test_webhook import post
-from veronica import webhooks
+from veronica.ops import webhooks
 from veronica.models import Message, WebhookDelivery
 
 
@@ -115,7 +115,7 @@ def test_6to4_and_nat64_forms_of_internal_addresses_are_refused(world, settings,
 def test_6to4_and_nat64_forms_of_public_addresses_pass_and_the_allow_list_covers_the_embedded_address(settings):
     import ipaddress
 
-    from veronica import outbound
+    from veronica.ops import outbound
 
     for public in ("2002:808:808::1", "64:ff9b::808:808", "2606:4700::1111"):
         assert not outbound.internal(ipaddress.ip_address(public)), public

@@ -9,7 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.console.helpers import call
-from veronica import webhooks
+from veronica.ops import webhooks
 from veronica.engine import retention
 from veronica.models import Event, Member, Message, Space, WebhookDelivery
 

@@ -252,7 +252,7 @@ def test_the_default_allows_loopback_on_a_laptop_and_nothing_internal_when_hoste
 def test_a_name_that_resolves_inside_at_connect_time_is_refused_there(space, http_server, settings, monkeypatch):
     """DNS rebinding: the name did not resolve (or resolved outside) when declared, and points at
     loopback when the worker connects. The guard resolves once, checks, and never connects."""
-    from veronica import outbound
+    from veronica.ops import outbound
 
     settings.MCP_ALLOW_HOSTS = []
     port = int(http_server.rsplit(":", 1)[1].split("/")[0])

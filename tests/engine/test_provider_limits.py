@@ -227,7 +227,7 @@ def test_a_permanent_error_of_the_members_own_model_does_not_fall_back(settings)
 
 
 def test_the_fallback_span_names_the_model_that_answered(spans):  # noqa: F811 - the imported fixture
-    from veronica import tracing
+    from veronica.ops import tracing
     from veronica.agent.providers.base import ProviderError, Reply
 
     class Down:

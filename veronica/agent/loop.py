@@ -21,7 +21,8 @@ import uuid
 from django.db import transaction
 from django.db.models.functions import Now
 
-from veronica import bus, chat, events, tracing
+from veronica import bus, chat, events
+from veronica.ops import tracing
 from veronica.agent import compaction, metering, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief

@@ -61,10 +61,10 @@ class ServerSpec:
 @contextlib.asynccontextmanager
 async def _guarded_http(url: str):
     """The SDK's streamable-HTTP transport on a client that refuses internal addresses at connect
-    time (veronica.outbound, VERONICA_MCP_ALLOW_HOSTS); we own the client, so we close it."""
+    time (veronica.ops.outbound, VERONICA_MCP_ALLOW_HOSTS); we own the client, so we close it."""
     import httpx2
 
-    from veronica import outbound
+    from veronica.ops import outbound
 
     async with outbound.async_client_factory(outbound.MCP)(httpx2.Timeout(30, read=300)) as http:
         async with streamable_http_client(url, http_client=http) as streams:

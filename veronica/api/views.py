@@ -6,7 +6,8 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from veronica import access, blackboard, bus, memory, notify, webhooks
+from veronica import access, blackboard, bus, memory
+from veronica.ops import notify, webhooks
 from veronica.access import OPERATOR, OWNER, VIEWER
 from veronica.api import cockpit
 from veronica.api import selectors as sel
@@ -346,7 +347,7 @@ def space_access_detail(request: HttpRequest, slug: str, username: str) -> dict:
 
 @csrf_exempt
 def webhook(request: HttpRequest, slug: str, name: str | None = None) -> JsonResponse:
-    """Signed by the space's secret instead of a login or CSRF token (see veronica.webhooks)."""
+    """Signed by the space's secret instead of a login or CSRF token (see veronica.ops.webhooks)."""
     if request.method != "POST":
         response = error(405, f"{request.method} is not allowed here; use POST")
         response["Allow"] = "POST"

@@ -13,7 +13,8 @@ import time
 from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Exists, OuterRef
 
-from veronica import audit, tracing
+from veronica import audit
+from veronica.ops import tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures, fleet, outage, slot, wakes

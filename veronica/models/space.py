@@ -28,7 +28,7 @@ class Space(models.Model):
     notify_slack_url = models.CharField(max_length=500, blank=True, help_text="Slack-compatible incoming webhook for ops alerts.")
     notify_emails = models.TextField(blank=True, help_text="Comma-separated addresses that receive ops alerts by email.")
     # HMAC needs the secret itself, so it is stored; it is shown once (console / API on rotate) and
-    # never again (admin masks it, the API never returns it). See veronica.webhooks.
+    # never again (admin masks it, the API never returns it). See veronica.ops.webhooks.
     webhook_secret = models.CharField(max_length=200, blank=True)
     webhook_rotated_at = models.DateTimeField(null=True, blank=True)
     rule_review_required = models.BooleanField(default=True, help_text="Learned-rule proposals wait for a person.")

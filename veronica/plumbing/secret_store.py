@@ -11,7 +11,7 @@
   context (a log record in an event loop). Values are at least MIN_VALUE characters, so masking
   never eats ordinary words; a deleted or replaced value stays masked for the life of the process.
 
-This module sits low (models only): veronica.events, veronica.tracing and the agent runtime call
+This module sits low (models only): veronica.events, veronica.ops.tracing and the agent runtime call
 mask(); the verbs that change secrets live in veronica.secrets.
 """
 from __future__ import annotations

@@ -47,7 +47,7 @@ def _counts(qs: QuerySet, *fields: str) -> list[dict]:
 
 
 def render(spaces: QuerySet[Space]) -> str:
-    from veronica import metrics_members  # it builds on Family above
+    from veronica.ops import metrics_members  # it builds on Family above
     slugs = dict(spaces.values_list("pk", "slug"))
     ids = list(slugs)
     families = [

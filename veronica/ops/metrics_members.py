@@ -1,4 +1,4 @@
-"""Per-member series and the engine's counts for /metrics (veronica.metrics renders them too).
+"""Per-member series and the engine's counts for /metrics (veronica.ops.metrics renders them too).
 
 The per-space families stay as they are; these add a `member` label beside `space` (sum by space
 gives the space's figure back). Engine counts are read from rows that are never purged: spawned
@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from django.db.models import Count, Q, Sum
 
-from veronica.metrics import Family, _counts, _histogram, add_histogram, run_durations
+from veronica.ops.metrics import Family, _counts, _histogram, add_histogram, run_durations
 from veronica.models import Member, Run, Task, UsageDay, Wake
 
 
