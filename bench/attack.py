@@ -309,7 +309,8 @@ class World:
     def setup(self) -> None:
         from django.contrib.auth.models import Permission, User as DjangoUser
 
-        from veronica import access, portable
+        from veronica import access
+        from veronica.portable import archive as portable
 
         for name in ("tenant", "owner", "operator", "viewer"):
             DjangoUser.objects.create_user(name, password=f"pw-{name}-{TAG}")

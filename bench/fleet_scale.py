@@ -161,7 +161,7 @@ def child_idle(p: dict) -> dict:
     _migrate()
     from django.conf import settings
 
-    from veronica.manifest import register_space
+    from veronica.portable.manifest import register_space
     from veronica.models import Member, Run, Wake
 
     empty_statements, empty_ms, _, _ = _idle_ticks(p["ticks"])

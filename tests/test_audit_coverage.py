@@ -15,7 +15,7 @@ OTHER_VERBS = [
     "veronica.engine.approvals.decide", "veronica.engine.approvals.allow_always", "veronica.engine.approvals.revoke_rule",
     "veronica.engine.approvals.answer", "veronica.engine.alarms.set_alarm", "veronica.chat.send_to", "veronica.bus.send",
     "veronica.bus.accept_operator_mail", "veronica.ledger.create_task", "veronica.access.create_token",
-    "veronica.access.revoke_token", "veronica.portable.export_archive", "veronica.engine.retention.purge_space",
+    "veronica.access.revoke_token", "veronica.portable.archive.export_archive", "veronica.engine.retention.purge_space",
 ]
 # learning's rule verbs (learning never imports veronica): the console's rules door records them
 DOOR_RECORDED = {
@@ -33,14 +33,14 @@ NOT_VERBS = {
     "veronica.ledger.transition": "the ledger's state step inside assign/cancel/retry/complete",
     "veronica.ledger.dispatch": "the mail-and-start step inside assign and the engine's dispatch",
     "veronica.agent.compaction.compact_session": "the work inside supervisor.compact",
-    "veronica.manifest.register": "a wrapper returning register_space(...).space",
+    "veronica.portable.manifest.register": "a wrapper returning register_space(...).space",
     "veronica.api.cockpit.create_task": "the API's parsing before ledger.create_task",
     "veronica.api.cockpit.task_action": "the API's parsing before ledger.assign/reassign/cancel/retry",
     "veronica.api.cockpit.add_member": "the API's parsing before supervisor.add_member",
     "veronica.api.cockpit.add_skill": "the API's parsing before skills.add_skill",
 }
 # exercised elsewhere in tests/console/test_audit.py than its table
-DOOR_TESTED_ELSEWHERE = {"veronica.blackboard.set_cap", "veronica.portable.create_from_archive", "veronica.manifest.register_space",
+DOOR_TESTED_ELSEWHERE = {"veronica.blackboard.set_cap", "veronica.portable.archive.create_from_archive", "veronica.portable.manifest.register_space",
                          *DOOR_RECORDED}
 
 
@@ -51,7 +51,7 @@ NO_DOOR_OF_THEIR_OWN = {
     "veronica.engine.budget.reopen_allowed": "inside set_space_limits",
     "veronica.engine.failures.unpark": "inside resume",
     "veronica.mcp_servers.replace_from_manifest": "inside register_space",
-    "veronica.portable.create_from_folder": "inside create_from_template / create_from_archive",
+    "veronica.portable.archive.create_from_folder": "inside create_from_template / create_from_archive",
     "veronica.engine.supervisor.retire": "the leader's tool and the tick only",
     "veronica.ledger.complete": "the agents' tool only",
     "veronica.memory.append_note": "learning's distill pass only",

@@ -17,7 +17,7 @@ from veronica.agent.loop import run_tool
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError
-from veronica.manifest import ManifestError, register
+from veronica.portable.manifest import ManifestError, register
 
 # --- cron ---------------------------------------------------------------------------------------------------
 

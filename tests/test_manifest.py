@@ -5,7 +5,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from veronica.engine import supervisor
-from veronica.manifest import register
+from veronica.portable.manifest import register
 from veronica.models import Member, Space
 
 

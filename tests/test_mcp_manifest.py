@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from veronica import mcp_servers
-from veronica.manifest import ManifestError, register
+from veronica.portable.manifest import ManifestError, register
 from veronica.models import McpServer, Space
 
 SPACE_SERVERS = """

@@ -12,11 +12,11 @@ from django.core.management.base import CommandError
 
 from learning import api as learning
 from learning.models import Rule
-from veronica import portable
+from veronica.portable import archive as portable
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError
 from veronica.learning_bridge import owner_key
-from veronica.manifest import register
+from veronica.portable.manifest import register
 from veronica.models import Member, Skill, Space, SpaceAccess
 
 
@@ -273,7 +273,7 @@ def test_round_trip_with_checks_notifier_mcp_and_ops_settings_is_byte_identical(
 def test_the_toml_writer_reads_back_exactly_what_it_wrote():
     import tomllib
 
-    from veronica import toml_out
+    from veronica.portable import toml_out
 
     awkward = ['plain', 'q"uote', "back\\slash", "new\nline\ttab\r\f\b", "\x01\x1f\x7f", "🐝 — ü", "'single'", '"""', ""]
     data = {"s": awkward[1], "n": -7, "f": 0.1, "z": 0.0, "big": 1e-05, "b": True, "list": awkward, "odd key": "x",

@@ -1,5 +1,5 @@
 from veronica.engine import supervisor
-from veronica.startup import ensure_demo_login, ensure_demo_space, ensure_schedules
+from veronica.portable.startup import ensure_demo_login, ensure_demo_space, ensure_schedules
 
 
 def test_restart_keeps_runtime_overrides_and_the_login(db, settings, tmp_path):

@@ -160,7 +160,7 @@ class SpaceAdmin(VerbAdmin):
     def save_model(self, request, obj, form, change):
         if not change:  # no verb creates a bare space (register and the console's templates do more)
             if not obj.workdir:  # a space added here works in its own folder, like one made on New space
-                from veronica.portable import home_of
+                from veronica.portable.archive import home_of
 
                 workdir = home_of(obj.slug) / "workspace"
                 workdir.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,9 @@ import tomllib
 import pytest
 
 from veronica import a2a_settings
-from veronica.manifest import ManifestError, register
+from veronica.portable.manifest import ManifestError, register
 from veronica.models import A2AConfig, A2ARemote
-from veronica.portable import export_files
+from veronica.portable.archive import export_files
 
 A2A_TABLE = """
 [a2a]

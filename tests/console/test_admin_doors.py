@@ -15,7 +15,7 @@ from veronica import access, ledger, skills
 from veronica.agent.prompt import system_prompt
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError
-from veronica.manifest import register
+from veronica.portable.manifest import register
 from veronica.models import Alarm, Event, Member, Message, Skill, Space, SpaceAccess, Task
 
 API = "/api/spaces/alpha"

@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 
 from tests.console.test_browser import browser, csp_violations, elsewhere, login, open_space  # noqa: F401 - fixtures
 from tests.console.trace_helpers import drive_mcp_run, drive_run, lease_lost_run
-from veronica import portable
+from veronica.portable import archive as portable
 from veronica.models import Space, SpaceAccess
 
 pytestmark = pytest.mark.browser

@@ -337,7 +337,7 @@ def test_runtime_edits_survive_register_and_fresh_discards_them(door, world, tmp
     import shutil
 
     from veronica import access
-    from veronica.manifest import register
+    from veronica.portable.manifest import register
 
     folder = tmp_path / "team"
     shutil.copytree(demo_manifest, folder)

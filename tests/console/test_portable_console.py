@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from veronica import portable
+from veronica.portable import archive as portable
 from veronica.models import Member, Space, SpaceAccess
 
 

@@ -23,12 +23,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from tests.conftest import REPO
-from veronica import portable
+from veronica.portable import archive as portable
 from veronica.agent.tools import ToolContext
 from veronica.agent.tools import workspace as ws
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError
-from veronica.manifest import ManifestError, register
+from veronica.portable.manifest import ManifestError, register
 from veronica.models import Member, Space
 
 
@@ -246,7 +246,7 @@ def test_a_bundled_template_is_never_registered_in_place(db, bundled):
 
 
 def test_the_demo_space_works_on_its_own_copy_never_inside_the_checkout(db, data_dir):
-    from veronica.startup import ensure_demo_space
+    from veronica.portable.startup import ensure_demo_space
 
     space = ensure_demo_space()
     assert Path(space.workdir) == data_dir / "spaces" / "demo" / "workspace"
@@ -256,7 +256,7 @@ def test_the_demo_space_works_on_its_own_copy_never_inside_the_checkout(db, data
 
 
 def test_a_demo_an_earlier_version_ran_in_the_checkout_moves_to_its_own_copy(db, data_dir, bundled):
-    from veronica.startup import ensure_demo_space
+    from veronica.portable.startup import ensure_demo_space
 
     old = bundled / "demo-team" / "workspace"  # the earlier layout: the demo ran in the template's workspace/
     old.mkdir(exist_ok=True)

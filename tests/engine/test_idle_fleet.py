@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from bench.fleet_scale import write_manifest  # the bench's manifest: the two measure the same spaces
 from veronica.engine import retention, tick
-from veronica.manifest import register_space
+from veronica.portable.manifest import register_space
 from veronica.models import Member, Wake
 
 

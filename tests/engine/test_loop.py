@@ -257,9 +257,9 @@ def test_a_fused_step_never_leaves_thinking_and_still_reports_its_call(space, sc
 
 
 def test_the_offline_team_finishes_the_demo_goal(db, demo_manifest):
-    from veronica.manifest import register
+    from veronica.portable.manifest import register
     from veronica.models import Task
-    from veronica.seed import DEMO_GOAL
+    from veronica.portable.seed import DEMO_GOAL
 
     space = register(demo_manifest)
     bus.send(space, "operator", "leader", DEMO_GOAL)

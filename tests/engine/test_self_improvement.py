@@ -5,9 +5,9 @@ from django.db.models import Sum
 from veronica import bus
 from veronica.engine import approvals, runner, supervisor
 from veronica.engine.drive import run_until_quiet
-from veronica.manifest import register
+from veronica.portable.manifest import register
 from veronica.models import Approval, Member, Run, Space
-from veronica.seed import DEMO_GOAL
+from veronica.portable.seed import DEMO_GOAL
 
 
 def _round(space: Space) -> int:

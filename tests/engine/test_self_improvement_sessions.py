@@ -4,9 +4,9 @@ from django.db.models import Sum
 
 from veronica import bus
 from veronica.engine.drive import run_until_quiet
-from veronica.manifest import register
+from veronica.portable.manifest import register
 from veronica.models import Run, Space
-from veronica.seed import DEMO_GOAL
+from veronica.portable.seed import DEMO_GOAL
 
 
 def _round(space: Space) -> int:

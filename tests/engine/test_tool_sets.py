@@ -11,10 +11,11 @@ from django.core.management.base import CommandError
 
 from tests.engine.test_live_vendor import openai_mock  # noqa: F401 (a fixture)
 from tests.vendors import faults as f
-from veronica import bus, portable
+from veronica import bus
+from veronica.portable import archive as portable
 from veronica.engine import runner, supervisor
 from veronica.plumbing.errors import VeronicaError
-from veronica.manifest import register
+from veronica.portable.manifest import register
 from veronica.models import Member
 
 

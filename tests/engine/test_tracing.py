@@ -111,7 +111,7 @@ def test_approvals_are_events_on_the_runs_traces(space, spans, vendor, tmp_path,
 
 def test_waggle_replays_are_events(db, spans, demo_manifest):
     from tests.engine.test_self_improvement import _round
-    from veronica.manifest import register
+    from veronica.portable.manifest import register
 
     space = register(demo_manifest)
     _round(space)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from veronica import manifest, portable
+from veronica.portable import archive as portable, manifest
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import Space
 

@@ -25,7 +25,7 @@ from tests.conftest import DEMO_MANIFEST, make_space
 from veronica import access
 from veronica.agent.prompt import rules_block
 from veronica.engine import supervisor
-from veronica.manifest import register
+from veronica.portable.manifest import register
 from veronica.models import Approval, ApprovalStatus, Member, Space
 
 B_USER_RULE = "Beta secret: never mention Project Nightjar to anyone."
@@ -298,7 +298,7 @@ def test_member_rule_domains_are_validated_at_every_door(db, tmp_path, django_us
     shutil.copytree(DEMO_MANIFEST, root)
     toml = root / "members" / "scout" / "member.toml"
     toml.write_text(toml.read_text().replace('"exploration"', '"global:nowhere"'))
-    from veronica.manifest import ManifestError
+    from veronica.portable.manifest import ManifestError
 
     with pytest.raises(ManifestError) as exc:
         register(root)

@@ -11,10 +11,10 @@ from django.db.models import Sum
 from veronica import audit, blackboard, bus
 from veronica.engine import supervisor
 from veronica.engine.drive import run_until_quiet
-from veronica.manifest import register
+from veronica.portable.manifest import register
 from veronica.models import Message, Run, Task, UsageDay
-from veronica.seed import DEMO_GOAL
-from veronica.startup import ensure_demo_space
+from veronica.portable.seed import DEMO_GOAL
+from veronica.portable.startup import ensure_demo_space
 
 
 class Command(BaseCommand):

@@ -20,9 +20,9 @@ from veronica.agent.providers.base import ProviderError
 from veronica.agent.providers.probe import endpoint_for, probe
 from veronica.engine.ticker import ROLE as TICKER_ROLE
 from veronica.plumbing.errors import VeronicaError
-from veronica.manifest import MemberSpec, Preflight, check
+from veronica.portable.manifest import MemberSpec, Preflight, check
 from veronica.models import EngineLease, Member, Space
-from veronica.portable import check_archive
+from veronica.portable.archive import check_archive
 
 
 class Command(BaseCommand):

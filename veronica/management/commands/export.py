@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from veronica import audit
 from veronica.models import Space
-from veronica.portable import export_archive
+from veronica.portable.archive import export_archive
 
 
 class Command(BaseCommand):

@@ -25,7 +25,7 @@ from django_q.management.commands.qcluster import Command as Q2Command
 
 from veronica.engine import outage
 from veronica.engine.ticker import Ticker
-from veronica.startup import ensure_schedules
+from veronica.portable.startup import ensure_schedules
 
 log = logging.getLogger("veronica.qcluster")
 

@@ -4,8 +4,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from veronica import audit
 from veronica.plumbing.errors import VeronicaError
-from veronica.manifest import register_space
-from veronica.portable import create_from_archive, create_from_template
+from veronica.portable.manifest import register_space
+from veronica.portable.archive import create_from_archive, create_from_template
 
 MODES = {
     "new": "new space: the manifest as written",

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from veronica.startup import ensure_demo_login, ensure_demo_space
+from veronica.portable.startup import ensure_demo_login, ensure_demo_space
 
 STOP_GRACE = 8.0  # seconds before SIGKILL; Ctrl-C must finish within 10 s
 SERVE_TIMEOUT = 60.0  # seconds for daphne to answer its first request (a cold start takes ~5 s)

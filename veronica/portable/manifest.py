@@ -407,7 +407,7 @@ def load(directory: str | Path, *, slug: str | None = None, name: str | None = N
 
 
 def _root_folder(directory: str | Path, *, own: bool = False) -> Path:
-    from veronica.portable import TEMPLATES_DIR
+    from veronica.portable.archive import TEMPLATES_DIR
 
     root = Path(directory).resolve()
     if not root.is_dir():

@@ -1,6 +1,6 @@
 """Portable spaces: export a space as a manifest archive, create one from a template or an archive.
 
-The archive is the manifest folder `register` reads (see veronica.manifest), as a tar.gz with no
+The archive is the manifest folder `register` reads (see veronica.portable.manifest), as a tar.gz with no
 top-level folder and no slug: a space's identity is where it is registered, so exporting a space
 registered from another's archive gives the same bytes. Deterministic: sorted entries, mtime 0,
 uid/gid 0, no user or group names, gzip without a name or timestamp.
@@ -33,7 +33,8 @@ from django.utils.text import slugify
 
 from urllib.parse import urlsplit, urlunsplit
 
-from veronica import a2a_settings, access, audit, manifest, toml_out
+from veronica import a2a_settings, access, audit
+from veronica.portable import manifest, toml_out
 from veronica.plumbing.errors import Conflict, VeronicaError, column_limit
 from veronica.models import McpServer, McpTransport, Member, Skill, Space
 

@@ -32,9 +32,9 @@ def ensure_demo_space() -> Space:
     """The demo space on its own copy of the demo template under the data folder; later starts keep
     the space (and its runtime overrides). A demo an earlier version ran inside the checkout moves
     to its own copy (the template's pristine files, not what ran there)."""
-    from veronica import portable
-    from veronica.manifest import register
-    from veronica.seed import DEMO_SLUG, DEMO_TEMPLATE
+    from veronica.portable import archive as portable
+    from veronica.portable.manifest import register
+    from veronica.portable.seed import DEMO_SLUG, DEMO_TEMPLATE
 
     space = Space.objects.filter(slug=DEMO_SLUG).first()
     home = portable.home_of(DEMO_SLUG)
