@@ -68,7 +68,7 @@ def one_run(space, member, steps: int = STEPS) -> dict:
     """One wake of `member` with `steps` tool steps, run in this process. Per step: the median over its
     steps (call to call); whole-run statements over its model calls as well."""
     import veronica.agent.loop as loop
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.engine import runner
 
     marks: list = []

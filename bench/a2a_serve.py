@@ -30,7 +30,7 @@ def main() -> None:
 
         from django.conf import settings
 
-        from veronica import a2a_settings
+        from veronica.swarm import a2a_settings
         from veronica.engine import supervisor
         from veronica.models import Role, Space
 

@@ -309,7 +309,7 @@ class World:
     def setup(self) -> None:
         from django.contrib.auth.models import Permission, User as DjangoUser
 
-        from veronica import access
+        from veronica.swarm import access
         from veronica.portable import archive as portable
 
         for name in ("tenant", "owner", "operator", "viewer"):
@@ -372,7 +372,7 @@ class World:
         from django.db import close_old_connections
 
         from tests.vendors import faults as f
-        from veronica import bus, ledger
+        from veronica.swarm import bus, ledger
         from veronica.models import Member, Run, Space, TaskCheck, Turn
 
         close_old_connections()
@@ -900,7 +900,7 @@ def bad_inputs(w: World) -> dict:
     # every mutation as the owner (who passes the permission check and reaches the field checks); a
     # sample as viewer and operator, who must be refused before anything is read or written
     stride = {"owner": 2 if w.quick else 1, "operator": 6 if w.quick else 3, "viewer": 6 if w.quick else 3}
-    from veronica import ledger
+    from veronica.swarm import ledger
     from veronica.models import Space
 
     task = ledger.create_task(Space.objects.get(slug="victim"), "bench", "a task to act on")

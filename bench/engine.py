@@ -179,7 +179,7 @@ def wake_adapter(mode: str, workdir: Path, samples: int = 25) -> dict:
     with random gaps so neither loop aligns with a broker's poll."""
     from django_q.tasks import async_task, result
 
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.models import Member, Run
 
     space, (worker,) = make_space("wake", 1, workdir)

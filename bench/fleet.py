@@ -167,7 +167,7 @@ def setup_members(n: int, max_iterations: int) -> list:
 def mail_all(members: list) -> float:
     from django.db import transaction
 
-    from veronica import bus
+    from veronica.swarm import bus
 
     with transaction.atomic():
         for member in members:
@@ -283,7 +283,7 @@ def memory_run(args) -> dict:
     """Point 5: the cluster's RSS after 1,000 steps and after --mem-steps steps."""
     from django.db import close_old_connections
 
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.engine import supervisor
     from veronica.plumbing.errors import VeronicaError
     from veronica.models import Member, Message

@@ -87,7 +87,7 @@ def create(space, member, n: int) -> None:
     member and space row locks differently and PostgreSQL broke the cycle by failing this write."""
     from django.db import OperationalError
 
-    from veronica import ledger
+    from veronica.swarm import ledger
 
     for attempt in range(3):
         try:
@@ -113,7 +113,7 @@ def child(args) -> dict:
     from django.db import close_old_connections
     from django.utils import timezone
 
-    from veronica import ledger
+    from veronica.swarm import ledger
     from veronica.engine import supervisor
     from veronica.models import Member, Message, Role, Run, RunOutcome, Space, Task, TaskStatus, Turn, Wake
 
@@ -251,7 +251,7 @@ def partition(args, env: dict, space, members, log_dir: Path) -> dict:
     from django.db import close_old_connections
 
     from tests.netns import plan, set_database_link, tear_down, unix_to_tcp
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.models import Message
 
     load_start = os.getloadavg()[0]

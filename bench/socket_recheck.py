@@ -30,7 +30,7 @@ def main() -> None:
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
-        from veronica import access
+        from veronica.swarm import access
         from veronica.models import Space, SpaceAccess
         from veronica.stream_auth import Credential, recheck
 

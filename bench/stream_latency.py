@@ -41,7 +41,7 @@ SETUP = """
 import json, django
 django.setup()
 from django.contrib.auth.models import User
-from veronica import access
+from veronica.swarm import access
 from veronica.models import Space
 space = Space.objects.filter(slug="bench-stream").first() or Space.objects.create(name="Bench stream", slug="bench-stream", workdir="/tmp")
 user = User.objects.filter(username="bench-stream").first() or User.objects.create_user("bench-stream")
@@ -55,7 +55,7 @@ import json, random, sys, time
 import django
 django.setup()
 from django.db import transaction
-from veronica import events
+from veronica.swarm import events
 space_id, count, rate = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 rng = random.Random(7)
 for i in range(count + 1):  # event 0 warms up the worker's connections and is not measured

@@ -133,7 +133,7 @@ def bare_sample() -> float:
 def wake_sample(space, worker, i: int) -> float:
     from django.db import transaction
 
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.models import Member, Run
 
     before = Run.objects.filter(member=worker).order_by("-id").values_list("id", flat=True).first() or 0
@@ -191,7 +191,7 @@ def burst_phase(space, rng) -> dict:
     gaps (the offline model at zero latency), then until its mailbox is drained. Wakes per message
     (every wake task a worker ran for it, claimed or not) and the share of claimed runs that made no
     model call."""
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.engine import supervisor
     from veronica.models import Member, Message, Run, Wake
 
@@ -218,7 +218,7 @@ def child_step(steps: int) -> dict:
 def veronica_step(space, worker, steps: int) -> float:
     """In-process: one run of `steps` tool steps with a zero-latency scripted policy."""
     import veronica.agent.loop as loop
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.agent.providers.base import Reply, ToolCall, Usage
     from veronica.engine import runner, supervisor
     from veronica.models import Member

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from veronica import bus, ledger, skills
+from veronica.swarm import bus, ledger, skills
 from veronica.engine import supervisor
 from veronica.models import Member
 

@@ -22,7 +22,7 @@ from learning.models import RuleChange, WriterLease
 from learning.sources import Correction, SessionItem, StaticSource
 from tests.admin_forms import form_data
 from tests.console.helpers import pending_approval
-from veronica import access, blackboard, bus, ledger, mcp_servers, memory, secrets, skills
+from veronica.swarm import access, blackboard, bus, ledger, mcp_servers, memory, secrets, skills
 from veronica.engine import alarms, budget, supervisor
 from veronica.models import (
     Event, Member, NotificationDelivery, Run, Space, SpaceAccess, SsoIdentity, Task, TaskCheck, WebhookDelivery,

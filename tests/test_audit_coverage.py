@@ -13,9 +13,9 @@ import veronica
 # verbs that name the person another way than `actor` (user=, created_by=) or no way at all
 OTHER_VERBS = [
     "veronica.engine.approvals.decide", "veronica.engine.approvals.allow_always", "veronica.engine.approvals.revoke_rule",
-    "veronica.engine.approvals.answer", "veronica.engine.alarms.set_alarm", "veronica.chat.send_to", "veronica.bus.send",
-    "veronica.bus.accept_operator_mail", "veronica.ledger.create_task", "veronica.access.create_token",
-    "veronica.access.revoke_token", "veronica.portable.archive.export_archive", "veronica.engine.retention.purge_space",
+    "veronica.engine.approvals.answer", "veronica.engine.alarms.set_alarm", "veronica.swarm.chat.send_to", "veronica.swarm.bus.send",
+    "veronica.swarm.bus.accept_operator_mail", "veronica.swarm.ledger.create_task", "veronica.swarm.access.create_token",
+    "veronica.swarm.access.revoke_token", "veronica.portable.archive.export_archive", "veronica.engine.retention.purge_space",
 ]
 # learning's rule verbs (learning never imports veronica): the console's rules door records them
 DOOR_RECORDED = {
@@ -30,8 +30,8 @@ DOOR_RECORDED = {
 # functions that take an actor but are a step inside a verb, or a door's parsing helper: the verb
 # they serve is the audited one (one change, one row)
 NOT_VERBS = {
-    "veronica.ledger.transition": "the ledger's state step inside assign/cancel/retry/complete",
-    "veronica.ledger.dispatch": "the mail-and-start step inside assign and the engine's dispatch",
+    "veronica.swarm.ledger.transition": "the ledger's state step inside assign/cancel/retry/complete",
+    "veronica.swarm.ledger.dispatch": "the mail-and-start step inside assign and the engine's dispatch",
     "veronica.agent.compaction.compact_session": "the work inside supervisor.compact",
     "veronica.portable.manifest.register": "a wrapper returning register_space(...).space",
     "veronica.api.cockpit.create_task": "the API's parsing before ledger.create_task",
@@ -40,7 +40,7 @@ NOT_VERBS = {
     "veronica.api.cockpit.add_skill": "the API's parsing before skills.add_skill",
 }
 # exercised elsewhere in tests/console/test_audit.py than its table
-DOOR_TESTED_ELSEWHERE = {"veronica.blackboard.set_cap", "veronica.portable.archive.create_from_archive", "veronica.portable.manifest.register_space",
+DOOR_TESTED_ELSEWHERE = {"veronica.swarm.blackboard.set_cap", "veronica.portable.archive.create_from_archive", "veronica.portable.manifest.register_space",
                          *DOOR_RECORDED}
 
 
@@ -50,18 +50,18 @@ NO_DOOR_OF_THEIR_OWN = {
     "veronica.engine.budget.reopen": "inside set_member_budget / reset_day",
     "veronica.engine.budget.reopen_allowed": "inside set_space_limits",
     "veronica.engine.failures.unpark": "inside resume",
-    "veronica.mcp_servers.replace_from_manifest": "inside register_space",
+    "veronica.swarm.mcp_servers.replace_from_manifest": "inside register_space",
     "veronica.portable.archive.create_from_folder": "inside create_from_template / create_from_archive",
     "veronica.engine.supervisor.retire": "the leader's tool and the tick only",
-    "veronica.ledger.complete": "the agents' tool only",
-    "veronica.memory.append_note": "learning's distill pass only",
+    "veronica.swarm.ledger.complete": "the agents' tool only",
+    "veronica.swarm.memory.append_note": "learning's distill pass only",
 }
 
 
 def discovered_verbs() -> dict[str, object]:
     found = {}
     for info in pkgutil.walk_packages(veronica.__path__, "veronica."):
-        if ".migrations" in info.name or ".management.commands" in info.name or info.name == "veronica.audit":
+        if ".migrations" in info.name or ".management.commands" in info.name or info.name == "veronica.swarm.audit":
             continue
         module = importlib.import_module(info.name)
         for name, fn in vars(module).items():

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.bad_input import NUL, SURROGATE, changed_tables, db_state
-from veronica import blackboard, bus, ledger, skills
+from veronica.swarm import blackboard, bus, ledger, skills
 from veronica.agent.loop import run_tool
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import supervisor

@@ -3,7 +3,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from veronica import blackboard, events
+from veronica.swarm import blackboard, events
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import Event
 

@@ -1,6 +1,6 @@
 import pytest
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import supervisor
 from veronica.plumbing.errors import RecipientError, VeronicaError
 from veronica.models import Event, Message

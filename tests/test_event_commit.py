@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 
-from veronica import events
+from veronica.swarm import events
 from veronica.models import Event, Space
 
 pytestmark = [pytest.mark.django_db(transaction=True),

@@ -4,7 +4,7 @@ import threading
 import pytest
 from django.db import connection, connections
 
-from veronica import events
+from veronica.swarm import events
 from veronica.models import Event, Space
 
 

@@ -3,7 +3,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from veronica import ledger
+from veronica.swarm import ledger
 from veronica.engine import supervisor
 from veronica.plumbing.errors import IllegalTransition, VeronicaError
 from veronica.models import Message, Task, TaskStatus
@@ -88,7 +88,7 @@ def test_bad_dependency_is_refused(space):
 
 
 def test_a_dispatched_task_wakes_its_assignee_with_the_task_source(space, monkeypatch, django_capture_on_commit_callbacks):
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.agent.prompt import wake_brief
     from veronica.engine import wakes
 

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from veronica import mcp_servers
+from veronica.swarm import mcp_servers
 from veronica.portable.manifest import ManifestError, register
 from veronica.models import McpServer, Space
 

@@ -15,7 +15,7 @@ from learning.models import Rule
 from veronica.portable import archive as portable
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError
-from veronica.learning_bridge import owner_key
+from veronica.swarm.learning_bridge import owner_key
 from veronica.portable.manifest import register
 from veronica.models import Member, Skill, Space, SpaceAccess
 
@@ -188,7 +188,7 @@ def test_an_archive_that_unpacks_past_the_limit_is_refused_at_that_entry(demo, m
 
 
 def test_a_skill_whose_body_opens_with_a_rule_line_round_trips(demo):
-    from veronica import skills
+    from veronica.swarm import skills
 
     skills.add_skill(demo, "dashes", "---\nnot front matter\n---\nbody")
     first = portable.export_archive(demo)
@@ -198,7 +198,7 @@ def test_a_skill_whose_body_opens_with_a_rule_line_round_trips(demo):
 
 
 def test_awkward_text_round_trips_byte_for_byte(demo):
-    from veronica import skills
+    from veronica.swarm import skills
 
     Member.objects.filter(space=demo, name="scout").update(
         persona='  Say "hi" \\ then — 🐝 \t\n\n', when_to_use="for probes\n", budget_override=-1)
@@ -216,7 +216,7 @@ def test_awkward_text_round_trips_byte_for_byte(demo):
 
 @pytest.fixture
 def ops_demo(demo):
-    from veronica import mcp_servers
+    from veronica.swarm import mcp_servers
     from veronica.ops import notify
     from veronica.engine import checks, retention, watchdogs
 

@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 
-from veronica import access, events, mcp_servers, secrets
+from veronica.swarm import access, events, mcp_servers, secrets
 from veronica.portable import archive as portable
 from veronica.plumbing import secret_store
 from veronica.agent import transcript

@@ -1,6 +1,6 @@
 import pytest
 
-from veronica import skills
+from veronica.swarm import skills
 from veronica.engine import supervisor
 from veronica.plumbing.errors import Conflict, VeronicaError
 from veronica.models import Member, Role, Skill
@@ -15,7 +15,7 @@ def test_freeze_and_unfreeze_emit_and_change_membership(space):
 
 
 def test_leader_cannot_be_removed_and_removal_keeps_history(space):
-    from veronica import bus
+    from veronica.swarm import bus
 
     with pytest.raises(Conflict, match="leader cannot be removed"):
         supervisor.remove_member(supervisor.get_member(space, "boss"), actor="t")

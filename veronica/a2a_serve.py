@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from pydantic import ValidationError
 
-from veronica import a2a_client, bus, ledger
+from veronica.swarm import a2a_client, bus, ledger
 from veronica.plumbing.errors import VeronicaError, check_tree, text_problem
 from veronica.models import A2ACredential, A2ATaskLink, Member, Skill, Space, Task, TaskStatus
 

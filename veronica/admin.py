@@ -9,9 +9,9 @@ from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 
-from veronica import access, blackboard, ledger, mcp_servers, memory, secrets
+from veronica.swarm import access, blackboard, ledger, mcp_servers, memory, secrets
 from veronica.ops import notify, webhooks
-from veronica import skills as skill_verbs
+from veronica.swarm import skills as skill_verbs
 from veronica.engine import alarms, checks, retention, supervisor, watchdogs
 from veronica.plumbing.errors import VeronicaError
 from veronica.plumbing.markdown import render_markdown
@@ -719,7 +719,7 @@ class NotificationDeliveryAdmin(ReadOnlyAdmin):
 
 
 class McpServerForm(forms.ModelForm):
-    """The admin checks a server as the console and the manifest do (veronica.mcp_servers.check): a
+    """The admin checks a server as the console and the manifest do (veronica.swarm.mcp_servers.check): a
     NUL in the command failed the save on PostgreSQL, and a bad name or a command that is not a list
     was stored and failed later, at every run of the member."""
 
@@ -755,7 +755,7 @@ class McpServerForm(forms.ModelForm):
 @admin.register(McpServer)
 class McpServerAdmin(VerbAdmin):
     """Env values may be secrets: the list and the form show the keys only (edit them in the manifest
-    or remove and re-add the server in the console). Added and removed through veronica.mcp_servers;
+    or remove and re-add the server in the console). Added and removed through veronica.swarm.mcp_servers;
     a declared server is shown read-only (no verb edits one in place)."""
 
     form = McpServerForm

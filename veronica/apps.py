@@ -15,7 +15,7 @@ class VeronicaConfig(AppConfig):
 
         from waggle import guard as waggle_guard
 
-        from veronica import audit, events
+        from veronica.swarm import audit, events
         from veronica.ops import tracing
         from veronica.engine.warm import warm_worker
 

@@ -35,9 +35,10 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from veronica import access, stream_auth
+from veronica import stream_auth
+from veronica.swarm import access
 from veronica.plumbing import doorbell, redisbell
-from veronica.events import RECHECK_RING, group_name
+from veronica.swarm.events import RECHECK_RING, group_name
 from veronica.models import Event
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import json
 
 from django.db.models import Q
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.agent import compaction, transcript
 from veronica.agent.metering import CHARS_PER_TOKEN
 from veronica.agent.prompt import brief_parts, system_parts

@@ -56,7 +56,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "veronica.audit.AuditMiddleware",  # who is acting, for the audit trail (veronica.audit)
+    "veronica.swarm.audit.AuditMiddleware",  # who is acting, for the audit trail (veronica.swarm.audit)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -374,7 +374,7 @@ RETENTION_BATCH = env_int("VERONICA_RETENTION_BATCH", 500, minimum=1, maximum=10
 RETENTION_DISTILL_GRACE_DAYS = env_int("VERONICA_RETENTION_DISTILL_GRACE_DAYS", 7, minimum=0, maximum=3650)
 # the audit trail keeps its own, longer window (days; 0 = keep every row); the retention duty purges it
 AUDIT_RETENTION_DAYS = env_int("VERONICA_AUDIT_RETENTION_DAYS", 400, minimum=0, maximum=36500)
-# member memory (veronica.memory): characters per file and per member, and files per member.
+# member memory (veronica.swarm.memory): characters per file and per member, and files per member.
 MEMORY_FILE_CHARS = env_int("VERONICA_MEMORY_FILE_CHARS", 16000, minimum=100)
 MEMORY_TOTAL_CHARS = env_int("VERONICA_MEMORY_TOTAL_CHARS", 64000, minimum=100)
 MEMORY_MAX_FILES = env_int("VERONICA_MEMORY_MAX_FILES", 40, minimum=1)
@@ -384,9 +384,9 @@ MEMORY_MAX_FILES = env_int("VERONICA_MEMORY_MAX_FILES", 40, minimum=1)
 WAGGLE = {"sweep_async": env_bool("VERONICA_WAGGLE_SWEEP_ASYNC", True)}
 
 # learning: the host side is configured here so `learning` never imports `veronica`.
-LEARNING_SOURCE = "veronica.learning_bridge.VeronicaSource"
-LEARNING_COMPLETE = "veronica.learning_bridge.make_complete"
-LEARNING_AUTO_APPROVE = "veronica.learning_bridge.auto_approve"
+LEARNING_SOURCE = "veronica.swarm.learning_bridge.VeronicaSource"
+LEARNING_COMPLETE = "veronica.swarm.learning_bridge.make_complete"
+LEARNING_AUTO_APPROVE = "veronica.swarm.learning_bridge.auto_approve"
 
 LOGGING = {
     "version": 1,
@@ -487,7 +487,7 @@ LOCAL_PASSWORDS = env_bool("VERONICA_LOCAL_PASSWORDS", True)
 if not LOCAL_PASSWORDS and not (OIDC_ISSUER and OIDC_RP_CLIENT_ID):
     raise ImproperlyConfigured("VERONICA_LOCAL_PASSWORDS=0 needs single sign-on (VERONICA_OIDC_ISSUER and VERONICA_OIDC_CLIENT_ID)")
 
-# --- secrets (veronica.secrets) ----------------------------------------------------------------------------
+# --- secrets (veronica.swarm.secrets) ----------------------------------------------------------------------------
 # Comma-separated Fernet keys: the first encrypts, all decrypt (MultiFernet), so a new key goes in
 # front, `manage.py rotate_secrets` re-encrypts every row under it, then the old key can go.
 SECRETS_KEYS = env_list("VERONICA_SECRETS_KEY")

@@ -12,7 +12,7 @@ switch off piece by piece. What the library leaves open is filled here:
   nonce only), and any bad token (tampered, expired, another client's) is a failed login, not a 500;
 * people are matched by (issuer, subject) once linked; on first login by verified e-mail (or by
   username, VERONICA_OIDC_MATCH) or created; an IdP group claim can make them staff and give them
-  a role in a space (veronica.access.grant, the same verb the console uses);
+  a role in a space (veronica.swarm.access.grant, the same verb the console uses);
 * VERONICA_LOCAL_PASSWORDS=0 switches password logins off (the console and the admin), and ends
   sessions that were opened with a password;
 * logout ends the session at the IdP as well when it began there, and closes the person's open
@@ -40,7 +40,7 @@ from mozilla_django_oidc import middleware as oidc_middleware
 from mozilla_django_oidc import views as oidc_views
 from mozilla_django_oidc.utils import import_from_settings
 
-from veronica import access, audit
+from veronica.swarm import access, audit
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import SsoIdentity
 
@@ -274,7 +274,7 @@ def close_sockets_on_logout(sender, request, user, **kwargs) -> None:
     than at its next periodic re-check, so this person's sockets close within a poll."""
     if user is None:
         return
-    from veronica import events
+    from veronica.swarm import events
 
     for space_id in access.roles_by_space(user):
         transaction.on_commit(lambda sid=space_id: events.ring(sid, events.RECHECK_RING))

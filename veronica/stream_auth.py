@@ -29,7 +29,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from veronica import access
+from veronica.swarm import access
 from veronica.models import ApiToken, Space, SpaceAccess
 
 CLOSE_CREDENTIALS_GONE, CLOSE_ACCESS_GONE = 4401, 4404

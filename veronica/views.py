@@ -17,9 +17,10 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from veronica import a2a_settings, access, run_trace, views_a2a, views_steer
+from veronica import run_trace, views_a2a, views_steer
+from veronica.swarm import a2a_settings, access
 from veronica.ops import metrics as metrics_module, notify, webhooks
-from veronica.access import OPERATOR, OWNER
+from veronica.swarm.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
 from veronica.engine import checks, retention, supervisor, watchdogs
@@ -240,7 +241,7 @@ def _check_action(space: Space, action: str, data, actor: str) -> str:
 
 
 def _mcp_action(space: Space, action: str, data, actor: str) -> str:
-    from veronica import mcp_servers
+    from veronica.swarm import mcp_servers
     from veronica.plumbing.errors import NotFound
 
     who = data.get("member", "").strip()

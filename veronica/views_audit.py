@@ -14,9 +14,9 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from veronica import access, audit
-from veronica.access import OWNER
-from veronica.audit import Via
+from veronica.swarm import access, audit
+from veronica.swarm.access import OWNER
+from veronica.swarm.audit import Via
 from veronica.plumbing.errors import VeronicaError, text_problem
 from veronica.models import AuditRow
 

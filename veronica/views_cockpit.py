@@ -10,8 +10,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from veronica import access, skills, views
-from veronica.access import OPERATOR, OWNER
+from veronica import views
+from veronica.swarm import access, skills
+from veronica.swarm.access import OPERATOR, OWNER
 from veronica.agent.tools import builtin_tools
 from veronica.api import cockpit
 from veronica.api import selectors as sel
@@ -143,7 +144,7 @@ def member_new(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def member_edit(request: HttpRequest, slug: str, name: str) -> HttpResponse:
-    """The member's configuration (supervisor.edit_member) and its own skills (veronica.skills)."""
+    """The member's configuration (supervisor.edit_member) and its own skills (veronica.swarm.skills)."""
     space, role = access.space_for(request.user, slug, OWNER)
     try:
         member = supervisor.get_member(space, name)

@@ -17,10 +17,10 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from learning.api import LeaseLost, LockBusy, OpError, ReviewError, RuleInputError
-from veronica import access, audit
-from veronica.access import OPERATOR, OWNER
+from veronica.swarm import access, audit
+from veronica.swarm.access import OPERATOR, OWNER
 from veronica.plumbing.errors import VeronicaError
-from veronica.learning_bridge import owner_key
+from veronica.swarm.learning_bridge import owner_key
 from veronica.models import Member, Space
 from veronica.views import _context, form_error, refuse_unstorable
 
@@ -211,7 +211,7 @@ def waggles_page(request: HttpRequest, slug: str) -> HttpResponse:
 def inbox_page(request: HttpRequest, slug: str) -> HttpResponse:
     """Mail the team sent the operator. Accepting (optionally after an edit) files it; an edit is
     a lesson the learning app's outbox ledger mines."""
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.models import Message
 
     space, role = access.space_for(request.user, slug)

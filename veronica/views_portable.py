@@ -9,9 +9,10 @@ from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, run_trace
+from veronica import run_trace
+from veronica.swarm import access
 from veronica.portable import archive as portable
-from veronica.access import OWNER
+from veronica.swarm.access import OWNER
 from veronica.views import _context, form_error, refuse_unstorable
 from veronica.plumbing.errors import VeronicaError, column_limit
 from veronica.models import Space

@@ -8,8 +8,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from veronica import access, secrets
-from veronica.access import OWNER
+from veronica.swarm import access, secrets
+from veronica.swarm.access import OWNER
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError
 from veronica.views import _context, form_error, refuse_unstorable

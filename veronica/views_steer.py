@@ -8,7 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from veronica import access, chat
+from veronica.swarm import access, chat
 from veronica.api import selectors as sel
 from veronica.engine import approvals, budget
 from veronica.plumbing.errors import VeronicaError

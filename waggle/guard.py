@@ -10,7 +10,7 @@ guard first opens the savepoint on its own, so whatever waggle runs there is con
 back only the failing statement, and outside a transaction each statement is its own: no savepoint.
 
 A host that writes its own step in one last statement before the commit may take waggle's row into
-that statement instead (``host_defers``, e.g. veronica.events.defer_insert): no round trip at all. Only
+that statement instead (``host_defers``, e.g. veronica.swarm.events.defer_insert): no round trip at all. Only
 a row that cannot fail on its own data is handed over (the caller checks every value against its
 column first: lengths, ranges, text the database stores), and only while the savepoint is not open.
 """

@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from veronica import access
+from veronica.swarm import access
 from veronica.models import A2AConfig, A2ACredential, A2ARemote
 
 

@@ -5,7 +5,7 @@ import tomllib
 
 import pytest
 
-from veronica import a2a_settings
+from veronica.swarm import a2a_settings
 from veronica.portable.manifest import ManifestError, register
 from veronica.models import A2AConfig, A2ARemote
 from veronica.portable.archive import export_files

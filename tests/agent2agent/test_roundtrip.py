@@ -27,7 +27,7 @@ from pydantic import TypeAdapter
 from tests.conftest import make_space
 from tests.console.servers import ServerProcess, free_port, server_env
 from tests.engine.conftest import scripted as script  # noqa: F401 (a fixture: the LLM vendor, scripted)
-from veronica import a2a_calls, a2a_client, a2a_settings, bus
+from veronica.swarm import a2a_calls, a2a_client, a2a_settings, bus
 from veronica.agent.loop import run_tool
 from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.agent.tools import ToolContext, tools_for

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from tests.conftest import make_space
-from veronica import a2a_settings, bus, ledger
+from veronica.swarm import a2a_settings, bus, ledger
 from veronica.models import A2ATaskLink, Event, Message, Task
 
 RPC = "/a2a/{slug}/"
@@ -158,7 +158,7 @@ def test_message_stream_follows_the_task_and_the_members_live_text(served):
     """The stream's polls run in a thread (as under daphne): the rows must be committed."""
     from asgiref.sync import sync_to_async
 
-    from veronica import events
+    from veronica.swarm import events
 
     space, key = served
     response = rpc("alpha", send_body(method="message/stream"), key)

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from veronica import access
+from veronica.swarm import access
 from veronica.engine import supervisor
 from veronica.models import Role, Space
 

@@ -3,7 +3,7 @@ import pytest
 from django.utils import timezone
 
 from tests.console.helpers import call, open_question, owner_targets, pending_approval, read_targets, steer_targets
-from veronica import ledger
+from veronica.swarm import ledger
 from veronica.engine import supervisor
 from veronica.models import Approval, Run, Space
 

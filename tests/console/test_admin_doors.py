@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from tests.admin_forms import form_data
 from tests.console.helpers import call
-from veronica import access, ledger, skills
+from veronica.swarm import access, ledger, skills
 from veronica.agent.prompt import system_prompt
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError

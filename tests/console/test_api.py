@@ -5,7 +5,7 @@ import pytest
 from django.utils import timezone
 
 from tests.console.helpers import call, open_question, pending_approval
-from veronica import blackboard, bus, ledger, skills
+from veronica.swarm import blackboard, bus, ledger, skills
 from veronica.engine import budget, supervisor
 from veronica.models import Member, MemoryFile, Message, Session, Space, SpaceAccess, Turn
 

@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from tests.console.helpers import call, open_question, pending_approval
-from veronica import access, audit, ledger
+from veronica.swarm import access, audit, ledger
 from veronica.engine import approvals, supervisor
 from veronica.models import ApiToken, AppendOnly, AuditRow, Member, Space
 
@@ -102,12 +102,12 @@ def _rule(world):
 
 
 def _skill(world):
-    from veronica import skills
+    from veronica.swarm import skills
     skills.add_skill(world.space, "howto", "# how", actor="test")
 
 
 def _mcp(world):
-    from veronica import mcp_servers
+    from veronica.swarm import mcp_servers
     mcp_servers.add(world.space, mcp_servers.check({"name": "files", "command": ["true"], "env": {"API_KEY": "old"}}),
                     actor="test")
 
@@ -123,7 +123,7 @@ def _notifier(world):
 
 
 def _report(world):
-    from veronica import bus
+    from veronica.swarm import bus
     return bus.send(world.space, "w1", bus.OPERATOR, "the report")[0]  # a member's mail: nobody's audit row
 
 
@@ -133,7 +133,7 @@ def _secret(world):
 
 
 def _memory(world):
-    from veronica import memory
+    from veronica.swarm import memory
     memory.write(supervisor.get_member(world.space, "w1"), "notes.md", "x", actor="test")
 
 

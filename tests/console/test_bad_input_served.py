@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from veronica import access
+from veronica.swarm import access
 from veronica.models import Member, Message
 
 NUL = "\x00"

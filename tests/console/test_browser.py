@@ -17,7 +17,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.console.conftest import PASSWORD
 from tests.console.helpers import pending_approval
-from veronica import access, bus, events
+from veronica.swarm import access, bus, events
 from veronica.engine import supervisor
 from veronica.models import Approval, Member
 

@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.console.test_browser import browser, csp_violations, elsewhere, login  # noqa: F401 - fixtures
-from veronica import ledger
+from veronica.swarm import ledger
 from veronica.engine import checks, supervisor
 from veronica.models import Space
 

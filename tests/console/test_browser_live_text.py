@@ -6,7 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.console.test_browser import browser, csp_violations, elsewhere, login, open_space  # noqa: F401 - fixtures
-from veronica import events
+from veronica.swarm import events
 from veronica.agent import transcript
 from veronica.engine import supervisor
 

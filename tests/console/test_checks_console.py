@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from tests.console.helpers import call
-from veronica import ledger
+from veronica.swarm import ledger
 from veronica.engine import checks, supervisor
 from veronica.models import Event, Space, Task
 

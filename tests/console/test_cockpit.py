@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.console.helpers import call
-from veronica import ledger, skills
+from veronica.swarm import ledger, skills
 from veronica.engine import supervisor
 from veronica.models import Event, Member, Message, Skill, Space, Task
 
@@ -336,7 +336,7 @@ def test_operators_cannot_author_skills_and_a_duplicate_is_a_conflict(world, doo
 def test_runtime_edits_survive_register_and_fresh_discards_them(door, world, tmp_path, demo_manifest, settings):
     import shutil
 
-    from veronica import access
+    from veronica.swarm import access
     from veronica.portable.manifest import register
 
     folder = tmp_path / "team"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.console.helpers import call
-from veronica import bus, chat
+from veronica.swarm import bus, chat
 from veronica.engine import budget, supervisor
 from veronica.models import Event, Member, Message, Space, UsageDay
 

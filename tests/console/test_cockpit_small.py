@@ -11,7 +11,7 @@ from django.urls import reverse
 from learning import api as learning
 from learning.models import Rule, RuleChange
 from learning.sources import Correction, StaticSource
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import budget, supervisor
 from veronica.plumbing.markdown import render_markdown
 from veronica.models import Member, WebhookDelivery

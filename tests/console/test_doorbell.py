@@ -15,14 +15,15 @@ import pytest
 from tests.console.servers import server_env
 from tests.console.test_socket import head, receive_events, run, socket, until_ready
 from tests.console.test_socket import world  # noqa: F401  (the fixture)
-from veronica import access, consumers
+from veronica import consumers
+from veronica.swarm import access
 from veronica.plumbing import doorbell
 
 PRODUCER = """
 import sys
 import django
 django.setup()
-from veronica import events
+from veronica.swarm import events
 space_id, count = int(sys.argv[1]), int(sys.argv[2])
 for i in range(count):
     events.emit(space_id, "bell.tick", n=i)

@@ -2,7 +2,7 @@
 import re
 
 from tests.console.helpers import open_question, pending_approval
-from veronica import blackboard, bus, ledger, skills
+from veronica.swarm import blackboard, bus, ledger, skills
 from veronica.engine import supervisor
 from veronica.models import MemoryFile, Session, Turn
 

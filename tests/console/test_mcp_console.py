@@ -61,7 +61,7 @@ def test_an_operator_cannot_attach_servers(world):
 def test_an_owner_fills_in_and_edits_env_values_without_seeing_them(world):
     """After an import the values are scrubbed (names kept): the owner fills them in on the page.
     `KEY=` keeps a value, a missing key is removed, and no value ever reaches the page."""
-    from veronica import mcp_servers
+    from veronica.swarm import mcp_servers
 
     mcp_servers.add(world.space, mcp_servers.check({"name": "calc", "command": [sys.executable, SERVER],
                                                     "env": {"API_KEY": "", "GREETING": "hi", "OLD": "x"}}), actor="import")
@@ -79,7 +79,7 @@ def test_an_owner_fills_in_and_edits_env_values_without_seeing_them(world):
 @pytest.mark.parametrize("env, field", [("NOEQUALS", b"env: line 1"), ("bad key=v", b"mcp_servers.calc.env.bad key"),
                                         ("K=" + "v" * 5000, b"mcp_servers.calc.env.K")])
 def test_a_bad_env_edit_names_the_field_and_changes_nothing(world, env, field):
-    from veronica import mcp_servers
+    from veronica.swarm import mcp_servers
 
     mcp_servers.add(world.space, mcp_servers.check({"name": "calc", "url": "http://h/mcp", "env": {"A": "1"}}), actor="op")
     response = world.client(world.owner).post("/spaces/alpha/manage/", {"action": "env_mcp", "name": "calc", "env": env})
@@ -88,7 +88,7 @@ def test_a_bad_env_edit_names_the_field_and_changes_nothing(world, env, field):
 
 
 def test_only_owners_edit_an_env_and_an_unknown_server_is_404(world):
-    from veronica import mcp_servers
+    from veronica.swarm import mcp_servers
 
     mcp_servers.add(world.space, mcp_servers.check({"name": "calc", "url": "http://h/mcp", "env": {"A": "1"}}), actor="op")
     response = world.client(world.operator).post("/spaces/alpha/manage/", {"action": "env_mcp", "name": "calc", "env": "A=2"})

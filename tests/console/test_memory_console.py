@@ -5,7 +5,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.console.helpers import call
-from veronica import memory
+from veronica.swarm import memory
 from veronica.engine import supervisor
 from veronica.models import Event, MemoryFile
 

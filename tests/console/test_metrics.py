@@ -4,7 +4,7 @@ from datetime import timedelta
 from django.test import Client
 from django.utils import timezone
 
-from veronica import access, bus, ledger
+from veronica.swarm import access, bus, ledger
 from veronica.engine import budget, supervisor
 from veronica.models import Run, Wake
 

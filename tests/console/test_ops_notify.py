@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from tests.console.helpers import call
 from tests.ops_helpers import Receiver
-from veronica import ledger
+from veronica.swarm import ledger
 from veronica.ops import notify
 from veronica.engine import budget, checks, supervisor, tick
 from veronica.models import DeliveryStatus, Member, NotificationDelivery, Space, Task

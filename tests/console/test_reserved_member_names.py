@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 
 from tests.console.helpers import call
-from veronica import bus
+from veronica.swarm import bus
 from veronica.ops import webhooks
 from veronica.engine import checks
 from veronica.models import Member, Space

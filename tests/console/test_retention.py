@@ -17,7 +17,7 @@ from django.utils import timezone
 from tests.console.conftest import make_world
 from tests.console.helpers import call
 from tests.console.test_socket import ORIGIN, cookie_for, run, until_ready
-from veronica import bus, events, ledger
+from veronica.swarm import bus, events, ledger
 from veronica.asgi import application
 from veronica.engine import retention, supervisor, tick
 from veronica.models import Approval, Event, Message, Run, Session, Space, Task, Wake

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from learning import api as learning
 from veronica.engine import retention, supervisor
-from veronica.learning_bridge import VeronicaSource
+from veronica.swarm.learning_bridge import VeronicaSource
 from veronica.models import MemoryFile, Session, Space, Turn
 
 

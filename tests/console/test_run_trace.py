@@ -137,7 +137,7 @@ def test_the_trace_reads_model_called_as_the_metering_writes_it(traced):
 
 def test_a_held_call_shows_its_request_and_the_decision_made_after_the_run(world, monkeypatch):
     from tests.engine.conftest import ScriptedProvider
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.engine import approvals, runner
     from veronica.models import Approval, Member
 
@@ -184,7 +184,7 @@ def _count_queries(client, url: str) -> int:
 def test_the_trace_and_usage_pages_cost_the_same_queries_however_big_the_run_or_space(world, monkeypatch,
                                                                                       django_assert_max_num_queries):
     from tests.engine.conftest import ScriptedProvider
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.engine import runner
 
     small = drive_run(monkeypatch, world.space, "w1")

@@ -16,7 +16,7 @@ from tests.console.conftest import make_world
 from tests.console.servers import ServerProcess, server_env
 from tests.vendors.faults import text, tool_call
 from tests.vendors.mock_openai import MockOpenAI
-from veronica import access
+from veronica.swarm import access
 from veronica.engine import supervisor
 from veronica.models import Event, Turn
 

@@ -85,7 +85,7 @@ def test_the_admin_saves_a_blackboard_cap_in_range(world):
 
 
 def test_the_shared_cap_check_names_the_field_and_limits():
-    from veronica.blackboard import clean_cap
+    from veronica.swarm.blackboard import clean_cap
     from veronica.plumbing.errors import VeronicaError
 
     for bad in (1, 9, 99, 1_000_001, "500", 3.5, True, None):
@@ -128,7 +128,7 @@ SECRET_COMMAND = "curl -H 'Authorization: Bearer sk-live-123' http://10.0.0.5/ci
 
 @pytest.fixture
 def checked_task(world):
-    from veronica import ledger
+    from veronica.swarm import ledger
     from veronica.engine import checks
     from veronica.models import TaskCheck
 

@@ -10,7 +10,8 @@ from django.conf import settings
 from django.test import Client
 
 from tests.console.conftest import make_world
-from veronica import access, consumers, events
+from veronica import consumers
+from veronica.swarm import access, events
 from veronica.asgi import application
 
 ORIGIN = (b"origin", b"http://testserver")

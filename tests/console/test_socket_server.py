@@ -19,7 +19,7 @@ PRODUCER = """
 import random, sys, time
 import django
 django.setup()
-from veronica import events
+from veronica.swarm import events
 space_id, count = int(sys.argv[1]), int(sys.argv[2])
 for i in range(count):
     events.emit(space_id, "load.tick", n=i)

@@ -15,7 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from tests.console.conftest import make_space
-from veronica import access
+from veronica.swarm import access
 from veronica.models import Approval, Member, Task
 
 FANOUT_TABLES = re.compile(r'JOIN\s+"?veronica_(member|task|approval)"?\s', re.IGNORECASE)

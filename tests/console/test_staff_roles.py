@@ -8,7 +8,7 @@ from django.contrib.auth.models import Group, Permission, User
 
 from tests.console.helpers import call, owner_targets, pending_approval, read_targets
 from tests.console.test_stream_auth import session_cred
-from veronica import access, ledger
+from veronica.swarm import access, ledger
 from veronica.models import Space
 from veronica.stream_auth import CLOSE_ACCESS_GONE, recheck
 

@@ -6,7 +6,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from tests.console.conftest import session_cookie
-from veronica import access
+from veronica.swarm import access
 from veronica.stream_auth import CLOSE_ACCESS_GONE, CLOSE_CREDENTIALS_GONE, Credential, recheck
 
 

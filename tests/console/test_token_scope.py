@@ -12,7 +12,7 @@ from tests.console.helpers import call
 from tests.console.test_socket import bearer, closed_with, fast_recheck, run, socket, until_ready  # noqa: F401 (fixture)
 from tests.console.test_socket import world as socket_world  # noqa: F401 (fixture)
 from tests.console.test_stream_auth import token_cred
-from veronica import access
+from veronica.swarm import access
 from veronica.models import ApiToken, Message, Space
 from veronica.stream_auth import CLOSE_CREDENTIALS_GONE, recheck
 

@@ -4,7 +4,7 @@ import hashlib
 from django.test import Client
 
 from tests.console.helpers import call
-from veronica import access
+from veronica.swarm import access
 from veronica.models import ApiToken, Message
 
 

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from tests.console.conftest import PASSWORD
 from tests.console.helpers import MEMBER_PANELS, SPACE_PANELS, open_question, pending_approval, read_targets
-from veronica import bus, ledger
+from veronica.swarm import bus, ledger
 
 LOGIN_PAGES = ("/login/", "/admin/login/")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from tests.engine.conftest import ScriptedProvider
-from veronica import bus
+from veronica.swarm import bus
 from veronica.agent.mcp_client import manager
 from veronica.engine import leases, runner, slot, supervisor
 from veronica.engine.slot import RunLease
@@ -46,7 +46,7 @@ def drive_mcp_run(monkeypatch, space, name: str = "w1") -> Run:
     """A run that calls a real MCP server's tool (tests/mcp_server.py, over stdio, unsandboxed)."""
     from django.conf import settings
 
-    from veronica import mcp_servers
+    from veronica.swarm import mcp_servers
 
     monkeypatch.setattr(settings, "COMMAND_SANDBOX", "none")
     if not McpServer.objects.filter(space=space, name="calc").exists():

@@ -10,7 +10,7 @@ from django.db import transaction
 def hold_space_lock(space_id: int, marker: str, seconds: float = 30) -> None:
     """What a worker does mid-run: emit an event (the space row is locked until commit) and then
     spend a while before committing. The test cuts the host off during the wait."""
-    from veronica import events
+    from veronica.swarm import events
 
     with transaction.atomic():
         events.emit(space_id, "probe.locked")

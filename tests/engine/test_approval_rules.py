@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from veronica import bus, run_trace
+from veronica import run_trace
+from veronica.swarm import bus
 from veronica.engine import approvals, runner, supervisor
 from veronica.plumbing.errors import Conflict, VeronicaError
 from veronica.models import Approval, ApprovalRule, Event, Run

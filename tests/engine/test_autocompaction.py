@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.agent import compaction
 from veronica.engine import runner, supervisor
 from veronica.plumbing.errors import Conflict

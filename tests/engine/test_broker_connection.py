@@ -33,7 +33,7 @@ def test_a_wake_claims_first_and_stamps_its_run_with_the_next_statement(space, m
     row, whose started_at is the run's start."""
     from django.test.utils import CaptureQueriesContext
 
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.engine import runner, supervisor
 
     w1 = supervisor.get_member(space, "w1")
@@ -58,7 +58,7 @@ def test_a_wake_on_a_dead_connection_claims_again_on_a_new_one(transactional_db,
     if connection.vendor != "postgresql":
         pytest.skip("SQLite connections do not die under a process")
     from tests.conftest import make_space
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.engine import runner, supervisor
     from veronica.models import Run
 

@@ -2,7 +2,7 @@
 on the run's own metering path (on PostgreSQL the fence statement carries it)."""
 from __future__ import annotations
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import budget, runner, supervisor
 from veronica.models import Member, Run
 

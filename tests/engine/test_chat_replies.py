@@ -1,7 +1,7 @@
 """The chat is two-way (issue 22.3): a run woken by operator mail records its final text as a reply."""
 from __future__ import annotations
 
-from veronica import bus, chat
+from veronica.swarm import bus, chat
 from veronica.engine import runner, supervisor
 from veronica.models import Event, Message
 from tests.engine.test_fencing import take_over

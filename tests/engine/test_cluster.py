@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from tests.conftest import make_space
 from tests.harness import isolate_queue, kill_cluster, qcluster, wait_for
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import alarms, runner, supervisor, tick
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Message, Run, RunOutcome

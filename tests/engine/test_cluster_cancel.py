@@ -13,7 +13,7 @@ from tests.conftest import make_space
 from tests.engine.test_cluster_faults import fake_cluster, fresh, isolate_queue
 from tests.engine.test_sandbox import alive
 from tests.harness import wait_for
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import supervisor
 from veronica.models import Run, RunOutcome, Turn
 

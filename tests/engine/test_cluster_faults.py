@@ -18,7 +18,7 @@ from django.db import close_old_connections
 from tests.conftest import make_space
 from tests.engine.fake_cluster import calls_made
 from tests.harness import REPO, _stop, isolate_queue, qcluster, wait_for, wait_until_running, worker_env
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import supervisor, tick
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Event, Member, Message, Run, RunOutcome, Turn

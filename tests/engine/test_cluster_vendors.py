@@ -12,7 +12,7 @@ from tests.harness import isolate_queue, qcluster, wait_for
 from tests.vendors import faults as f
 from tests.vendors.mock_anthropic import MockAnthropic
 from tests.vendors.mock_openai import MockOpenAI
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import supervisor
 from veronica.models import Event, Member, Message, Run, UsageDay
 

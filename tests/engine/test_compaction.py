@@ -1,4 +1,4 @@
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import runner, supervisor
 from veronica.models import Session, Turn
 

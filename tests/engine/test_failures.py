@@ -8,7 +8,7 @@ import pytest
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.agent.providers.base import ProviderError, Usage
 from veronica.engine import failures, runner, supervisor, tick
 from veronica.models import Event, Member, Message, Run, Turn, UsageDay

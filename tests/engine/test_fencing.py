@@ -7,7 +7,7 @@ import pytest
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.agent.runctx import LeaseLost
 from veronica.engine import runner, slot, supervisor
 from veronica.models import Event, Member, Message, Run, RunOutcome, Turn, UsageDay

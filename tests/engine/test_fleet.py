@@ -14,7 +14,7 @@ from django.db import close_old_connections, connection, transaction
 from tests.conftest import make_space
 from tests.harness import isolate_queue, kill_cluster, qcluster, wait_for
 from tests.vendors.mock_openai import MockOpenAI
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import supervisor, tick
 from veronica.models import Member, Message, Run, RunOutcome, Turn
 

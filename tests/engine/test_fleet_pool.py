@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import fleet, slot, supervisor, warm
 from veronica.models import Member

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db.models.functions import Now
 
-from veronica import bus, ledger
+from veronica.swarm import bus, ledger
 from veronica.agent.loop import INTERRUPTED
 from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.agent.tools import swarm, workspace

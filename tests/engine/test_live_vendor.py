@@ -7,7 +7,7 @@ import pytest
 from tests.vendors import faults as f
 from tests.vendors.mock_anthropic import MockAnthropic
 from tests.vendors.mock_openai import MockOpenAI
-from veronica import bus
+from veronica.swarm import bus
 from veronica.agent.live import LiveSink
 from veronica.engine import runner, supervisor
 from veronica.models import Event, Member, UsageDay

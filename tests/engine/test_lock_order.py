@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from veronica import ledger
+from veronica.swarm import ledger
 from veronica.engine import supervisor
 
 pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks are PostgreSQL's")

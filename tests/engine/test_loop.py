@@ -3,7 +3,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from veronica import blackboard, bus, ledger, skills
+from veronica.swarm import blackboard, bus, ledger, skills
 from veronica.engine import approvals, budget, runner, supervisor
 from veronica.engine.drive import run_until_quiet
 from veronica.models import Approval, Member, Message, Run, Turn, UsageDay, Wake

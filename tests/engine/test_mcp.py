@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from veronica import bus, mcp_servers
+from veronica.swarm import bus, mcp_servers
 from veronica.agent import waggle_bridge
 from veronica.agent.loop import run_tool
 from veronica.agent.mcp_client import manager

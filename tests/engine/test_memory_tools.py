@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from veronica import bus, memory
+from veronica.swarm import bus, memory
 from veronica.agent.prompt import system_prompt
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import approvals, runner, supervisor
-from veronica.learning_bridge import VeronicaSource
+from veronica.swarm.learning_bridge import VeronicaSource
 from veronica.models import Approval, MemoryFile, Turn
 
 

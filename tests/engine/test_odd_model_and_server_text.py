@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from veronica import bus, mcp_servers
+from veronica.swarm import bus, mcp_servers
 from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.agent.tools import mcp, tools_for
 from veronica.engine import runner, supervisor

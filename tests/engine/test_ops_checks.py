@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from veronica import ledger
+from veronica.swarm import ledger
 from veronica.portable import manifest
 from veronica.agent.tools import ToolContext, swarm
 from veronica.engine import checks, supervisor

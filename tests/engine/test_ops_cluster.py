@@ -11,7 +11,7 @@ from django.utils import timezone
 from tests.conftest import make_space
 from tests.harness import isolate_queue, qcluster, wait_for
 from tests.ops_helpers import Receiver
-from veronica import ledger
+from veronica.swarm import ledger
 from veronica.ops import notify
 from veronica.engine import checks, tick
 from veronica.models import NotificationDelivery, Task, TaskCheck

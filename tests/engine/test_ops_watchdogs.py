@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from veronica import bus, ledger
+from veronica.swarm import bus, ledger
 from veronica.agent.tools import ToolContext, swarm
 from veronica.engine import supervisor, tick, watchdogs
 from veronica.models import Event, Member, Message, Task
@@ -117,7 +117,7 @@ def test_two_calls_of_one_tool_in_a_reply_each_restart_the_stall_clock(space, sc
     """Through the real agent loop: the second glob of one reply finds phase_since fresh even though
     the phase (executing:glob) never changed. (Two read_file calls run inside the model turn's own
     transaction: nothing of the step commits between them, so there is no clock to restart.)"""
-    from veronica import events
+    from veronica.swarm import events
     from veronica.agent.providers.base import Reply, ToolCall, Usage
     from veronica.engine import runner
 

@@ -23,7 +23,7 @@ from django.db import close_old_connections, connection
 from tests.conftest import make_space
 from tests.harness import REPO, isolate_queue, qcluster, wait_for, worker_env
 from tests.netns import plan, set_database_link, tear_down, unix_to_tcp
-from veronica import bus
+from veronica.swarm import bus
 from veronica.models import Message
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from veronica import bus, prompt_inspector
+from veronica import prompt_inspector
+from veronica.swarm import bus
 from veronica.agent import compaction
 from veronica.agent.prompt import system_prompt
 from veronica.engine import runner, supervisor

@@ -17,7 +17,7 @@ from tests.harness import REPO, isolate_queue, qcluster, wait_for, worker_env
 from tests.engine.test_live_vendor import anthropic_mock, openai_mock  # noqa: F401 - the mock vendors, as fixtures
 from tests.engine.test_tracing import spans  # noqa: F401 - an in-memory span exporter
 from tests.vendors import faults as f
-from veronica import bus
+from veronica.swarm import bus
 from veronica.portable import archive as portable, manifest
 from veronica.agent.providers import get_provider, limits, validate_fallback
 from veronica.agent.providers.fallback import FallbackProvider

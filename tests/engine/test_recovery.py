@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from tests.conftest import make_space
 from tests.harness import isolate_queue, qcluster, wait_for
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import supervisor
 from veronica.engine.ticker import ROLE
 from veronica.models import EngineLease, Run, RunOutcome

@@ -1,7 +1,7 @@
 """Replies that are not answers (issue 10.6) and the budget after every call (issue 10.7)."""
 from __future__ import annotations
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.engine import runner, supervisor
 from veronica.models import Event, Member, Message, Run, Turn, UsageDay

@@ -9,7 +9,7 @@ import pytest
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import failures, leases, runner, supervisor
 from veronica.models import Member, Message, Run, RunOutcome, Task, UsageDay
 
@@ -96,7 +96,7 @@ def test_a_run_killed_mid_chain_is_finished_before_the_new_mail_is_briefed(space
     """The brief's mail is read at the first model turn; the worker dies after a tool result. New mail
     must not bury the interrupted chain (the offline worker then forgot its task: 13 tasks of 120 were
     left running in bench/recovery.py): the re-run continues it, the mail gets the run after."""
-    from veronica import ledger
+    from veronica.swarm import ledger
 
     w1 = w1_of(space)
     task = ledger.create_task(space, "boss", "the first job", assignee=w1)

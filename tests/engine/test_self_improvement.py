@@ -2,7 +2,7 @@
 denied call with a reason becomes a reviewed rule in the member's next system prompt."""
 from django.db.models import Sum
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import approvals, runner, supervisor
 from veronica.engine.drive import run_until_quiet
 from veronica.portable.manifest import register

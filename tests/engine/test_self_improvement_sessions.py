@@ -2,7 +2,7 @@
 session cleared between rounds: each round is a new episode of the same sessions)."""
 from django.db.models import Sum
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine.drive import run_until_quiet
 from veronica.portable.manifest import register
 from veronica.models import Run, Space

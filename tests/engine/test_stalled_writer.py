@@ -10,7 +10,7 @@ from django.db import close_old_connections, connection
 
 from tests.conftest import make_space
 from tests.harness import isolate_queue, qcluster, wait_for, wait_until_running
-from veronica import bus
+from veronica.swarm import bus
 from veronica.models import Message
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True),

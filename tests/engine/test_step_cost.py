@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 
-from veronica import bus, events
+from veronica.swarm import bus, events
 from veronica.engine import runner, slot, supervisor
 from veronica.models import Event, Member, Session, Turn, TurnRole
 from tests.harness import round_trips

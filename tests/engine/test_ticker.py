@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from tests.conftest import make_space
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import leases, retention, supervisor, tick
 from veronica.engine.ticker import ROLE, Ticker
 from veronica.models import EngineLease, Member, RetirePolicy, Run, RunOutcome

@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 
 from tests.engine.test_live_vendor import openai_mock  # noqa: F401 (a fixture)
 from tests.vendors import faults as f
-from veronica import bus
+from veronica.swarm import bus
 from veronica.portable import archive as portable
 from veronica.engine import runner, supervisor
 from veronica.plumbing.errors import VeronicaError

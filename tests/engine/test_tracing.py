@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.ops import tracing
 from veronica.agent.providers.base import Reply, ToolCall, Usage
 from veronica.engine import approvals, runner, supervisor

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import runner, supervisor
 from veronica.plumbing.errors import storable
 from veronica.models import Event, Turn, TurnRole

@@ -8,7 +8,7 @@ import pytest
 from tests.vendors import faults as f
 from tests.vendors.mock_anthropic import MockAnthropic
 from tests.vendors.mock_openai import MockOpenAI
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import approvals, runner, supervisor
 from veronica.models import Approval, Member, Run, Turn, UsageDay
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.db.models.functions import Now
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import leases, runner, slot, supervisor, tick, wakes
 from veronica.models import Member, Message, Run, RunOutcome, Wake
 

@@ -7,7 +7,7 @@ a run with work left in its transcript still claims without mail, and the sweep 
 """
 from __future__ import annotations
 
-from veronica import bus, events
+from veronica.swarm import bus, events
 from veronica.agent import transcript
 from veronica.engine import runner, supervisor
 from veronica.models import Event, Member, Run, TurnRole, Wake

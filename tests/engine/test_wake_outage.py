@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import outage, runner, supervisor, tick
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ import pytest
 from django.db import OperationalError, connection
 from django_q.signals import post_spawn
 
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine import slot, warm
 from veronica.models import Member, Run
 

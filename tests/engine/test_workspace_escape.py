@@ -353,7 +353,7 @@ def test_the_attackers_battery_gets_nothing_out(ctx, root, host):
 
 
 def test_a_run_that_reads_a_binary_file_stores_its_tool_turn(space, root, scripted):
-    from veronica import bus
+    from veronica.swarm import bus
     from veronica.engine import runner
     from veronica.models import Turn
 

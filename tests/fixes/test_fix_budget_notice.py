@@ -1,5 +1,5 @@
 """A budget trip is told to the leader (the seed's notifyOps) as well as the operator."""
-from veronica import bus
+from veronica.swarm import bus
 from veronica.engine.drive import run_until_quiet
 from veronica.models import Member, Message
 

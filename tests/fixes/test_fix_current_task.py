@@ -3,7 +3,7 @@ member view and list_members show it, with the open session's usage and last-tur
 import pytest
 from django.contrib.auth.models import User
 
-from veronica import access, bus
+from veronica.swarm import access, bus
 from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import supervisor
 from veronica.engine.drive import run_until_quiet

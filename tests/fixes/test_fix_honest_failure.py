@@ -1,7 +1,7 @@
 """The offline worker whose read failed says so and fails the task; the leader does not count it as done."""
 from pathlib import Path
 
-from veronica import blackboard, bus
+from veronica.swarm import blackboard, bus
 from veronica.engine.drive import run_until_quiet
 from veronica.models import Message, Task
 

@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from tests.fixes.test_fix_current_task import tool
-from veronica import bus, ledger
+from veronica.swarm import bus, ledger
 from veronica.engine.drive import run_until_quiet
 from veronica.models import Task
 

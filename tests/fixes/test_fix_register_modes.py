@@ -6,7 +6,7 @@ import shutil
 import pytest
 from django.core.management import call_command
 
-from veronica import skills
+from veronica.swarm import skills
 from veronica.engine import supervisor
 from veronica.models import Member, Role, Space
 

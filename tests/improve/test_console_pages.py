@@ -83,8 +83,8 @@ def test_waggle_library_lists_and_toggles(client, django_user_model, routed):
 
 
 def test_operator_accepts_mail_with_an_edit_and_learning_mines_it(client, django_user_model, routed):
-    from veronica import bus
-    from veronica.learning_bridge import VeronicaSource
+    from veronica.swarm import bus
+    from veronica.swarm.learning_bridge import VeronicaSource
     from veronica.models import Message
 
     bus.send(routed, "w1", "operator", "Report: <script>alert(1)</script> all good")
@@ -104,8 +104,8 @@ def test_operator_accepts_mail_with_an_edit_and_learning_mines_it(client, django
 
 
 def test_accepting_unedited_mail_is_not_a_lesson(client, django_user_model, routed):
-    from veronica import bus
-    from veronica.learning_bridge import VeronicaSource
+    from veronica.swarm import bus
+    from veronica.swarm.learning_bridge import VeronicaSource
     from veronica.models import Message
 
     bus.send(routed, "w1", "operator", "fine as is")

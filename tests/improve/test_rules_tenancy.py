@@ -22,7 +22,7 @@ from django.urls import reverse
 from learning import api as learning
 from learning.models import Proposal, Rule
 from tests.conftest import DEMO_MANIFEST, make_space
-from veronica import access
+from veronica.swarm import access
 from veronica.agent.prompt import rules_block
 from veronica.engine import supervisor
 from veronica.portable.manifest import register
@@ -78,7 +78,7 @@ def _proposal_states() -> dict[int, str]:
 def tenants(db, tmp_path, settings):
     """Space B with user rules, a learned rule and two pending proposals in its 'conduct' domain;
     space A whose owner is the attacker (not staff)."""
-    settings.LEARNING_AUTO_APPROVE = "veronica.learning_bridge.auto_approve"
+    settings.LEARNING_AUTO_APPROVE = "veronica.swarm.learning_bridge.auto_approve"
     a, b = make_space(tmp_path, "alpha"), make_space(tmp_path, "beta")
     owner_a, owner_b = User.objects.create_user("owner-a"), User.objects.create_user("owner-b")
     access.grant(a, "owner-a", "owner", actor="test")
@@ -251,7 +251,7 @@ def test_prompts_carry_only_own_and_global_rules(db, tmp_path):
 
 
 def test_auto_approve_follows_the_owning_space_only(db, tmp_path):
-    from veronica.learning_bridge import auto_approve
+    from veronica.swarm.learning_bridge import auto_approve
 
     a, b = make_space(tmp_path, "alpha"), make_space(tmp_path, "beta")
     Space.objects.filter(pk=a.pk).update(rule_review_required=False)
@@ -263,7 +263,7 @@ def test_auto_approve_follows_the_owning_space_only(db, tmp_path):
 
 
 def test_the_host_source_tags_items_with_their_space_and_routes_per_space(db, tmp_path):
-    from veronica.learning_bridge import VeronicaSource
+    from veronica.swarm.learning_bridge import VeronicaSource
 
     a, b = make_space(tmp_path, "alpha"), make_space(tmp_path, "beta")
     Member.objects.filter(space__in=[a, b], name="w1").update(rule_domains=["conduct"])
@@ -277,7 +277,7 @@ def test_the_host_source_tags_items_with_their_space_and_routes_per_space(db, tm
 def test_the_start_up_check_counts_routing_per_space(db, tmp_path, settings):
     from learning.checks import check_rule_domains
 
-    settings.LEARNING_SOURCE = "veronica.learning_bridge.VeronicaSource"
+    settings.LEARNING_SOURCE = "veronica.swarm.learning_bridge.VeronicaSource"
     a, b = make_space(tmp_path, "alpha"), make_space(tmp_path, "beta")
     Member.objects.filter(space=a, name="w1").update(rule_domains=["conduct"])
     learning.add_user_rule("conduct", "A's rule.", actor="o", owner=f"space:{a.pk}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db.models.functions import Now
 
-from veronica import events
+from veronica.swarm import events
 from veronica.agent import metering, transcript
 from veronica.agent.providers import Provider, get_provider, member_key, split_spec
 from veronica.agent.providers.base import Cancelled as ProviderCancelled

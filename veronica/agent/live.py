@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from veronica import events
+from veronica.swarm import events
 from veronica.agent.runctx import LeaseLost
 from veronica.plumbing.errors import storable
 from veronica.models import Member, Phase

@@ -21,7 +21,7 @@ import uuid
 from django.db import transaction
 from django.db.models.functions import Now
 
-from veronica import bus, chat, events
+from veronica.swarm import bus, chat, events
 from veronica.ops import tracing
 from veronica.agent import compaction, metering, transcript, waggle_bridge
 from veronica.agent.live import LiveSink

@@ -43,7 +43,7 @@ def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "
 
     A run that lost its lease while the call was in flight still spent the money: the call is
     metered all the same (record_stale) and LeaseLost goes on, so the run writes nothing else."""
-    from veronica import events
+    from veronica.swarm import events
     from veronica.models import Run
 
     usage = usage or Usage()

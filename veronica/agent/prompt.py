@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from veronica import blackboard, memory
+from veronica.swarm import blackboard, memory
 from veronica.models import Member, Message, Task, TaskStatus
-from veronica.skills import skills_for
+from veronica.swarm.skills import skills_for
 
 if TYPE_CHECKING:
     from veronica.agent.tools import Tool
@@ -29,7 +29,7 @@ def rules_block(member: Member) -> str | None:
     if not member.rule_domains:
         return None
     try:
-        from veronica.learning_bridge import member_rules_block
+        from veronica.swarm.learning_bridge import member_rules_block
     except ImportError:  # pragma: no cover
         return None
     try:

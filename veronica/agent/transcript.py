@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 from django.db.models import Max
 
-from veronica import events
+from veronica.swarm import events
 from veronica.plumbing.secret_store import mask, mask_data
 from veronica.models import Member, Session, Turn, TurnRole
 

@@ -86,7 +86,7 @@ def after_call(member: "Member", tctx: ToolContext, tools: dict[str, Tool], name
         return ""
     if not block:
         return ""
-    from veronica import events
+    from veronica.swarm import events
 
     events.emit(member.space_id, "waggle.replayed", member=member, after=name, chars=len(block))
     return "\n\n" + block
@@ -107,7 +107,7 @@ def on_inbound(member: "Member", tctx: ToolContext, tools: dict[str, Tool], text
         return ""
     if not block:
         return ""
-    from veronica import events
+    from veronica.swarm import events
 
     events.emit(member.space_id, "waggle.replayed", member=member, after="inbound mail", chars=len(block))
     return "\n\n" + block

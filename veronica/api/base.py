@@ -23,7 +23,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from veronica import access
+from veronica.swarm import access
 from veronica.plumbing.errors import VeronicaError, check_tree, text_problem
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from veronica import access, ledger, skills
-from veronica.access import OPERATOR, OWNER
+from veronica.swarm import access, ledger, skills
+from veronica.swarm.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import endpoint, json_body, text_field
 from veronica.engine import supervisor

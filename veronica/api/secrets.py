@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from veronica import access, secrets
-from veronica.access import OWNER
+from veronica.swarm import access, secrets
+from veronica.swarm.access import OWNER
 from veronica.api.base import endpoint, json_body, text_field
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError

@@ -12,11 +12,11 @@ from django.db.models import Count, IntegerField, Min, OuterRef, Q, QuerySet, Su
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from veronica import blackboard as board_verbs
+from veronica.swarm import blackboard as board_verbs
 from veronica.engine import budget, checks
 from veronica.plumbing.errors import NotFound, VeronicaError
 from veronica.plumbing.markdown import render_markdown
-from veronica.session_usage import with_session_usage
+from veronica.swarm.session_usage import with_session_usage
 from veronica.models import (
     ROLE_RANK, AccessRole, Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,
     Turn, UsageDay,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from veronica import chat
-from veronica.access import OWNER
+from veronica.swarm import chat
+from veronica.swarm.access import OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import endpoint, json_body, text_field
 from veronica.api.views import _actor, _space

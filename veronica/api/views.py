@@ -6,9 +6,9 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from veronica import access, blackboard, bus, memory
+from veronica.swarm import access, blackboard, bus, memory
 from veronica.ops import notify, webhooks
-from veronica.access import OPERATOR, OWNER, VIEWER
+from veronica.swarm.access import OPERATOR, OWNER, VIEWER
 from veronica.api import cockpit
 from veronica.api import selectors as sel
 from veronica.api.base import endpoint, error, json_body, text_field

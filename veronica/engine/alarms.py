@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.plumbing.errors import VeronicaError, require_text
 from veronica.models import Alarm, Member
 

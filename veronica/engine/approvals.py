@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from veronica import audit, events
+from veronica.swarm import audit, events
 from veronica.engine.wakes import wake_on_commit
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, require_text
 from veronica.models import Approval, ApprovalRule, ApprovalStatus, Member, Question, Space

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.plumbing.errors import Conflict, VeronicaError
 from veronica.models import Member, Role, Space, UsageDay
 

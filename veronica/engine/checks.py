@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.agent.tools.base import ToolError, truncate
 from veronica.agent.tools.sandbox import Capped, limit_note, run, sandbox_env, sandboxed
 from veronica.plumbing.errors import Conflict, IllegalTransition, NotFound, VeronicaError
@@ -214,7 +214,7 @@ def run_checks(task_id: int) -> dict | None:
 
 
 def _settle(task: Task, passed: bool, evidence: str) -> None:
-    from veronica import ledger
+    from veronica.swarm import ledger
 
     if passed:
         ledger.transition(task, TaskStatus.DONE, actor=ACTOR, reason="all checks passed")

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q, Value
 from django.db.models.functions import Concat, Now
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.engine.wakes import enqueue_wake
 from veronica.models import Member, Membership, RunStatus, UsageDay
 from veronica.plumbing.secret_store import mask

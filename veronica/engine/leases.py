@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Min, Q, Value, When
 from django.db.models.functions import Now
 
-from veronica import events
+from veronica.swarm import events
 from veronica.engine import failures
 from veronica.models import EngineLease, Member, Phase, Run, RunOutcome, RunStatus
 

@@ -28,7 +28,7 @@ from django.db import transaction
 from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from veronica import audit, events, ledger
+from veronica.swarm import audit, events, ledger
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import (
     Approval, ApprovalStatus, Event, Message, Question, Run, Session, Space, Task, Turn, Wake, WebhookDelivery,
@@ -53,7 +53,7 @@ def _ended_sessions(space: Space, cutoff: datetime) -> QuerySet:
     """Ended sessions past the window, except those learning has not distilled yet: they wait up to
     RETENTION_DISTILL_GRACE_DAYS more, so a stopped or failing distiller cannot keep them forever.
     A session with no turns has nothing to distill and does not wait."""
-    from veronica.learning_bridge import session_distilled
+    from veronica.swarm.learning_bridge import session_distilled
 
     grace = cutoff - timedelta(days=settings.RETENTION_DISTILL_GRACE_DAYS)
     ended = Session.objects.filter(member__space=space, ended_at__lt=cutoff)

@@ -13,7 +13,7 @@ import time
 from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Exists, OuterRef
 
-from veronica import audit
+from veronica.swarm import audit
 from veronica.ops import tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost

@@ -15,7 +15,7 @@ That fence statement is the step's only read of the member row: it also writes t
 asked for (`next_phase`) and reads back the cancel flag and the permission mode, so a step pays one
 statement for its lease, its phase, its suspend check and its permission gate. On PostgreSQL the model
 turn's fence also carries the call's usage meter (a second UPDATE in the same statement, applied only
-if the lease holds). The fence's events are batched (veronica.events.transaction_batch) and written
+if the lease holds). The fence's events are batched (veronica.swarm.events.transaction_batch) and written
 just before its commit, which rides the same round trip on PostgreSQL.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
-from veronica import events
+from veronica.swarm import events
 from veronica.plumbing.returning import compiled, update_returning, update_then
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
 from veronica.engine import budget, failures

@@ -7,7 +7,7 @@ from django.db.models import BooleanField, Case, F, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.engine.cron import next_fire, validate_cron
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import wake_on_commit
@@ -157,7 +157,7 @@ def check_domains(rule_domains: object) -> list[str]:
     if not isinstance(rule_domains, list) or len(rule_domains) > MAX_DOMAINS:
         raise VeronicaError(f"rule_domains must be a list of at most {MAX_DOMAINS} strings", field="rule_domains")
     domains = [require_text(d, "rule_domains", max_len=MAX_DOMAIN, allow_empty=True).strip() for d in rule_domains]
-    from veronica.learning_bridge import clean_rule_domains  # names resolve in the member's own space only
+    from veronica.swarm.learning_bridge import clean_rule_domains  # names resolve in the member's own space only
 
     return clean_rule_domains([d for d in domains if d])
 
@@ -229,7 +229,7 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
         if cron:
             arm_cron(member.pk, member.schedule_next_at)
         for skill_name, body in (skills or {}).items():
-            from veronica.skills import add_skill
+            from veronica.swarm.skills import add_skill
 
             add_skill(space, skill_name, body, member=member, actor=actor)
         events.emit(space.pk, "member.added", member=member, actor=actor, role=role, model=model)

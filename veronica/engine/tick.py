@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from veronica import a2a_calls, audit, bus, events, ledger
+from veronica.swarm import a2a_calls, audit, bus, events, ledger
 from veronica.engine import alarms, clock, failures, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import enqueue_wake

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.db.models.functions import Now
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.ops import notify
 from veronica.engine import checks, clock
 from veronica.models import Member, Membership, Message, Phase, Role, Space

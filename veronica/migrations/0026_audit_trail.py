@@ -4,7 +4,7 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 # PostgreSQL refuses any UPDATE of an audit row, and any DELETE outside the retention duty's
-# transaction (veronica.audit.purge sets veronica.audit_purge locally). SQLite relies on the model.
+# transaction (veronica.swarm.audit.purge sets veronica.audit_purge locally). SQLite relies on the model.
 APPEND_ONLY = """
 CREATE OR REPLACE FUNCTION veronica_audit_append_only() RETURNS trigger AS $$
 BEGIN

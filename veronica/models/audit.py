@@ -14,10 +14,10 @@ class AuditQuerySet(models.QuerySet):
         raise AppendOnly("audit rows are never updated")
 
     def delete(self):
-        raise AppendOnly("audit rows are deleted by the retention duty only (veronica.audit.purge)")
+        raise AppendOnly("audit rows are deleted by the retention duty only (veronica.swarm.audit.purge)")
 
     def _purge(self) -> int:
-        """The retention duty's delete (veronica.audit.purge); nothing else calls it."""
+        """The retention duty's delete (veronica.swarm.audit.purge); nothing else calls it."""
         return models.QuerySet.delete(self)[0]
 
 
@@ -54,7 +54,7 @@ class AuditRow(models.Model):
         super().save(*args, **kwargs)
 
     def delete(self, *args, **kwargs):
-        raise AppendOnly("audit rows are deleted by the retention duty only (veronica.audit.purge)")
+        raise AppendOnly("audit rows are deleted by the retention duty only (veronica.swarm.audit.purge)")
 
     def as_wire(self) -> dict:
         return {"id": self.pk, "at": self.created_at.isoformat(), "space": self.space_slug or None, "actor": self.actor,

@@ -23,7 +23,7 @@ class Message(models.Model):
     accepted_at = models.DateTimeField(null=True, blank=True)
     accepted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     accepted_body = models.TextField(blank=True)
-    # A member's final text for a run woken by operator mail is recorded as its reply (veronica.chat)
+    # A member's final text for a run woken by operator mail is recorded as its reply (veronica.swarm.chat)
     reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies",
                                  help_text="The operator's message this reply answers (a run's final text).")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -33,7 +33,7 @@ class Message(models.Model):
         indexes = [models.Index(fields=["recipient", "read_at"], name="msg_unread_idx"),
                    # the tick's sweep and backlog watchdog start from old unread mail, not from members
                    models.Index(fields=["created_at"], condition=models.Q(read_at__isnull=True), name="msg_unread_age_idx"),
-                   # a member's chat with the operator (veronica.chat.thread), newest first: without them a
+                   # a member's chat with the operator (veronica.swarm.chat.thread), newest first: without them a
                    # member with no such mail scanned every message of its space for the page's last 50
                    models.Index(fields=["recipient", "-id"], condition=models.Q(sender_name="operator"), name="msg_from_operator_idx"),
                    models.Index(fields=["sender", "-id"], condition=models.Q(recipient_name="operator"), name="msg_to_operator_idx")]

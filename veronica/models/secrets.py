@@ -6,7 +6,7 @@ from django.db.models import Q
 
 class Secret(models.Model):
     """A named secret of a space (member empty: every member) or of one member, encrypted at rest
-    with the deployment's key (VERONICA_SECRETS_KEY, Fernet). Only veronica.secrets reads or
+    with the deployment's key (VERONICA_SECRETS_KEY, Fernet). Only veronica.swarm.secrets reads or
     writes `ciphertext`; nothing shows, logs or exports the value."""
 
     space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="secrets")

@@ -23,7 +23,7 @@ class VerifyPolicy(models.TextChoices):
 
 
 class Task(models.Model):
-    """A ledger row. Its status changes only through veronica.ledger."""
+    """A ledger row. Its status changes only through veronica.swarm.ledger."""
 
     space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="tasks")
     title = models.CharField(max_length=200)

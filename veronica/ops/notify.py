@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from veronica import audit
+from veronica.swarm import audit
 from veronica.ops import outbound
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import AlertTally, Channel, DeliveryStatus, Event, NotificationDelivery, Space
@@ -82,7 +82,7 @@ def config_of(space: Space) -> dict:
 @audit.verb("space.notify_set", watch="space")
 def configure(space: Space, *, webhook_url: object = None, slack_url: object = None, emails: object = None, actor: str) -> Space:
     """Replace the space's notifier settings (all validated before anything is written)."""
-    from veronica import events
+    from veronica.swarm import events
 
     cleaned = {"notify_webhook_url": clean_url(webhook_url, "webhook_url"), "notify_slack_url": clean_url(slack_url, "slack_url"),
                "notify_emails": clean_emails(emails)}
@@ -149,7 +149,7 @@ def enqueue(ids: list[int]) -> None:
 @audit.verb("space.notify_test")
 def send_test(space: Space, *, actor: str) -> Event:
     """The 'send test notification' button: a real alert through the real path."""
-    from veronica import events
+    from veronica.swarm import events
 
     if not channels_of(space):
         raise VeronicaError("no notifier channel is configured (set a webhook URL, a Slack URL or email recipients)",

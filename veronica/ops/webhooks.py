@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.plumbing.errors import MAX_JSON_DEPTH, Conflict, NotFound, VeronicaError, check_tree, text_problem
 from veronica.models import Message, Space, WebhookDelivery
 

@@ -6,13 +6,13 @@
   key can be dropped. The key never touches the database.
 * The mask: every secret value this process has set or injected (an MCP server's env, run_command's
   env, a provider key: the only ways a value reaches a run, and each goes through
-  veronica.secrets.values_for, which remembers it) is replaced by `[secret NAME]` in transcripts,
+  veronica.swarm.secrets.values_for, which remembers it) is replaced by `[secret NAME]` in transcripts,
   tool results, events, traces, error text and log records. No query: masking is safe in any
   context (a log record in an event loop). Values are at least MIN_VALUE characters, so masking
   never eats ordinary words; a deleted or replaced value stays masked for the life of the process.
 
-This module sits low (models only): veronica.events, veronica.ops.tracing and the agent runtime call
-mask(); the verbs that change secrets live in veronica.secrets.
+This module sits low (models only): veronica.swarm.events, veronica.ops.tracing and the agent runtime call
+mask(); the verbs that change secrets live in veronica.swarm.secrets.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from django.utils.text import slugify
 
 from urllib.parse import urlsplit, urlunsplit
 
-from veronica import a2a_settings, access, audit
+from veronica.swarm import a2a_settings, access, audit
 from veronica.portable import manifest, toml_out
 from veronica.plumbing.errors import Conflict, VeronicaError, column_limit
 from veronica.models import McpServer, McpTransport, Member, Skill, Space
@@ -164,7 +164,7 @@ def _rule_files(space: Space) -> dict[str, str]:
     """The user rules of the space's own domains (learned rules are runtime state: they re-learn)."""
     from learning.models import Domain, Rule, RuleSource
 
-    from veronica.learning_bridge import owner_key
+    from veronica.swarm.learning_bridge import owner_key
 
     files: dict[str, str] = {}
     for domain in Domain.objects.filter(owner=owner_key(space), is_global=False).order_by("name"):

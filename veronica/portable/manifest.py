@@ -17,13 +17,13 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from veronica import a2a_settings, audit, events, mcp_servers
+from veronica.swarm import a2a_settings, audit, events, mcp_servers
 from veronica.agent.providers import validate_fallback, validate_model_spec
 from veronica.engine import supervisor
 from veronica.engine.timers import arm_cron
 from veronica.plumbing.errors import VeronicaError, column_limit, text_problem
 from veronica.models import Member, Membership, Origin, PermissionMode, Role, Skill, Space
-from veronica.skills import NAME_RE as SKILL_NAME_RE
+from veronica.swarm.skills import NAME_RE as SKILL_NAME_RE
 
 SPACE_SETTINGS = {
     "member_daily_tokens": int, "daily_token_ceiling": int, "daily_usd_ceiling": float, "blackboard_cap": int,
@@ -81,7 +81,7 @@ class SpaceSpec:
     path: Path
     mcp_servers: list[mcp_servers.ServerConfig] = field(default_factory=list)
     rules: dict[str, list[str]] = field(default_factory=dict)
-    a2a: dict | None = None  # [a2a]: serving, exposed members, remote agents (veronica.a2a_settings)
+    a2a: dict | None = None  # [a2a]: serving, exposed members, remote agents (veronica.swarm.a2a_settings)
 
 
 def _text_file(path: Path, what: str = "file") -> str:
@@ -640,7 +640,7 @@ def _apply_rules(space: Space, spec: SpaceSpec, actor: str) -> None:
     from learning import api as learning
     from learning.models import Rule, RuleSource
 
-    from veronica.learning_bridge import owner_key
+    from veronica.swarm.learning_bridge import owner_key
 
     for name, texts in spec.rules.items():
         domain = learning.domain_for(name, owner_key(space), create=True, actor=actor)

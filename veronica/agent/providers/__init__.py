@@ -52,7 +52,7 @@ def validate_fallback(value, model: str = "") -> list[str]:
 
 def get_provider(spec: str, api_key: str | None = None) -> Provider:
     """The provider for one model spec, behind the limits configured for its endpoint and model;
-    api_key (a member's secret, veronica.secrets.provider_key) replaces the server's OPENAI_API_KEY /
+    api_key (a member's secret, veronica.swarm.secrets.provider_key) replaces the server's OPENAI_API_KEY /
     ANTHROPIC_API_KEY."""
     from veronica.agent.providers import limits
 
@@ -83,9 +83,9 @@ def provider_for(model: str, fallback: list[str] | None = None, make=None) -> Pr
 
 def member_key(member, spec: str | None = None) -> str | None:
     """The member's API key for the vendor of `spec` (its own model by default), from its own or its
-    space's secrets (OPENAI_API_KEY / ANTHROPIC_API_KEY, veronica.secrets), or None: the server's
+    space's secrets (OPENAI_API_KEY / ANTHROPIC_API_KEY, veronica.swarm.secrets), or None: the server's
     environment."""
-    from veronica import secrets
+    from veronica.swarm import secrets
     from veronica.plumbing import secret_store
 
     try:

@@ -36,7 +36,7 @@ def ended_text(state: str, text: str) -> str:
 def _park(ctx: ToolContext, args: dict, remote, outcome, started: float) -> None:
     from datetime import timedelta
 
-    from veronica import events
+    from veronica.swarm import events
     from veronica.engine import clock
     from veronica.models import A2ACall
 
@@ -67,7 +67,7 @@ def _caller(remote_pk: int, name: str):
     def call(ctx: ToolContext, args: dict) -> str:
         from django.conf import settings
 
-        from veronica import a2a_client, events
+        from veronica.swarm import a2a_client, events
         from veronica.plumbing.errors import VeronicaError
         from veronica.models import A2ARemote
 

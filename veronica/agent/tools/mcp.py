@@ -58,10 +58,10 @@ def servers_for(member: "Member"):
 
 def spec_of(server: "McpServer", workdir: str, member: "Member | None" = None) -> ServerSpec:
     """stdio servers start exactly like run_command: the same sandbox wrapper, in the workspace.
-    `${secret:NAME}` in an env value is the member's (or the space's) secret NAME (veronica.secrets)."""
+    `${secret:NAME}` in an env value is the member's (or the space's) secret NAME (veronica.swarm.secrets)."""
     from pathlib import Path
 
-    from veronica import secrets
+    from veronica.swarm import secrets
     from veronica.agent.tools.workspace import sandboxed
     from veronica.plumbing.errors import VeronicaError
 

@@ -1,7 +1,7 @@
-"""Memory tools: a member reads, lists and writes its own memory files (veronica.memory)."""
+"""Memory tools: a member reads, lists and writes its own memory files (veronica.swarm.memory)."""
 from __future__ import annotations
 
-from veronica import memory
+from veronica.swarm import memory
 from veronica.agent.tools.base import S, Tool, ToolContext, ToolError, arg_str, truncate
 
 

@@ -5,12 +5,12 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from veronica import blackboard, bus, ledger, skills
+from veronica.swarm import blackboard, bus, ledger, skills
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str
 from veronica.engine import alarms, budget, supervisor
 from veronica.plumbing.errors import require_text
 from veronica.models import Member, Role, Space, Task, TaskStatus
-from veronica.session_usage import with_session_usage
+from veronica.swarm.session_usage import with_session_usage
 
 
 class WaitForOperator(Exception):
@@ -184,7 +184,7 @@ def member_retire(ctx: ToolContext, args: dict) -> str:
 
 
 def ask_operator(ctx: ToolContext, args: dict) -> str:
-    from veronica import events
+    from veronica.swarm import events
     from veronica.models import Question
 
     text = require_text(arg_str(args, "question", max_len=5000), "question", max_len=5000)

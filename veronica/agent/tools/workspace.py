@@ -195,7 +195,7 @@ def run_command(ctx: ToolContext, args: dict) -> str:
     argv, home = sandboxed(root, command)
     half = COMMAND_OUTPUT_CAP // 2
     stdout, stderr = Capped(half * 3 // 4, half * 3 // 4), Capped(half // 4, half // 4)
-    from veronica import secrets
+    from veronica.swarm import secrets
 
     env = {**sandbox_env(home), **secrets.command_env(ctx.member)}  # the secrets marked in_commands, by name
     outcome = run(argv, cwd=root, env=env, timeout=timeout, streams=(stdout, stderr), cancelled=stop_requested)

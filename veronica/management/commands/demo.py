@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db.models import Sum
 
-from veronica import audit, blackboard, bus
+from veronica.swarm import audit, blackboard, bus
 from veronica.engine import supervisor
 from veronica.engine.drive import run_until_quiet
 from veronica.portable.manifest import register

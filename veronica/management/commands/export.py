@@ -2,7 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from veronica import audit
+from veronica.swarm import audit
 from veronica.models import Space
 from veronica.portable.archive import export_archive
 

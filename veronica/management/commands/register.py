@@ -2,7 +2,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from veronica import audit
+from veronica.swarm import audit
 from veronica.plumbing.errors import VeronicaError
 from veronica.portable.manifest import register_space
 from veronica.portable.archive import create_from_archive, create_from_template

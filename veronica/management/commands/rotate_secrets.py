@@ -9,7 +9,7 @@ from __future__ import annotations
 from cryptography.fernet import Fernet
 from django.core.management.base import BaseCommand, CommandError
 
-from veronica import audit, secrets
+from veronica.swarm import audit, secrets
 from veronica.plumbing import secret_store
 
 

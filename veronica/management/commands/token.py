@@ -2,7 +2,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from veronica import access, audit
+from veronica.swarm import access, audit
 from veronica.plumbing.errors import VeronicaError
 
 

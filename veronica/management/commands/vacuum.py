@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from veronica import audit
+from veronica.swarm import audit
 from veronica.engine import retention
 from veronica.models import Space
 

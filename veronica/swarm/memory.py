@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.db.models.functions import Length
 
-from veronica import audit, events
+from veronica.swarm import audit, events
 from veronica.plumbing.errors import NotFound, VeronicaError
 from veronica.models import Member, MemoryFile
 

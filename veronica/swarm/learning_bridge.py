@@ -16,7 +16,7 @@ from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from learning.sources import Correction, OutboxItem, SessionItem
-from veronica import memory
+from veronica.swarm import memory
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import Approval, ApprovalStatus, Member, Message, Session, Space
 

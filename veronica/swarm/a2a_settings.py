@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from veronica import access, events
+from veronica.swarm import access, events
 from veronica.ops import outbound
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
 from veronica.models import A2AConfig, A2ACredential, A2ARemote, Member, Role, Space
@@ -172,7 +172,7 @@ def check_remote_list(entries: object) -> list[RemoteConfig]:
 def add_remote(space: Space, cfg: RemoteConfig, *, actor: str, from_manifest: bool = False, fetch_card: bool = True) -> A2ARemote:
     """Declare a remote agent. With fetch_card (the console, the API) its card is read now, so a
     wrong URL is an error here; the manifest defers it to the first call (the agent may start later)."""
-    from veronica import a2a_client
+    from veronica.swarm import a2a_client
 
     if A2ARemote.objects.filter(space=space, name=cfg.name).exists():
         raise Conflict(f"a remote A2A agent named '{cfg.name}' is already declared here", field="name")

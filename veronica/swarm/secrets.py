@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from veronica import audit, events
+from veronica.swarm import audit, events
 from veronica.plumbing import secret_store
 from veronica.plumbing.errors import NotFound, VeronicaError, column_limit, text_problem
 from veronica.models import Member, Secret, Space

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from veronica import audit, events
+from veronica.swarm import audit, events
 from veronica.plumbing.errors import VeronicaError, text_problem
 from veronica.models import Blackboard, Space
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from veronica import a2a_client, events
+from veronica.swarm import a2a_client, events
 from veronica.engine import clock
 from veronica.engine.wakes import wake_on_commit
 from veronica.plumbing.errors import VeronicaError, storable

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db.models import Q
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import Member, Message, Turn
 

@@ -369,10 +369,10 @@ def connect_signals() -> None:
     from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
     from django.db.models.signals import post_save
 
-    user_logged_in.connect(on_login, dispatch_uid="veronica.audit.login")
-    user_login_failed.connect(on_login_failed, dispatch_uid="veronica.audit.login_failed")
-    user_logged_out.connect(on_logout, dispatch_uid="veronica.audit.logout")
-    post_save.connect(on_admin_log, sender=LogEntry, dispatch_uid="veronica.audit.admin_log")
+    user_logged_in.connect(on_login, dispatch_uid="veronica.swarm.audit.login")
+    user_login_failed.connect(on_login_failed, dispatch_uid="veronica.swarm.audit.login_failed")
+    user_logged_out.connect(on_logout, dispatch_uid="veronica.swarm.audit.logout")
+    post_save.connect(on_admin_log, sender=LogEntry, dispatch_uid="veronica.swarm.audit.admin_log")
 
 
 # --- reading and retention --------------------------------------------------------------------------------

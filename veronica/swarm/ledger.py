@@ -10,7 +10,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from veronica import audit, bus, events
+from veronica.swarm import audit, bus, events
 from veronica.plumbing.errors import IllegalTransition, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Space, Task, TaskStatus, VerifyPolicy
 

@@ -20,7 +20,7 @@ from django.http import Http404
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from veronica import audit, events
+from veronica.swarm import audit, events
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import ROLE_RANK, AccessRole, ApiToken, Space, SpaceAccess
 

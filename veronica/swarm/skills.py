@@ -5,7 +5,7 @@ import re
 
 from django.db import transaction
 
-from veronica import audit, events
+from veronica.swarm import audit, events
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Skill, Space
 

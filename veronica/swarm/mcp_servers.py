@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from django.db import transaction
 
-from veronica import audit, events
+from veronica.swarm import audit, events
 from veronica.ops import outbound
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, text_problem
 from veronica.models import McpServer, McpTransport, Member, Space
