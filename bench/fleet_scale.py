@@ -239,7 +239,7 @@ def seed_big(space, members: list, events: int, tasks: int, messages_per_member:
 
 
 def pages_of(space, member, task, run) -> dict:
-    from veronica import consumers
+    from veronica.web import consumers
 
     s = space.slug
 

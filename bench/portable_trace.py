@@ -36,7 +36,7 @@ def main() -> None:
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
-        from veronica import run_trace
+        from veronica.web import run_trace
         from veronica.swarm import events
         from veronica.portable import archive as portable
         from veronica.agent import metering

@@ -1,4 +1,4 @@
-"""Benchmark: the event stream's periodic credential re-check (veronica.stream_auth.recheck).
+"""Benchmark: the event stream's periodic credential re-check (veronica.web.stream_auth.recheck).
 
     .venv/bin/python bench/socket_recheck.py [--sockets 10 100 1000] [--samples 50]
 
@@ -32,7 +32,7 @@ def main() -> None:
 
         from veronica.swarm import access
         from veronica.models import Space, SpaceAccess
-        from veronica.stream_auth import Credential, recheck
+        from veronica.web.stream_auth import Credential, recheck
 
         space = Space.objects.create(name="Bench", slug="bench", workdir=tmp)
         users = [User.objects.create_user(f"u{i}") for i in range(20)]

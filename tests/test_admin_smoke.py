@@ -97,7 +97,7 @@ def every_model(root, space, tmp_path, settings) -> Space:
     Group.objects.create(name="ops")
     settings.SECRETS_KEYS = [Fernet.generate_key().decode()]
     secrets.set_secret(space, "API_KEY", "an-api-key-value", actor="test")
-    # linked at a first SSO login (veronica.sso, tests/oidc): no verb of its own
+    # linked at a first SSO login (veronica.web.sso, tests/oidc): no verb of its own
     SsoIdentity.objects.create(user=User.objects.get(username="ann"), issuer="https://idp.example.org", subject="ann")
     _engine_rows(space, w1, first)
     _learning_rows(space)

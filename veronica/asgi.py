@@ -11,9 +11,9 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from django.conf import settings  # noqa: E402
 
-from veronica.body_limit import BodyLimit, limit_daphne  # noqa: E402
-from veronica.routing import websocket_urlpatterns  # noqa: E402
-from veronica.stream_auth import OriginCheckedUnlessBearer  # noqa: E402
+from veronica.web.body_limit import BodyLimit, limit_daphne  # noqa: E402
+from veronica.web.routing import websocket_urlpatterns  # noqa: E402
+from veronica.web.stream_auth import OriginCheckedUnlessBearer  # noqa: E402
 
 limit_daphne(settings.MAX_REQUEST_BYTES)  # daphne spools a body before it calls us: refuse it there
 

@@ -1,7 +1,7 @@
 """One settings module for every mode. The environment picks the mode:
 
 * embedded default (no variables): SQLite (WAL, busy timeout, IMMEDIATE transactions), django-q2's
-  ORM broker, an in-memory channel layer (sockets also poll the Event table, see veronica.consumers);
+  ORM broker, an in-memory channel layer (sockets also poll the Event table, see veronica.web.consumers);
 * hosted: DATABASE_URL (PostgreSQL) + REDIS_URL switch the database, channels-redis and django-q2's
   Redis broker. Nothing exists only in production.
 """
@@ -183,7 +183,7 @@ if REDIS_URL:
 else:
     # Web server and workers are separate processes in the embedded default: an in-memory layer
     # would never carry a worker's event to a socket. The consumers treat the layer as a doorbell
-    # only and poll the Event table as a backstop, see veronica.consumers.
+    # only and poll the Event table as a backstop, see veronica.web.consumers.
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # --- django-q2 --------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ except LimitConfigError as _exc:
 # may be from the server's clock (also how long its signature is remembered against replays).
 WEBHOOK_MAX_BYTES = env_int("VERONICA_WEBHOOK_MAX_BYTES", 65536, minimum=1024, maximum=10 * 1024 * 1024)
 WEBHOOK_TOLERANCE_SECONDS = env_int("VERONICA_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=10, maximum=3600)
-# every request body (veronica.body_limit, in front of Django): over this, 413 before anything is
+# every request body (veronica.web.body_limit, in front of Django): over this, 413 before anything is
 # spooled to disk. At least the archive upload (5 MB) and the webhook limit; views keep their own.
 MAX_REQUEST_BYTES = env_int("VERONICA_MAX_REQUEST_BYTES", max(8 * 1024 * 1024, WEBHOOK_MAX_BYTES),
                             minimum=6 * 1024 * 1024, maximum=1024 ** 3)
@@ -406,7 +406,7 @@ LOGGING = {
 # behind a proxy every client has the proxy's address. Attempts live in the database (both modes);
 # staff unlock early with `manage.py axes_reset` or in the admin.
 INSTALLED_APPS += ["axes", "csp"]
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "veronica.sso.LocalPasswordBackend", "veronica.sso.OidcBackend"]
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "veronica.web.sso.LocalPasswordBackend", "veronica.web.sso.OidcBackend"]
 AXES_FAILURE_LIMIT = env_int("VERONICA_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = env_int("VERONICA_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
@@ -416,7 +416,7 @@ TRUSTED_PROXY_COUNT = env_int("VERONICA_TRUSTED_PROXY_COUNT", 0, minimum=0, maxi
 AXES_CLIENT_IP_CALLABLE = "veronica.plumbing.web_headers.client_ip"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
-AXES_LOCKOUT_CALLABLE = "veronica.login.lockout_response"  # the same page, with Retry-After
+AXES_LOCKOUT_CALLABLE = "veronica.web.login.lockout_response"  # the same page, with Retry-After
 # django-csp: scripts and styles only from our own files (no inline script, handler or style
 # attribute anywhere in the console); the socket is same-origin, which CSP3's 'self' covers for ws(s).
 CONTENT_SECURITY_POLICY = {
@@ -435,7 +435,7 @@ CONTENT_SECURITY_POLICY = {
 MIDDLEWARE += [
     "csp.middleware.CSPMiddleware",
     "veronica.plumbing.web_headers.PrivateResponseHeaders",
-    "veronica.sso.SessionRefresh",  # SSO sessions re-ask the IdP (prompt=none) when the ID token's time is up
+    "veronica.web.sso.SessionRefresh",  # SSO sessions re-ask the IdP (prompt=none) when the ID token's time is up
     "axes.middleware.AxesMiddleware",  # last, as axes asks
 ]
 # An open socket re-validates its token or session and its access this often (seconds).
@@ -443,7 +443,7 @@ VERONICA_STREAM_RECHECK_SECONDS = env_int("VERONICA_SOCKET_RECHECK_SECONDS", 5, 
 # axes logs every successful login's reset at INFO; its failures and lockouts are warnings
 LOGGING["loggers"] = {**LOGGING.get("loggers", {}), "axes": {"level": "WARNING"}}
 
-# --- single sign-on (veronica.sso, mozilla-django-oidc) -------------------------------------------------
+# --- single sign-on (veronica.web.sso, mozilla-django-oidc) -------------------------------------------------
 # On when an issuer and a client id are set. The provider's endpoints come from its discovery
 # document; the client is confidential and always uses PKCE (S256).
 OIDC_ISSUER = env_url("VERONICA_OIDC_ISSUER", ("http", "https"))
@@ -457,9 +457,9 @@ OIDC_TIMEOUT = env_int("VERONICA_OIDC_TIMEOUT", 10, minimum=1, maximum=120)
 OIDC_STORE_ID_TOKEN = True  # the id_token_hint of the IdP logout
 OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("VERONICA_OIDC_RECHECK_SECONDS", 900, minimum=30)
 OIDC_CREATE_USER = env_bool("VERONICA_OIDC_CREATE_USERS", True)
-OIDC_AUTHENTICATE_CLASS = "veronica.sso.LoginStart"
-OIDC_CALLBACK_CLASS = "veronica.sso.Callback"
-OIDC_OP_LOGOUT_URL_METHOD = "veronica.sso.provider_logout_url"
+OIDC_AUTHENTICATE_CLASS = "veronica.web.sso.LoginStart"
+OIDC_CALLBACK_CLASS = "veronica.web.sso.Callback"
+OIDC_OP_LOGOUT_URL_METHOD = "veronica.web.sso.provider_logout_url"
 LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
 # JSON and static requests are never redirected to the IdP (a script cannot follow a login page)
 OIDC_EXEMPT_URLS = [__import__("re").compile(r"^/(api|static|metrics)(/|$)")]

@@ -3,8 +3,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
-from veronica import sso, views, views_a2a, views_audit, views_cockpit, views_improve, views_portable, views_secrets, views_steer
-from veronica.login import AdminLoginForm, LoginView
+from veronica.web import sso, views, views_a2a, views_audit, views_cockpit, views_improve, views_portable, views_secrets, views_steer
+from veronica.web.login import AdminLoginForm, LoginView
 
 admin.site.login_form = AdminLoginForm  # the username's length is checked before anything authenticates
 
@@ -46,7 +46,7 @@ urlpatterns = [
     path("password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
     path("metrics", views.metrics, name="metrics"),
     path("api/", include("veronica.api.urls")),
-    # A2A: a space (its leader) and the members its owner exposes, as agents (veronica.views_a2a)
+    # A2A: a space (its leader) and the members its owner exposes, as agents (veronica.web.views_a2a)
     path("a2a/<slug:slug>/.well-known/agent-card.json", views_a2a.card, name="a2a-card"),
     path("a2a/<slug:slug>/.well-known/agent.json", views_a2a.card),  # the card's path before protocol 0.3
     path("a2a/<slug:slug>/", views_a2a.rpc, name="a2a-rpc"),

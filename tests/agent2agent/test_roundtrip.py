@@ -180,7 +180,7 @@ def test_we_call_them_through_the_gated_tool_with_timeout_cancel_and_a_refused_c
     assert Turn.objects.get(role="tool", tool_name="a2a__echo").content == "echo: hello from veronica"
     called = Event.objects.get(kind="a2a.called")
     assert called.payload["ok"] and called.payload["state"] == "completed" and called.payload["remote"] == "echo"
-    from veronica import run_trace
+    from veronica.web import run_trace
     from veronica.models import Run
 
     run = Run.objects.filter(member=w1).order_by("-pk").first()  # the resumed run made the call: the run page shows it

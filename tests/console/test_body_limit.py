@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from veronica.body_limit import BodyLimit
+from veronica.web.body_limit import BodyLimit
 
 LIMIT = 1000
 

@@ -272,7 +272,7 @@ def test_a_bad_member_edit_is_refused_by_name_and_changes_nothing(world, door, d
 
 def _initial_form(member: Member) -> dict:
     """What the console's edit form posts when nothing is changed."""
-    from veronica.views_cockpit import _initial
+    from veronica.web.views_cockpit import _initial
 
     return _initial(member, member.space)
 

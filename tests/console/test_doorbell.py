@@ -15,7 +15,7 @@ import pytest
 from tests.console.servers import server_env
 from tests.console.test_socket import head, receive_events, run, socket, until_ready
 from tests.console.test_socket import world  # noqa: F401  (the fixture)
-from veronica import consumers
+from veronica.web import consumers
 from veronica.swarm import access
 from veronica.plumbing import doorbell
 

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from tests.console.trace_helpers import drive_run
-from veronica import run_trace
+from veronica.web import run_trace
 from veronica.engine import budget, supervisor
 from veronica.models import Event, Run, UsageDay
 

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.test import Client
 
 from tests.console.conftest import make_world
-from veronica import consumers
+from veronica.web import consumers
 from veronica.swarm import access, events
 from veronica.asgi import application
 
@@ -347,7 +347,7 @@ def test_logging_out_closes_the_socket_at_once_not_at_the_next_periodic_recheck(
 
 
 def test_switching_local_passwords_off_closes_the_sockets_of_password_sessions(world, fast_recheck, settings):
-    """VERONICA_LOCAL_PASSWORDS=0 ends sessions a password opened (veronica.sso); their sockets too."""
+    """VERONICA_LOCAL_PASSWORDS=0 ends sessions a password opened (veronica.web.sso); their sockets too."""
     async def scenario():
         mine = socket("alpha", user=world.viewer)
         assert (await mine.connect())[0]

@@ -10,7 +10,7 @@ from tests.console.helpers import call, owner_targets, pending_approval, read_ta
 from tests.console.test_stream_auth import session_cred
 from veronica.swarm import access, ledger
 from veronica.models import Space
-from veronica.stream_auth import CLOSE_ACCESS_GONE, recheck
+from veronica.web.stream_auth import CLOSE_ACCESS_GONE, recheck
 
 
 def staff_user(name: str, *perms: str, superuser: bool = False, via_group: bool = False) -> User:

@@ -7,7 +7,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.console.conftest import session_cookie
 from veronica.swarm import access
-from veronica.stream_auth import CLOSE_ACCESS_GONE, CLOSE_CREDENTIALS_GONE, Credential, recheck
+from veronica.web.stream_auth import CLOSE_ACCESS_GONE, CLOSE_CREDENTIALS_GONE, Credential, recheck
 
 
 def session_cred(user) -> Credential:

@@ -14,7 +14,7 @@ from tests.console.test_socket import world as socket_world  # noqa: F401 (fixtu
 from tests.console.test_stream_auth import token_cred
 from veronica.swarm import access
 from veronica.models import ApiToken, Message, Space
-from veronica.stream_auth import CLOSE_CREDENTIALS_GONE, recheck
+from veronica.web.stream_auth import CLOSE_CREDENTIALS_GONE, recheck
 
 API = "/api/spaces/alpha"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from veronica import run_trace
+from veronica.web import run_trace
 from veronica.swarm import bus
 from veronica.engine import approvals, runner, supervisor
 from veronica.plumbing.errors import Conflict, VeronicaError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from veronica import prompt_inspector
+from veronica.web import prompt_inspector
 from veronica.swarm import bus
 from veronica.agent import compaction
 from veronica.agent.prompt import system_prompt

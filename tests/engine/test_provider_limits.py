@@ -204,7 +204,7 @@ def test_an_overloaded_model_falls_back_and_the_switch_is_recorded(space, anthro
     called = Event.objects.get(space=space, kind="model.called").payload
     assert called["model"] == "openai:gpt-4.1-mini" and float(called["usd"]) > 0  # the usage carries the model used
     assert Event.objects.filter(space=space, kind="agent.text").last().payload["text"] == "answered by the fallback"
-    from veronica import run_trace
+    from veronica.web import run_trace
 
     spans, _ = run_trace.spans_of(list(Event.objects.filter(space=space).order_by("seq")))
     model_span = next(s for s in spans if s.kind == "model")

@@ -6,7 +6,7 @@ from django.db import DataError
 from django.urls import reverse
 
 from learning.models import Rule
-from veronica import views_improve
+from veronica.web import views_improve
 from veronica.models import AccessRole, SpaceAccess
 
 INTERNALS = ("PostgreSQL text fields cannot contain NUL", "matching query does not exist", "Traceback", "DataError")

@@ -39,7 +39,7 @@ def with_usage(reply: Reply, system: str, messages: list[dict], tools: list[dict
 
 def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "") -> bool:
     """Meter one call under the run's lease, then check the breaker. True when it is tripped.
-    The `model.called` event is the end of the call's span on the run trace page (veronica.run_trace).
+    The `model.called` event is the end of the call's span on the run trace page (veronica.web.run_trace).
 
     A run that lost its lease while the call was in flight still spent the money: the call is
     metered all the same (record_stale) and LeaseLost goes on, so the run writes nothing else."""

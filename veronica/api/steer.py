@@ -93,7 +93,7 @@ def member_prompt(request: HttpRequest, slug: str, name: str) -> dict:
     """The next model call's system prompt and messages (or, with ?call=, a past one's), tokens per part.
     Viewers too: every part is already on pages a viewer reads (persona, skills, memory, rules,
     blackboard, transcript)."""
-    from veronica import prompt_inspector
+    from veronica.web import prompt_inspector
 
     space, _ = _space(request, slug)
     member = supervisor.get_member(space, name)

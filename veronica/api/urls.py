@@ -1,6 +1,6 @@
 from django.urls import path
 
-from veronica import views_a2a
+from veronica.web import views_a2a
 from veronica.api import cockpit, secrets, steer, views
 
 app_name = "api"

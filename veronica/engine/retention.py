@@ -9,7 +9,7 @@ has not distilled yet waits up to RETENTION_DISTILL_GRACE_DAYS past the window.
 
 Events go oldest first, as a prefix of the seq range, so what remains is still gapless: the oldest
 kept seq is the table's MIN(seq). A stream client asking for `after` below it gets a
-{"type": "purged", "through": oldest - 1} frame, then the events that remain (veronica.consumers);
+{"type": "purged", "through": oldest - 1} frame, then the events that remain (veronica.web.consumers);
 GET /api/spaces/<slug>/events/ says the same with "purged_through".
 
 Deletes go in batches of RETENTION_BATCH rows; the tick does at most TICK_BATCHES per kind per

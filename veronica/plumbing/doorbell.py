@@ -1,7 +1,7 @@
 """The embedded mode's cross-process doorbell: Unix datagram sockets beside the SQLite file.
 
 In embedded mode the channel layer is in-memory, so a worker process's ring would never reach the
-web process. Every process that streams events (a Feed in veronica.consumers) binds one datagram
+web process. Every process that streams events (a Feed in veronica.web.consumers) binds one datagram
 socket in a directory derived from the database file, so exactly the processes that share a
 database share a doorbell; a ring after a commit sends "space:seq" to each socket found there.
 

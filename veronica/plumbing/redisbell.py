@@ -1,7 +1,7 @@
 """The hosted mode's doorbell for event streams: one Redis PUBLISH per ring, one pattern subscription
 per event loop that streams.
 
-A ring only says "look": a feed (veronica.consumers) reads committed rows by seq and polls as its
+A ring only says "look": a feed (veronica.web.consumers) reads committed rows by seq and polls as its
 backstop, so a ring needs no delivery guarantee, and Redis pub/sub's at-most-once is enough. It
 replaces channels-redis's group_send, which cost every worker ~1-3 ms of CPU per step (group lookup,
 a Lua script and msgpack on a thread of its own, for each commit). A PUBLISH that nobody hears costs

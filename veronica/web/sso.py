@@ -16,7 +16,7 @@ switch off piece by piece. What the library leaves open is filled here:
 * VERONICA_LOCAL_PASSWORDS=0 switches password logins off (the console and the admin), and ends
   sessions that were opened with a password;
 * logout ends the session at the IdP as well when it began there, and closes the person's open
-  event sockets at once (veronica.consumers re-checks on a ring with seq 0).
+  event sockets at once (veronica.web.consumers re-checks on a ring with seq 0).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ _DISCOVERED = {
 }
 _discovery: dict[str, dict] = {}
 _discovery_lock = threading.Lock()
-BACKEND_PATH = "veronica.sso.OidcBackend"
+BACKEND_PATH = "veronica.web.sso.OidcBackend"
 
 
 def enabled() -> bool:

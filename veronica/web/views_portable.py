@@ -9,11 +9,11 @@ from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods
 
-from veronica import run_trace
+from veronica.web import run_trace
 from veronica.swarm import access
 from veronica.portable import archive as portable
 from veronica.swarm.access import OWNER
-from veronica.views import _context, form_error, refuse_unstorable
+from veronica.web.views import _context, form_error, refuse_unstorable
 from veronica.plumbing.errors import VeronicaError, column_limit
 from veronica.models import Space
 

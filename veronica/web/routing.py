@@ -1,6 +1,6 @@
 from django.urls import path
 
-from veronica.consumers import SpaceConsumer
+from veronica.web.consumers import SpaceConsumer
 
 websocket_urlpatterns = [
     path("ws/spaces/<slug:slug>/", SpaceConsumer.as_asgi()),

@@ -10,7 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from veronica import views
+from veronica.web import views
 from veronica.swarm import access, skills
 from veronica.swarm.access import OPERATOR, OWNER
 from veronica.agent.tools import builtin_tools

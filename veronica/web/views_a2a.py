@@ -14,9 +14,9 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from veronica import a2a_serve
+from veronica.web import a2a_serve
 from veronica.swarm import a2a_settings, access
-from veronica.a2a_serve import RpcError
+from veronica.web.a2a_serve import RpcError
 from veronica.api.base import Unauthorized, bearer_key, endpoint, json_body
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import Event, Space

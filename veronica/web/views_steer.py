@@ -30,8 +30,8 @@ def approval_rules(space) -> list[dict]:
 @login_required
 def prompt_page(request: HttpRequest, slug: str, name: str) -> HttpResponse:
     """The prompt inspector: the next model call, or ?call=<assistant turn id> for a past one."""
-    from veronica import prompt_inspector
-    from veronica.views import _context, _member_or_404
+    from veronica.web import prompt_inspector
+    from veronica.web.views import _context, _member_or_404
 
     space, role = access.space_for(request.user, slug)
     member = _member_or_404(space, name)

@@ -3,7 +3,7 @@
 The Event table is the truth; a ring is only a doorbell ("look again", at-most-once).
 
 * connect: authenticate (`Authorization: Bearer <token>` for scripts, no Origin needed; else the
-  session cookie through AuthMiddlewareStack, with an allowed Origin: see veronica.stream_auth),
+  session cookie through AuthMiddlewareStack, with an allowed Origin: see veronica.web.stream_auth),
   check SpaceAccess (none -> close 4404 before accept; no valid credential -> 4401), replay every
   event after the client's `after`, say {"type": "ready", "seq": n}, then stream live.
 * live: one Feed per space per process looks at the table when rung and at least every
@@ -35,7 +35,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from veronica import stream_auth
+from veronica.web import stream_auth
 from veronica.swarm import access
 from veronica.plumbing import doorbell, redisbell
 from veronica.swarm.events import RECHECK_RING, group_name

@@ -33,7 +33,7 @@ from veronica.swarm import access
 from veronica.models import ApiToken, Space, SpaceAccess
 
 CLOSE_CREDENTIALS_GONE, CLOSE_ACCESS_GONE = 4401, 4404
-PASSWORD_BACKEND = "veronica.sso.LocalPasswordBackend"
+PASSWORD_BACKEND = "veronica.web.sso.LocalPasswordBackend"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from veronica import run_trace, views_a2a, views_steer
+from veronica.web import run_trace, views_a2a, views_steer
 from veronica.swarm import a2a_settings, access
 from veronica.ops import metrics as metrics_module, notify, webhooks
 from veronica.swarm.access import OPERATOR, OWNER
@@ -126,7 +126,7 @@ def task_page(request: HttpRequest, slug: str, task_id: int) -> HttpResponse:
     task = space.tasks.select_related("assignee").filter(pk=task_id).first()
     if task is None:
         raise Http404("no such task")
-    from veronica.views_cockpit import task_controls  # the cockpit's forms (it imports this module)
+    from veronica.web.views_cockpit import task_controls  # the cockpit's forms (it imports this module)
 
     return render(request, "console/task.html", _context(
         space, role, task=sel.task_row(task), attempts=sel.check_results(task, role), verify_checks=sel.configured_checks(space, role),

@@ -56,7 +56,7 @@ class LoginView(auth_views.LoginView):
     authentication_form = LoginForm
 
     def get_context_data(self, **kwargs):
-        from veronica import sso
+        from veronica.web import sso
 
         return {**super().get_context_data(**kwargs), "sso_enabled": sso.enabled(),
                 "local_passwords": settings.LOCAL_PASSWORDS, "sso_failed": self.request.GET.get("sso") == "failed"}

@@ -22,7 +22,7 @@ from veronica.swarm.access import OPERATOR, OWNER
 from veronica.plumbing.errors import VeronicaError
 from veronica.swarm.learning_bridge import owner_key
 from veronica.models import Member, Space
-from veronica.views import _context, form_error, refuse_unstorable
+from veronica.web.views import _context, form_error, refuse_unstorable
 
 log = logging.getLogger(__name__)
 # learning's own refusals: their text is written for people and names the field and the limit

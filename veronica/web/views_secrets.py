@@ -12,7 +12,7 @@ from veronica.swarm import access, secrets
 from veronica.swarm.access import OWNER
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError
-from veronica.views import _context, form_error, refuse_unstorable
+from veronica.web.views import _context, form_error, refuse_unstorable
 
 
 def _action(request: HttpRequest, space) -> str:
