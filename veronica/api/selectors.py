@@ -16,6 +16,7 @@ from veronica.swarm import blackboard as board_verbs
 from veronica.engine import budget, checks
 from veronica.plumbing.errors import NotFound, VeronicaError
 from veronica.plumbing.markdown import render_markdown
+from veronica.swarm.chat import message_row  # noqa: F401 (the message's wire shape lives with the chat verbs)
 from veronica.swarm.session_usage import with_session_usage
 from veronica.models import (
     ROLE_RANK, AccessRole, Approval, ApprovalStatus, Blackboard, Event, Member, MemoryFile, Message, Question, Session, Skill, Space, Task, TaskStatus,
@@ -312,12 +313,6 @@ def task_board(space: Space, per_column: int = 50) -> list[dict]:
         if counts[status]:
             columns[status] = [task_row(t) for t in recent.filter(status=status)[:per_column]]
     return [{"status": s, "count": counts[s], "tasks": columns[s]} for s in columns]
-
-
-def message_row(m: Message) -> dict:
-    return {"id": m.pk, "sender": m.sender_name, "to": m.recipient_name, "subject": m.subject, "body": m.body,
-            "html": render_markdown(m.body), "task": m.task_id, "broadcast": m.broadcast, "read_at": iso(m.read_at),
-            "created_at": iso(m.created_at), "reply_to": m.reply_to_id}
 
 
 def messages(space: Space, *, member: str | None = None, before: int | None = None, limit: int = 50) -> dict:

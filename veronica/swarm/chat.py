@@ -12,6 +12,7 @@ from django.db.models import Q
 
 from veronica.swarm import audit, bus, events
 from veronica.plumbing.errors import VeronicaError
+from veronica.plumbing.markdown import render_markdown
 from veronica.models import Member, Message, Turn
 
 REPLY_SUBJECT_MAX = bus.MAX_SUBJECT
@@ -45,10 +46,16 @@ def thread(member: Member):
         Q(sender_name=bus.OPERATOR, recipient=member) | Q(sender=member, recipient_name=bus.OPERATOR))
 
 
+def message_row(m: Message) -> dict:
+    """A message on the wire (the API, the chat pane): moved here from api.selectors so the verb need not import the web."""
+    iso = lambda value: value.isoformat() if value else None  # noqa: E731 (api.selectors.iso, one line)
+    return {"id": m.pk, "sender": m.sender_name, "to": m.recipient_name, "subject": m.subject, "body": m.body,
+            "html": render_markdown(m.body), "task": m.task_id, "broadcast": m.broadcast, "read_at": iso(m.read_at),
+            "created_at": iso(m.created_at), "reply_to": m.reply_to_id}
+
+
 def conversation(member: Member, *, before: int | None = None, limit: int = 50) -> dict:
     """Oldest first within the page (a chat reads downwards); pages go back with next_before."""
-    from veronica.api.selectors import message_row
-
     qs = thread(member)
     if before is not None:
         qs = qs.filter(pk__lt=before)
