@@ -28,6 +28,7 @@ from veronica.agent.tools import ToolContext
 from veronica.agent.tools import workspace as ws
 from veronica.engine import supervisor
 from veronica.plumbing.errors import VeronicaError
+from veronica.portable import manifest
 from veronica.portable.manifest import ManifestError, register
 from veronica.models import Member, Space
 
@@ -216,7 +217,7 @@ def bundled(settings, tmp_path, monkeypatch) -> Path:
     """The bundled templates as shipped, in a folder of the test's own."""
     examples = tmp_path / "examples"
     shutil.copytree(REPO / "examples", examples)
-    monkeypatch.setattr(portable, "TEMPLATES_DIR", examples)
+    monkeypatch.setattr(manifest, "TEMPLATES_DIR", examples)
     return examples
 
 

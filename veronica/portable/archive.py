@@ -46,7 +46,6 @@ MAX_HEADER_TOTAL = 1024 * 1024  # all of them in one archive (PAX global headers
 MAX_HEADER_CHAIN = 8  # extended headers in a row (tarfile recurses once per header)
 TEMPLATE_STARTER = "starter"  # a template's starting files (its workspace/ would be a live folder)
 SCRUBBED_SETTINGS = {"webhook_secret"}  # secrets never leave the space
-TEMPLATES_DIR = Path(settings.BASE_DIR) / "examples"
 
 Exporter = Callable[[Space], dict[str, str]]
 
@@ -223,9 +222,9 @@ class ArchiveError(VeronicaError):
 
 def templates() -> dict[str, Path]:
     """The bundled templates: every folder under examples/ with a space.toml."""
-    if not TEMPLATES_DIR.is_dir():
+    if not manifest.TEMPLATES_DIR.is_dir():
         return {}
-    return {d.name: d for d in sorted(TEMPLATES_DIR.iterdir()) if (d / "space.toml").is_file()}
+    return {d.name: d for d in sorted(manifest.TEMPLATES_DIR.iterdir()) if (d / "space.toml").is_file()}
 
 
 _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)

@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -41,6 +42,7 @@ MAX_TOML_DEPTH = 100  # where a RecursionError from tomllib is looked for, to na
 NOTIFY_KEYS = {"webhook_url", "slack_url", "email"}
 MANIFEST_ACTOR = "manifest"  # Member.removed_by when a register removed it
 SPACE_KEYS = {"name", "slug", "workdir", "settings", "notify", "verify_checks", "mcp_servers", "a2a"}
+TEMPLATES_DIR = Path(settings.BASE_DIR) / "examples"  # the bundled templates (archive lists them; a space never runs in them)
 OWN_WORKDIR = "workspace"  # a space's files: <its own folder>/workspace, beside its manifest copy
 MEMBER_KEYS = {"role", "model", "fallback", "schedule", "permission_mode", "when_to_use", "rule_domains", "budget", "max_iterations",
                "mcp_servers", "tools", "deferred_tools"}
@@ -407,8 +409,6 @@ def load(directory: str | Path, *, slug: str | None = None, name: str | None = N
 
 
 def _root_folder(directory: str | Path, *, own: bool = False) -> Path:
-    from veronica.portable.archive import TEMPLATES_DIR
-
     root = Path(directory).resolve()
     if not root.is_dir():
         raise ManifestError(root, "directory", "not a folder")

@@ -33,12 +33,13 @@ def ensure_demo_space() -> Space:
     the space (and its runtime overrides). A demo an earlier version ran inside the checkout moves
     to its own copy (the template's pristine files, not what ran there)."""
     from veronica.portable import archive as portable
+    from veronica.portable import manifest
     from veronica.portable.manifest import register
     from veronica.portable.seed import DEMO_SLUG, DEMO_TEMPLATE
 
     space = Space.objects.filter(slug=DEMO_SLUG).first()
     home = portable.home_of(DEMO_SLUG)
-    if space is not None and not Path(space.workdir).resolve().is_relative_to(portable.TEMPLATES_DIR.resolve()):
+    if space is not None and not Path(space.workdir).resolve().is_relative_to(manifest.TEMPLATES_DIR.resolve()):
         return space
     if not (home / "space.toml").is_file():  # else the data folder outlived its database, or the demo moves in
         if space is None:
