@@ -24,6 +24,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from veronica.swarm import access
+from veronica.swarm.access import OPERATOR, VIEWER
 from veronica.plumbing.errors import VeronicaError, check_tree, text_problem
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
@@ -175,3 +176,16 @@ def endpoint(*methods: str) -> Callable:
         return wrapped
 
     return decorator
+
+
+# who is asking, and for which space (moved here from api.views so api.steer need not import it)
+WRITE_NEED = {"GET": VIEWER, "HEAD": VIEWER}
+
+
+def _space(request: HttpRequest, slug: str, need: str | None = None):
+    """The space for this request; reads need viewer, writes operator unless `need` says otherwise."""
+    return access.space_for(request.user, slug, need or WRITE_NEED.get(request.method, OPERATOR))
+
+
+def _actor(request: HttpRequest) -> str:
+    return access.actor_name(request.user)

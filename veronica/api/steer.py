@@ -7,8 +7,7 @@ from django.http import HttpRequest
 from veronica.swarm import chat
 from veronica.swarm.access import OWNER
 from veronica.api import selectors as sel
-from veronica.api.base import endpoint, json_body, text_field
-from veronica.api.views import _actor, _space
+from veronica.api.base import _actor, _space, endpoint, json_body, text_field
 from veronica.engine import budget, supervisor
 from veronica.plumbing.errors import VeronicaError
 

@@ -8,26 +8,14 @@ from django.views.decorators.csrf import csrf_exempt
 
 from veronica.swarm import access, blackboard, bus, memory
 from veronica.ops import notify, webhooks
-from veronica.swarm.access import OPERATOR, OWNER, VIEWER
+from veronica.swarm.access import OPERATOR, OWNER
 from veronica.api import cockpit
 from veronica.api import selectors as sel
-from veronica.api.base import endpoint, error, json_body, text_field
+from veronica.api.base import _actor, _space, endpoint, error, json_body, text_field
 from veronica.engine import approvals as approval_verbs
 from veronica.engine import checks, retention, supervisor, watchdogs
 from veronica.plumbing.errors import NotFound, VeronicaError
 from veronica.models import ApprovalStatus, RetirePolicy, TaskStatus
-
-WRITE_NEED = {"GET": VIEWER, "HEAD": VIEWER}
-
-
-def _space(request: HttpRequest, slug: str, need: str | None = None):
-    """The space for this request; reads need viewer, writes operator unless `need` says otherwise."""
-    return access.space_for(request.user, slug, need or WRITE_NEED.get(request.method, OPERATOR))
-
-
-def _actor(request: HttpRequest) -> str:
-    return access.actor_name(request.user)
-
 
 # --- who am I, tokens -----------------------------------------------------------------------------------
 
