@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from django.db.models import Count, Q, Sum
 
-from veronica.ops.metrics import Family, _counts, _histogram, add_histogram, run_durations
+from veronica.ops.metrics_family import Family, _counts, _histogram, add_histogram, run_durations
 from veronica.models import Member, Run, Task, UsageDay, Wake
 
 
