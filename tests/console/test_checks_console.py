@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from tests.console.helpers import call
 from veronica.swarm import ledger
-from veronica.engine import checks, supervisor
+from veronica.engine import check_queue, checks, supervisor
 from veronica.models import Event, Space, Task
 
 MANAGE = reverse("console:manage", args=["alpha"])
@@ -126,7 +126,7 @@ def _verified_task(world) -> Task:
 
 
 def test_the_task_page_shows_each_attempt_and_its_checks_to_viewers(world, monkeypatch, django_assert_max_num_queries):
-    monkeypatch.setattr(checks, "enqueue", lambda task_id: None)
+    monkeypatch.setattr(check_queue, "enqueue", lambda task_id: None)
     task = _verified_task(world)
     assert task.status == "running"
     ledger.complete(task, actor="w1", result="again")
@@ -155,7 +155,7 @@ def test_the_task_page_is_404_for_strangers_and_for_another_spaces_task(world):
 
 
 def test_the_api_task_detail_carries_the_check_results_with_the_same_access(world, monkeypatch):
-    monkeypatch.setattr(checks, "enqueue", lambda task_id: None)
+    monkeypatch.setattr(check_queue, "enqueue", lambda task_id: None)
     task = _verified_task(world)
     url = f"/api/spaces/alpha/tasks/{task.pk}/"
     body = world.client(world.viewer).get(url).json()

@@ -16,7 +16,7 @@ from tests.console.helpers import call
 from tests.ops_helpers import Receiver
 from veronica.swarm import ledger
 from veronica.ops import notify
-from veronica.engine import budget, checks, supervisor, tick
+from veronica.engine import budget, check_queue, checks, supervisor, tick
 from veronica.models import DeliveryStatus, Member, NotificationDelivery, Space, Task
 
 API = "/api/spaces/alpha"
@@ -180,7 +180,7 @@ def test_admin_validates_the_notifier_and_sends_a_test(world, receiver, django_c
 
 
 def test_checks_counts_on_the_space_page_the_api_and_metrics(world, owner, monkeypatch):
-    monkeypatch.setattr(checks, "enqueue", lambda task_id: None)
+    monkeypatch.setattr(check_queue, "enqueue", lambda task_id: None)
     assert call(owner, "PUT", f"{API}/checks/", {"checks": [{"name": "t", "command": "x"}]}).status_code == 200
     bad = call(owner, "PUT", f"{API}/checks/", {"checks": [{"name": "t"}]})
     assert bad.status_code == 400 and bad.json()["field"] == "verify_checks"

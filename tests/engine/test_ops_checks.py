@@ -10,7 +10,7 @@ from django.utils import timezone
 from veronica.swarm import ledger
 from veronica.portable import manifest
 from veronica.agent.tools import ToolContext, swarm
-from veronica.engine import checks, supervisor
+from veronica.engine import check_queue, checks, supervisor
 from veronica.plumbing.errors import VeronicaError
 from veronica.models import Event, Message, Task, TaskCheck
 
@@ -22,7 +22,7 @@ CHECKS = [{"name": "has-ok", "command": "test -f ok.txt && echo found ok.txt", "
 def queued(monkeypatch):
     """What the ledger enqueued (the on-commit django-q2 task), in order."""
     seen: list[int] = []
-    monkeypatch.setattr(checks, "enqueue", seen.append)
+    monkeypatch.setattr(check_queue, "enqueue", seen.append)
     return seen
 
 

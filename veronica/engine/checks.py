@@ -19,7 +19,8 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
-from veronica.swarm import audit, bus, events
+from veronica.engine import check_queue
+from veronica.swarm import audit, bus, events, ledger
 from veronica.agent.tools.base import ToolError, truncate
 from veronica.agent.tools.sandbox import Capped, limit_note, run, sandbox_env, sandboxed
 from veronica.plumbing.errors import Conflict, IllegalTransition, NotFound, VeronicaError
@@ -97,22 +98,6 @@ def configured(space: Space) -> bool:
 
 # --- queueing ---------------------------------------------------------------------------------------
 
-def enqueue(task_id: int) -> None:
-    from django_q.tasks import async_task
-
-    try:
-        async_task("veronica.engine.checks.run_checks", task_id, q_options={"task_name": f"checks-{task_id}"})
-    except Exception:  # the tick's recovery finds the unclaimed verifying task
-        log.warning("could not enqueue checks for task %s; the tick recovers it", task_id, exc_info=True)
-
-
-def enqueue_on_commit(task: Task) -> None:
-    """Called by the ledger when a task enters verifying."""
-    if task.verify_policy == VerifyPolicy.CHECKS:
-        task_id = task.pk
-        transaction.on_commit(lambda: enqueue(task_id))
-
-
 def _stale_claim_cutoff(space: Space, now) -> object:
     total = sum(c["timeout"] for c in space.verify_checks) + 60
     return now - timedelta(seconds=total)
@@ -127,7 +112,7 @@ def recover() -> int:
     qs = Task.objects.filter(status=TaskStatus.VERIFYING, verify_policy=VerifyPolicy.CHECKS, updated_at__lt=now - RECOVER_AFTER)
     for task in qs.select_related("space"):
         if task.check_claimed_at is None or task.check_claimed_at < _stale_claim_cutoff(task.space, now):
-            enqueue(task.pk)
+            check_queue.enqueue(task.pk)
             count += 1
     return count
 
@@ -214,8 +199,6 @@ def run_checks(task_id: int) -> dict | None:
 
 
 def _settle(task: Task, passed: bool, evidence: str) -> None:
-    from veronica.swarm import ledger
-
     if passed:
         ledger.transition(task, TaskStatus.DONE, actor=ACTOR, reason="all checks passed")
         creator = bus.live_members(task.space).filter(name=task.creator_name).first()

@@ -10,6 +10,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
+from veronica.engine import check_queue
 from veronica.swarm import audit, bus, events
 from veronica.plumbing.errors import IllegalTransition, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Space, Task, TaskStatus, VerifyPolicy
@@ -76,9 +77,7 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", **fields: o
         if to == S.DONE:
             _release_dependents(task, actor)
         if to == S.VERIFYING:
-            from veronica.engine import checks  # the engine imports the ledger; this edge stays lazy
-
-            checks.enqueue_on_commit(task)
+            check_queue.enqueue_on_commit(task)
     return task
 
 
