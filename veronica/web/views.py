@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from veronica.web import run_trace, views_a2a, views_steer
+from veronica.web.page_parts import _context, _member_or_404, task_controls
 from veronica.swarm import a2a_settings, access
 from veronica.ops import metrics as metrics_module, notify, webhooks
 from veronica.swarm.access import OPERATOR, OWNER
@@ -77,18 +78,6 @@ def _transcript_with_runs(member) -> dict:
     return transcript
 
 
-def _context(space: Space, role: str, **extra) -> dict:
-    return {"space": space, "role": role, "can_steer": access.allows(role, OPERATOR), "can_manage": access.allows(role, OWNER),
-            **extra}
-
-
-def _member_or_404(space: Space, name: str):
-    try:
-        return supervisor.get_member(space, name)
-    except VeronicaError:
-        raise Http404("no such member") from None
-
-
 def _current_seq(space: Space) -> int:
     # read before rendering: an event that lands mid-render is > seq, so the socket replays it
     return Space.objects.filter(pk=space.pk).values_list("event_seq", flat=True).get()
@@ -126,8 +115,6 @@ def task_page(request: HttpRequest, slug: str, task_id: int) -> HttpResponse:
     task = space.tasks.select_related("assignee").filter(pk=task_id).first()
     if task is None:
         raise Http404("no such task")
-    from veronica.web.views_cockpit import task_controls  # the cockpit's forms (it imports this module)
-
     return render(request, "console/task.html", _context(
         space, role, task=sel.task_row(task), attempts=sel.check_results(task, role), verify_checks=sel.configured_checks(space, role),
         page="task", controls=task_controls(space) if access.allows(role, OPERATOR) else None))  # viewers get no forms

@@ -61,12 +61,6 @@ def _refused(response: HttpResponse, status: int) -> HttpResponse:
     return response
 
 
-def task_controls(space: Space) -> dict:
-    """What the task forms offer: live members and the roles a task can go to."""
-    return {"assignees": list(Member.objects.filter(space=space, removed_at__isnull=True).order_by("role", "name")
-                              .values_list("name", flat=True)), "roles": Role.values}
-
-
 # --- members (owners) ------------------------------------------------------------------------------------------
 
 def _names(raw: str) -> list[str]:

@@ -12,6 +12,7 @@ from veronica.swarm import access, chat
 from veronica.api import selectors as sel
 from veronica.engine import approvals, budget
 from veronica.plumbing.errors import VeronicaError
+from veronica.web.page_parts import _context, _member_or_404
 
 
 def member_panels(member: Callable) -> dict[str, Callable[[], dict]]:
@@ -31,7 +32,6 @@ def approval_rules(space) -> list[dict]:
 def prompt_page(request: HttpRequest, slug: str, name: str) -> HttpResponse:
     """The prompt inspector: the next model call, or ?call=<assistant turn id> for a past one."""
     from veronica.web import prompt_inspector
-    from veronica.web.views import _context, _member_or_404
 
     space, role = access.space_for(request.user, slug)
     member = _member_or_404(space, name)
