@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from tests.console.helpers import call
 from tests.ops_helpers import Receiver
-from veronica.ops import notify, outbound
+from veronica.ops import alerts, notify, outbound
 from veronica.engine import budget, supervisor
 from veronica.models import DeliveryStatus, NotificationDelivery, Space
 
@@ -34,7 +34,7 @@ def receiver():
 def inline_delivery(settings, monkeypatch):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.NOTIFY_ALLOW_HOSTS = []
-    monkeypatch.setattr(notify, "enqueue", notify.deliver)
+    monkeypatch.setattr(alerts, "enqueue", notify.deliver)
 
 
 def fake_dns(monkeypatch, answers: dict[str, list[str]]) -> None:

@@ -15,7 +15,7 @@ from django.utils import timezone
 from tests.console.helpers import call
 from tests.ops_helpers import Receiver
 from veronica.swarm import ledger
-from veronica.ops import notify
+from veronica.ops import alerts, notify
 from veronica.engine import budget, check_queue, checks, supervisor, tick
 from veronica.models import DeliveryStatus, Member, NotificationDelivery, Space, Task
 
@@ -33,7 +33,7 @@ def receiver(settings):
 @pytest.fixture(autouse=True)
 def locmem_and_inline_delivery(settings, monkeypatch):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
-    monkeypatch.setattr(notify, "enqueue", notify.deliver)  # the django-q2 task, run in-process
+    monkeypatch.setattr(alerts, "enqueue", notify.deliver)  # the django-q2 task, run in-process
     monkeypatch.setattr(tick, "enqueue_wake", lambda *a: None)
 
 

@@ -14,14 +14,14 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import URLValidator, validate_email
-from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db import transaction
 from django.utils import timezone
 
-from veronica.swarm import audit
+from veronica.swarm import audit, events
 from veronica.ops import outbound
+from veronica.ops.alerts import channels_of, enqueue, record, tally  # noqa: F401 (the hook, moved: ops.alerts)
 from veronica.plumbing.errors import VeronicaError
-from veronica.models import AlertTally, Channel, DeliveryStatus, Event, NotificationDelivery, Space
+from veronica.models import Channel, DeliveryStatus, Event, NotificationDelivery, Space
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,6 @@ def config_of(space: Space) -> dict:
 @audit.verb("space.notify_set", watch="space")
 def configure(space: Space, *, webhook_url: object = None, slack_url: object = None, emails: object = None, actor: str) -> Space:
     """Replace the space's notifier settings (all validated before anything is written)."""
-    from veronica.swarm import events
-
     cleaned = {"notify_webhook_url": clean_url(webhook_url, "webhook_url"), "notify_slack_url": clean_url(slack_url, "slack_url"),
                "notify_emails": clean_emails(emails)}
     with transaction.atomic():
@@ -95,62 +93,11 @@ def configure(space: Space, *, webhook_url: object = None, slack_url: object = N
     return space
 
 
-def channels_of(space: Space) -> list[tuple[str, str]]:
-    out = []
-    if space.notify_webhook_url:
-        out.append((Channel.WEBHOOK, space.notify_webhook_url))
-    if space.notify_slack_url:
-        out.append((Channel.SLACK, space.notify_slack_url))
-    if space.notify_emails.strip():
-        out.append((Channel.EMAIL, space.notify_emails))
-    return out
-
-
-# --- the hook: an alert becomes delivery rows ----------------------------------------------------------
-
-def record(event: Event) -> list[int]:
-    """Called by events.emit inside the alert's transaction: the alert is counted, and gets one
-    pending row per channel."""
-    space = Space.objects.only("notify_webhook_url", "notify_slack_url", "notify_emails").get(pk=event.space_id)
-    payload = event.payload
-    subject = str(payload.get("subject", "ops alert"))[:200]
-    tally(event.space_id, subject)
-    body = str(payload.get("body", ""))
-    now = timezone.now()
-    ids = [NotificationDelivery.objects.create(space_id=event.space_id, event=event, seq=event.seq, channel=channel, target=target,
-                                               subject=subject, body=body, next_at=now).pk
-           for channel, target in channels_of(space)]
-    if ids:
-        transaction.on_commit(lambda: enqueue(ids))
-    return ids
-
-
-def tally(space_id: int, subject: str) -> None:
-    """One more alert of this kind (an F() increment: concurrent alerts never lose a count)."""
-    subject = subject[:40]
-    if AlertTally.objects.filter(space_id=space_id, subject=subject).update(count=F("count") + 1):
-        return
-    try:
-        with transaction.atomic():
-            AlertTally.objects.create(space_id=space_id, subject=subject, count=1)
-    except IntegrityError:  # another alert created the row at the same moment
-        AlertTally.objects.filter(space_id=space_id, subject=subject).update(count=F("count") + 1)
-
-
-def enqueue(ids: list[int]) -> None:
-    from django_q.tasks import async_task
-
-    try:
-        async_task("veronica.notify.deliver", ids, q_options={"task_name": f"notify-{ids[0]}"})
-    except Exception:  # the tick's retry sweep picks the rows up
-        log.warning("could not enqueue notification deliveries %s; the tick retries them", ids, exc_info=True)
-
+# --- the hook (an alert becomes delivery rows) lives in veronica.ops.alerts -----------------------------
 
 @audit.verb("space.notify_test")
 def send_test(space: Space, *, actor: str) -> Event:
     """The 'send test notification' button: a real alert through the real path."""
-    from veronica.swarm import events
-
     if not channels_of(space):
         raise VeronicaError("no notifier channel is configured (set a webhook URL, a Slack URL or email recipients)",
                             field="notify")

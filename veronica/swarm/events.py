@@ -31,7 +31,7 @@ from channels.layers import get_channel_layer
 from django.db import connection, transaction
 from django.db.models import F
 
-from veronica.ops import tracing
+from veronica.ops import alerts, tracing
 from veronica.plumbing import doorbell, redisbell
 from veronica.models import Event, Member, Space
 from veronica.plumbing.returning import inserted, insert_rows, json_insert_statement
@@ -196,9 +196,7 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
         event = Event.objects.create(space_id=space_id, seq=seq, kind=kind, member=member, payload=payload)
         transaction.on_commit(lambda: ring(space_id, seq))
         if kind == "ops.alert":  # every ops alert also leaves through the space's notifier
-            from veronica.ops import notify
-
-            notify.record(event)
+            alerts.record(event)
     tracing.on_emit(kind, payload)  # approvals and waggle replays as span events (no-op when tracing is off)
     return event
 
