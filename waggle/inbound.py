@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from waggle.shape import TokenShape
+from waggle.route import Route, Step
 from waggle.trace import Call, clean_text, decode_value, flatten_value
 
 INBOUND_TOOL = "(inbound message)"  # a recorded message, not a call: no vendor allows this tool name
@@ -73,62 +75,6 @@ def message_tokens(call: Call) -> list[str]:
         if isinstance(v, str):
             out.append(v)
     return out
-
-
-def _cls(ch: str) -> str:
-    if ch.isdigit():
-        return "9"
-    if ch.isupper():
-        return "A"
-    if ch.islower() or ch.isalpha():
-        return "a"
-    return ch
-
-
-def classes(value: str) -> frozenset[str]:
-    return frozenset(_cls(ch) for ch in value)
-
-
-@dataclass(frozen=True)
-class TokenShape:
-    """What a heard value looks like: classes every value had, classes any had, length range."""
-
-    required: frozenset[str]
-    allowed: frozenset[str]
-    lo: int
-    hi: int
-
-    @classmethod
-    def learn(cls, values: Iterable[str]) -> "TokenShape | None":
-        vals = [v for v in values if isinstance(v, str) and v]
-        if not vals:
-            return None
-        sets = [classes(v) for v in vals]
-        return cls(required=frozenset.intersection(*sets), allowed=frozenset.union(*sets),
-                   lo=min(map(len, vals)), hi=max(map(len, vals)))
-
-    def fits(self, token: str) -> bool:
-        if not (self.lo <= len(token) <= self.hi):
-            return False
-        got = classes(token)
-        return self.required <= got <= self.allowed
-
-    def to_json(self) -> dict[str, Any]:
-        return {"required": "".join(sorted(self.required)), "allowed": "".join(sorted(self.allowed)),
-                "lo": self.lo, "hi": self.hi}
-
-    @classmethod
-    def from_json(cls, data: Any) -> "TokenShape":
-        return cls(required=frozenset(str(data["required"])), allowed=frozenset(str(data["allowed"])),
-                   lo=int(data["lo"]), hi=int(data["hi"]))
-
-    def describe(self) -> str:
-        names = {"A": "upper", "a": "lower", "9": "digits"}
-        req = ", ".join(names.get(c, repr(c)) for c in sorted(self.required)) or "anything"
-        extra = sorted(self.allowed - self.required)
-        more = f", may have {', '.join(names.get(c, repr(c)) for c in extra)}" if extra else ""
-        size = f"{self.lo}" if self.lo == self.hi else f"{self.lo}-{self.hi}"
-        return f"a token with {req}{more}, {size} chars"
 
 
 def used_values(calls: Iterable[Call]) -> set[str]:
@@ -303,7 +249,6 @@ def route_of(h: Heard, scope: str = "space"):
     """The stored form of a mined inbound route (a one-step :class:`waggle.route.Route`)."""
     from dataclasses import replace as _replace
 
-    from waggle.route import Route, Step
 
     step = Step(tool=h.tool, literals=tuple(sorted(h.literals)), binds=((h.key, h.key),))
     route = Route(steps=(step,), params=(h.key,), scope=scope, examples={h.key: flatten_value(h.example)} if h.example else {},

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Mapping, Sequence
 
 from waggle.miner import Candidate
+from waggle.shape import TokenShape
 from waggle.trace import Call, Path, decode_value, flatten_value, shown
 
 ROUTE_FORMAT = 2
@@ -459,8 +460,6 @@ def _mark_fanout(steps: list[Step]) -> list[Step]:
 
 def _heard_from_json(data: Mapping, params: tuple[str, ...], steps: Sequence[Step]) -> dict[str, Any]:
     """The inbound part of a stored route (none for a plain route)."""
-    from waggle.inbound import TokenShape
-
     heard = tuple(str(p) for p in data.get("heard") or ())
     if not heard:
         return {}
