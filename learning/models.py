@@ -19,9 +19,10 @@ A domain with no owner that is not global is unowned: routed to no one, visible 
 from __future__ import annotations
 
 import contextvars
+import secrets
 from contextlib import contextmanager
 
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.db.models import Q
 
 MAX_ACTIVE_RULES_PER_DOMAIN = 25
@@ -112,14 +113,10 @@ class Domain(models.Model):
         return self.label
 
     def save(self, *args, **kwargs):
-        from .store import bump_stamp  # ownership decides who reads the rules: cached blocks must go
-
-        bump_stamp()
+        bump_stamp()  # ownership decides who reads the rules: cached blocks must go
         super().save(*args, **kwargs)
 
     def delete(self, *args, **kwargs):
-        from .store import bump_stamp
-
         bump_stamp()
         return super().delete(*args, **kwargs)
 
@@ -174,6 +171,19 @@ class StoreState(models.Model):
 
     class Meta:
         verbose_name = "store state"
+
+
+# the stamp (cache key): moved here from learning.store so a Domain's save can bump it without importing the store
+def bump_stamp() -> int:
+    """Call inside the writer's transaction, first: row-locks the singleton on PostgreSQL."""
+    stamp = secrets.randbits(62) + 1
+    if not StoreState.objects.filter(pk=1).update(stamp=stamp):
+        try:
+            with transaction.atomic():
+                StoreState.objects.create(pk=1, stamp=stamp)
+        except IntegrityError:
+            StoreState.objects.filter(pk=1).update(stamp=stamp)
+    return stamp
 
 
 class WriterLease(models.Model):

@@ -9,7 +9,6 @@ starts by stamping StoreState, which on PostgreSQL row-locks it and so serialize
 from __future__ import annotations
 
 import re
-import secrets
 from typing import Iterable
 
 from django.db import IntegrityError, connection, transaction
@@ -29,6 +28,7 @@ from .models import (
     RuleChange,
     RuleSource,
     StoreState,
+    bump_stamp,  # moved to learning.models beside StoreState (Domain.save calls it); store's callers read it here
 )
 from .parsing import unstorable
 from .render import render_block
@@ -163,18 +163,6 @@ def actor_name(actor: object) -> str:
 
 
 # --- the stamp (cache key) ------------------------------------------------------------------------
-
-def bump_stamp() -> int:
-    """Call inside the writer's transaction, first: row-locks the singleton on PostgreSQL."""
-    stamp = secrets.randbits(62) + 1
-    if not StoreState.objects.filter(pk=1).update(stamp=stamp):
-        try:
-            with transaction.atomic():
-                StoreState.objects.create(pk=1, stamp=stamp)
-        except IntegrityError:
-            StoreState.objects.filter(pk=1).update(stamp=stamp)
-    return stamp
-
 
 def read_stamp() -> int | None:
     with connection.cursor() as cursor:
