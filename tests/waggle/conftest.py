@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from waggle import service, window
+from waggle import recording, service, window
 from waggle.config import WaggleConfig
 from waggle_helpers import FakeExec  # tests/waggle is on sys.path (no __init__.py layout)
 
@@ -22,8 +22,8 @@ def cfg():
 @pytest.fixture(autouse=True)
 def _fresh_rings():
     """Each test starts with an empty per-process ring cache (as a new worker process would)."""
-    service._rings.clear()
+    recording._rings.clear()
     window.forget()
     yield
-    service._rings.clear()
+    recording._rings.clear()
     window.forget()

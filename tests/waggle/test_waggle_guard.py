@@ -6,7 +6,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from waggle import guard, service
+from waggle import guard, recording, service
 from waggle.config import WaggleConfig
 from waggle.models import ForageCall
 from tests.harness import round_trips
@@ -42,7 +42,7 @@ def test_a_failing_statement_under_the_guard_is_rolled_back_alone(monkeypatch):
 
     with transaction.atomic():
         observe("s1", {"path": "a"})
-        monkeypatch.setattr(service, "_insert_forage", failing_insert)
+        monkeypatch.setattr(recording, "_insert_forage", failing_insert)
         observe("s1", {"path": "b"})  # swallowed, and rolled back to the guard's savepoint
         monkeypatch.undo()
         observe("s1", {"path": "c"})
@@ -50,7 +50,7 @@ def test_a_failing_statement_under_the_guard_is_rolled_back_alone(monkeypatch):
 
 
 def test_a_statement_before_the_insert_opens_the_savepoint_and_it_is_released(monkeypatch):
-    real = service._insert_forage
+    real = recording._insert_forage
     sent = []
 
     def read_then_insert(row, **kwargs):
@@ -60,7 +60,7 @@ def test_a_statement_before_the_insert_opens_the_savepoint_and_it_is_released(mo
         sent.append(current and current.open)  # the SELECT opened it
         real(row, **kwargs)
 
-    monkeypatch.setattr(service, "_insert_forage", read_then_insert)
+    monkeypatch.setattr(recording, "_insert_forage", read_then_insert)
     with transaction.atomic():
         observe("s2", {"path": "a"})
         if connection.vendor == "postgresql":
@@ -123,13 +123,13 @@ def test_either_binding_records_in_one_round_trip_and_contains_a_failure(binding
         assert len(sent) == 1, sent  # one query (client-side binding) or one pipeline (server-side)
         assert [part.split(" (")[0] for part in sent[0].split("; ")] == [
             "SAVEPOINT waggle_write", 'INSERT INTO "waggle_foragecall"', "RELEASE SAVEPOINT waggle_write"]
-        real = service._insert_forage
+        real = recording._insert_forage
 
         def broken(row, **kwargs):
             row.tool = "x" * 500  # longer than the column: the server refuses the INSERT
             real(row, **kwargs)
 
-        monkeypatch.setattr(service, "_insert_forage", broken)
+        monkeypatch.setattr(recording, "_insert_forage", broken)
         observe("b1", {"path": "b"})  # fails under the guard: rolled back to its savepoint, swallowed
         monkeypatch.undo()
         observe("b1", {"path": "c"})
@@ -145,15 +145,15 @@ def test_without_pipelines_the_savepoint_still_contains_a_failure(binding, monke
     monkeypatch.setattr(psycopg.capabilities, "has_pipeline", lambda check=False: False)
     with transaction.atomic(), service.pinned("1", "b2"):
         observe("b2", {"path": "first"})
-        real = service._insert_forage
+        real = recording._insert_forage
 
         def broken(row):
             row.tool = "x" * 500
             real(row)
 
-        monkeypatch.setattr(service, "_insert_forage", broken)
+        monkeypatch.setattr(recording, "_insert_forage", broken)
         observe("b2", {"path": "b"})
-        monkeypatch.setattr(service, "_insert_forage", real)
+        monkeypatch.setattr(recording, "_insert_forage", real)
         observe("b2", {"path": "c"})
         assert ForageCall.objects.filter(session_key="b2").count() == 2
 
@@ -219,10 +219,10 @@ def test_only_a_row_whose_every_value_fits_its_column_is_handed_over():
                       out_refs=[[["n"], 1.5]])
         values.update(kw)
         return ForageCall(**values)
-    assert service._fits(row())
+    assert recording._fits(row())
     for bad in (dict(space_key=""), dict(session_key="s" * 65), dict(member_key="m" * 65), dict(tool="t" * 201),
                 dict(out_hash="a" * 17), dict(seq=-1), dict(seq=2 ** 63), dict(est_tokens=2 ** 31), dict(est_tokens=-1),
                 dict(est_tokens=1.5), dict(mutates=None), dict(tool="a\x00b"), dict(member_key="\ud800"),
                 dict(args={"x": float("nan")}), dict(args={"x": "a\x00b"}), dict(args={"x": "\udc00"}),
                 dict(out_refs=[[["k"], float("inf")]]), dict(args={"x": object()})):
-        assert not service._fits(row(**bad)), bad
+        assert not recording._fits(row(**bad)), bad

@@ -8,7 +8,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from waggle import service
+from waggle import following, recording, service, sweeping
 from waggle.config import WaggleConfig
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.service import WaggleError
@@ -48,11 +48,11 @@ def test_observe_records_calls(cfg):
 def test_ring_is_bounded_and_resyncs_across_processes(cfg):
     small = WaggleConfig(ring_capacity=3, mine_period=1000)
     feed("1", "s1", [(f"t{i}", {}) for i in range(5)], small)
-    ring = service._rings[("1", "s1")]
+    ring = recording._rings[("1", "s1")]
     assert [c.tool for c in ring.recent()] == ["t2", "t3", "t4"] and ring.last_seq == 5
     # another process appends to the same session: this process notices and reloads
     ForageCall.objects.create(space_key="1", session_key="s1", seq=6, tool="t5", args={})
-    assert [c.tool for c in service._ring("1", "s1", small.normalized()).recent()] == ["t3", "t4", "t5"]
+    assert [c.tool for c in recording._ring("1", "s1", small.normalized()).recent()] == ["t3", "t4", "t5"]
 
 
 def test_waggle_tools_and_bad_keys_are_not_recorded(cfg):
@@ -73,7 +73,7 @@ def test_retention_bounds_the_forage_log(cfg):
 def test_mining_runs_every_mine_period_observations(cfg, monkeypatch):
     seen = []
     real = service.sweep
-    monkeypatch.setattr(service, "sweep", lambda space, config=None: seen.append(space) or real(space, config=config))
+    monkeypatch.setattr(sweeping, "sweep", lambda space, config=None: seen.append(space) or real(space, config=config))
     feed("1", "s1", [(f"t{i}", {}) for i in range(24)], cfg)
     assert seen == ["1", "1", "1"]  # at 8, 16 and 24, never on every call
     seen.clear()
@@ -168,7 +168,7 @@ def test_once_per_plan_per_session_across_processes(cfg):
     exe = FakeExec()
     trigger("1", "s2", "fresh", cfg)
     assert service.follow("1", "s2", exe, config=cfg) is not None
-    service._rings.clear()  # a different worker process runs the session's next turn
+    recording._rings.clear()  # a different worker process runs the session's next turn
     trigger("1", "s2", "fresh", cfg)
     assert service.follow("1", "s2", exe, config=cfg) is None
     assert FiredPlan.objects.filter(session_key="s2").count() == 1
@@ -314,9 +314,9 @@ def test_db_errors_inside_observe_and_follow_do_not_raise_or_break_the_callers_t
             cur.execute("SELECT * FROM waggle_no_such_table")
 
     with transaction.atomic():  # the host may be inside its own transaction
-        monkeypatch.setattr(service, "_record", bad_sql)
+        monkeypatch.setattr(recording, "_record", bad_sql)
         service.observe("1", "s9", "m", "grep", {}, False, "x", config=cfg)
-        monkeypatch.setattr(service, "_routes_for", bad_sql)
+        monkeypatch.setattr(following, "_routes_for", bad_sql)
         assert service.follow("1", "s9", FakeExec(), config=cfg) is None
         # the caller's transaction is still usable (on PostgreSQL a failed statement would
         # otherwise poison it)
@@ -327,7 +327,7 @@ def test_errors_in_sweep_are_swallowed_by_observe(cfg, monkeypatch):
     def boom(*a, **k):
         raise DatabaseError("disk full")
 
-    monkeypatch.setattr(service, "sweep", boom)
+    monkeypatch.setattr(sweeping, "sweep", boom)
     feed("1", "s1", [(f"t{i}", {}) for i in range(8)], cfg)  # the 8th call triggers the sweep
     assert ForageCall.objects.count() == 8
 
@@ -346,7 +346,7 @@ def test_failed_sweep_inside_the_hosts_transaction_keeps_the_call(cfg, monkeypat
         with connection.cursor() as cur:
             cur.execute("SELECT * FROM waggle_no_such_table")
 
-    monkeypatch.setattr(service, "sweep", bad_sql)
+    monkeypatch.setattr(sweeping, "sweep", bad_sql)
     with transaction.atomic():
         feed("1", "s1", [(f"t{i}", {}) for i in range(8)], cfg)
         assert ForageCall.objects.count() == 8
@@ -366,9 +366,9 @@ def test_end_to_end_in_autocommit_mode(cfg, monkeypatch):
         with connection.cursor() as cur:
             cur.execute("SELECT * FROM waggle_no_such_table")
 
-    monkeypatch.setattr(service, "_routes_for", bad_sql)
+    monkeypatch.setattr(following, "_routes_for", bad_sql)
     assert service.follow("1", "s2", exe, config=cfg) is None
-    monkeypatch.setattr(service, "_record", bad_sql)
+    monkeypatch.setattr(recording, "_record", bad_sql)
     service.observe("1", "s2", "m", "grep", {}, False, "x", config=cfg)
     assert LedgerEntry.objects.filter(fail=False).count() == 1
 
@@ -401,7 +401,7 @@ def test_async_sweep_mines_off_the_turn_in_a_q2_task(monkeypatch):
     from waggle.config import WaggleConfig
 
     enqueued = []
-    monkeypatch.setattr(service, "_enqueue_sweep", lambda key, interval: enqueued.append(key))
+    monkeypatch.setattr(sweeping, "_enqueue_sweep", lambda key, interval: enqueued.append(key))
     cfg = WaggleConfig(mine_period=2, sweep_async=True).normalized()
     for i in range(4):
         service.observe("s-async", "sess", "m", "read_file", {"path": f"f{i % 2}"}, False, "out", config=cfg)
@@ -419,8 +419,8 @@ def test_async_sweeps_share_one_broker_per_process(monkeypatch):
 
     brokers = []
     monkeypatch.setattr(tasks, "async_task", lambda *args, **kwargs: brokers.append(kwargs["q_options"]["broker"]))
-    service._enqueue_sweep("1")
-    service._enqueue_sweep("2")
+    sweeping._enqueue_sweep("1")
+    sweeping._enqueue_sweep("2")
     assert len(brokers) == 2 and brokers[0] is not None and brokers[0] is brokers[1]
 
 
@@ -446,12 +446,12 @@ def test_async_sweeps_of_a_space_are_at_most_one_per_interval_per_process(monkey
 
     clock = [1000.0]
     queued = []
-    monkeypatch.setattr(service.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sweeping.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(tasks, "async_task", lambda func, key, **kwargs: queued.append(key))
     for _ in range(5):
-        service._enqueue_sweep("busy", 2.0)
-    service._enqueue_sweep("other", 2.0)
+        sweeping._enqueue_sweep("busy", 2.0)
+    sweeping._enqueue_sweep("other", 2.0)
     assert queued == ["busy", "other"]
     clock[0] += 2.0
-    service._enqueue_sweep("busy", 2.0)
+    sweeping._enqueue_sweep("busy", 2.0)
     assert queued == ["busy", "other", "busy"]

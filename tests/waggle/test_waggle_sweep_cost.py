@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from waggle import service, window
+from waggle import service, sweeping, window
 from waggle.config import WaggleConfig
 from waggle.models import ForageCall
 from waggle_helpers import feed, noise, routine
@@ -97,7 +97,7 @@ def test_a_judged_shape_is_not_judged_again_until_its_count_grows(monkeypatch):
     fill(cfg, 20)
     judged = []
     real = service.promotable
-    monkeypatch.setattr(service, "promotable", lambda cand, *a, **k: judged.append(cand.shape) or real(cand, *a, **k))
+    monkeypatch.setattr(sweeping, "promotable", lambda cand, *a, **k: judged.append(cand.shape) or real(cand, *a, **k))
     assert service.sweep("1", config=cfg) is None and judged
     judged.clear()
     feed("1", "other", [("stat", {"path": "q"})], cfg)  # news that changes no mined count

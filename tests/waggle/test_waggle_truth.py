@@ -8,7 +8,7 @@ import json
 import pytest
 from django.db import DatabaseError
 
-from waggle import service
+from waggle import service, sweeping
 from waggle.config import WaggleConfig
 from waggle.models import ForageCall, LedgerEntry, Waggle
 from waggle.route import Route, Step, TraceIndex, choose_trigger, render_script, wilson_lower
@@ -72,7 +72,7 @@ def test_replayed_calls_are_never_mining_input(cfg):
     teach("1", cfg)
     for i in range(4):
         assert fire("1", f"r{i}", f"v{i}", cfg) is not None
-    segments = service._space_segments("1", cfg.normalized())
+    segments = sweeping._space_segments("1", cfg.normalized())
     replayed = ForageCall.objects.filter(replayed=True).count()
     assert replayed == 12
     kept = sum(1 for seg in segments for c in seg if c is not None)

@@ -1,0 +1,271 @@
+"""Judging: whether a replayed plan's output was used (`judge_reply`, `end_run`, `settle`), and what a waggle
+learns or loses from the verdict.
+
+Split out of waggle.service (which re-exports the public names), one module per verb."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from waggle.config import WaggleConfig, default_config
+from waggle import evidence
+from waggle.models import FiredPlan, LedgerEntry, Waggle
+from waggle.recorder import Recorder
+from waggle.route import Route, wilson_upper
+from waggle.trace import Call, flatten_args
+from waggle.common import log
+from waggle import recording, sweeping
+
+
+def _setting_keys(route: Route, matched: int, tool: str) -> list[str]:
+    """The literal argument keys of the route's replayed steps of ``tool`` (its settings, as
+    opposed to the object a parameter or an output ref names)."""
+    return sorted({k for s in route.steps[matched:] if s.tool == tool for k, _ in s.literals})
+
+
+def _known(ring: Recorder) -> set[str]:
+    """Every value the session held (arguments, output leaves, message words): not evidence of use."""
+    out: set[str] = set()
+    for c in ring.recent():
+        out |= evidence.values_of(c)
+    return out
+
+
+def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str | None:
+    """How the model's reply treated one replayed step: ``"re-issued"`` (it made the call itself: it
+    ignored the replay), ``"contradicted"`` (it asked the same tool about the same object with other
+    settings: the replayed output was not what it needed), or None (neither: see :func:`judge_reply`)."""
+    tool, args = step[0], tuple(sorted((step[1] or {}).items()))
+    settings = set(step[3]) if len(step) > 3 and isinstance(step[3], list) else set()
+    own = dict(args)
+    for t, a in issued:
+        if t != tool:
+            continue
+        if a == args:
+            return "re-issued"
+        other = dict(a)
+        if other.keys() != own.keys():
+            continue
+        differing = {k for k in own if own[k] != other[k]}
+        if differing and settings and differing <= settings:
+            return "contradicted"
+    return None
+
+
+def _lists(ring: Recorder) -> list[list[str]]:
+    """Every list the session's outputs held, as the ordered values at sibling paths (the paths
+    that differ only in their last list index)."""
+    groups: dict[tuple, list[str]] = {}
+    for c in ring.recent():
+        for path, value in c.refs:
+            at = max((i for i, p in enumerate(path) if isinstance(p, int)), default=None)
+            if at is None:
+                continue
+            key = (c.tool, c.args, path[:at], path[at + 1:])
+            groups.setdefault(key, []).append(value)
+    return [vals for vals in groups.values() if len(vals) > 1]
+
+
+def _continued(step: list, issued: list[tuple[str, tuple]], lists: list[list[str]], done: set) -> bool:
+    """The reply walks on down the list a replayed fan-out walked: it calls the same tool on a
+    later element of the list the step's value came from, every element before that one having
+    been replayed or made already. The model took the replayed elements as read (a model that
+    wanted only that element would not be walking the list; one that doubted the replay would
+    re-issue it)."""
+    tool, own = step[0], dict(sorted((step[1] or {}).items()))
+    for t, a in issued:
+        if t != tool:
+            continue
+        other = dict(a)
+        if other.keys() != own.keys():
+            continue
+        diff = [k for k in own if own[k] != other[k]]
+        if len(diff) != 1:
+            continue
+        key = diff[0]
+        for vals in lists:
+            if own[key] not in vals or other[key] not in vals:
+                continue
+            i, j = vals.index(own[key]), vals.index(other[key])
+            if i < j and all((tool, tuple(sorted((own | {key: v}).items()))) in done for v in vals[:j]):
+                return True
+    return False
+
+
+def _verdict(step: list) -> str | None:
+    return step[7] if len(step) > 7 else None
+
+
+def _learned_since(ring: Recorder, at: int, replayed: set) -> set[str]:
+    """Values the session's own calls and messages brought after position ``at`` (a replay's): a
+    reply naming one of them may have drawn on those, not on the replay."""
+    calls = ring.recent()
+    newer = calls[max(0, len(calls) - max(0, ring.last_seq - at)):] if ring.last_seq > at else []
+    out: set[str] = set()
+    for c in newer:
+        if c.invocation() not in replayed:
+            out |= evidence.values_of(c)
+    return out
+
+
+def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
+    pin = recording._pins.get((space_key, session_key))
+    if pin is not None and pin.none_pending:
+        return []
+    rows = list(FiredPlan.objects.filter(space_key=space_key, session_key=session_key, settled=False).order_by("id"))
+    if pin is not None:
+        pin.none_pending, pin.maybe_pending = not rows, pin.maybe_pending or bool(rows)
+    return rows
+
+
+def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] | None, *, text: str | None = "",
+                config: WaggleConfig | None = None) -> int:
+    """Call with each reply of the model while a replay waits for its judgement: the tool calls it
+    makes (``[(tool, args), ...]``) and its text. A replayed step is *used* when the reply draws on
+    what it returned: its text or its calls' arguments name a value that only the step's output
+    brought (an id, a value, a name: see :mod:`waggle.evidence`). It is a *miss* when the model
+    issues that call itself, or asks the same tool about the same object with other settings (a
+    replayed ``git_log(path=p, limit=5)`` followed by its own ``git_log(path=p, limit=50)``). A
+    step the reply does neither for keeps waiting for later replies; the run's end books it unused
+    (:func:`end_run`). A replay is settled once each of its steps is decided. Returns how many
+    replays were settled. Never raises."""
+    try:
+        pending = _pending(space_key, session_key)
+        if not pending:
+            return 0
+        cfg = (config or default_config()).normalized()
+        issued = [(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])]
+        said = evidence.reply_text(text if isinstance(text, str) else "", calls or [])
+        ring = recording._ring(space_key, session_key, cfg)
+        settled = 0
+        lists, done = None, set()
+        for fired in pending:
+            tail = [list(step) for step in fired.tail]
+            replayed = {(str(s[0]), tuple(sorted((s[1] or {}).items()))) for s in tail}  # (args kept as JSON texts)
+            changed, since = False, None
+            for step in tail:
+                if _verdict(step) is not None:
+                    continue
+                verdict = _judge_step(step, issued)
+                if verdict is None and any(t == step[0] for t, _ in issued):
+                    if lists is None:
+                        lists, done = _lists(ring), {c.invocation() for c in ring.recent()}
+                    verdict = "used" if _continued(step, issued, lists, done) else None
+                if verdict is None and len(step) > 8 and step[6]:
+                    if since is None:
+                        since = _learned_since(ring, int(step[8]), replayed)
+                    verdict = "used" if evidence.drawn(step[6], said, since) else None
+                if verdict is not None:
+                    step.extend([None] * (8 - len(step)))  # (a row written before verdicts were kept)
+                    step[7], changed = verdict, True
+            if all(_verdict(step) is not None for step in tail):
+                _close(space_key, session_key, fired, tail, cfg)
+                settled += 1
+            elif changed:
+                FiredPlan.objects.filter(pk=fired.pk, settled=False).update(tail=tail)
+        return settled
+    except Exception:  # noqa: BLE001 - best effort by contract
+        log.exception("waggle: judging a reply failed (space=%r session=%r); ignored", space_key, session_key)
+        return 0
+
+
+def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = None) -> int:
+    """Call when a member's run ends (its last reply given, stopped, failed or waiting): every
+    replayed step of the session no reply drew on is booked unused, and its replays settled. A
+    session that ends books nothing as used. Returns how many replays were settled. Never raises."""
+    try:
+        pin = recording._pins.get((space_key, session_key))
+        if pin is not None and not pin.maybe_pending:
+            return 0  # nothing fired and nothing was found waiting under this pin: no query
+        pending = _pending(space_key, session_key)
+        cfg = (config or default_config()).normalized()
+        for fired in pending:
+            _close(space_key, session_key, fired, [list(step) for step in fired.tail], cfg)
+        if pin is not None:
+            pin.none_pending, pin.maybe_pending = True, False
+        return len(pending)
+    except Exception:  # noqa: BLE001 - best effort by contract
+        log.exception("waggle: ending a run failed (space=%r session=%r); ignored", space_key, session_key)
+        return 0
+
+
+def _close(space_key: str, session_key: str, fired: FiredPlan, tail: list, cfg: WaggleConfig) -> None:
+    """Settle a replay from its steps' verdicts (a step still undecided was not drawn on: unused)."""
+    verdicts = [_verdict(step) or "not drawn on" for step in tail]
+    for step, verdict in zip(tail, verdicts):  # kept on the row: why each step was booked as it was
+        step.extend([None] * (8 - len(step)))
+        step[7] = verdict
+    fired.tail = tail
+    misses = Counter(v for v in verdicts if v != "used")
+    why = ", ".join(f"{n} {v}" for v, n in sorted(misses.items()))
+    settle(space_key, session_key, [v == "used" for v in verdicts], fired=fired, config=cfg, why=why)
+
+
+def settle(space_key: str, session_key: str, used: list[bool], *, fired: FiredPlan | None = None,
+           config: WaggleConfig | None = None, why: str = "") -> None:
+    """Book the oldest unsettled replay of the session (or ``fired``): ``used[i]`` says whether the
+    model relied on replayed step i. Used steps earn their estimated yield; a replay with no used
+    step is a failure; a route whose misses make its upper bound of use fall below
+    ``min_confidence`` is demoted at once (disabled, kept for inspection), and a position that
+    did so alone stops being replayed (see :func:`_learn_reach`)."""
+    cfg = (config or default_config()).normalized()
+    fired = fired or next(iter(_pending(space_key, session_key)), None)
+    if fired is None:
+        return
+    with transaction.atomic():
+        if not FiredPlan.objects.filter(pk=fired.pk, settled=False).update(settled=True, tail=fired.tail):
+            return  # settled by someone else meanwhile
+        entry = LedgerEntry.objects.filter(pk=fired.ledger_id).first() if fired.ledger_id else None
+        if entry is None:
+            return
+        n_used = sum(1 for u in used[: entry.steps] if u)
+        yield_tokens = sum(int(step[2]) for step, u in zip(fired.tail, used) if u and len(step) > 2)
+        LedgerEntry.objects.filter(pk=entry.pk).update(
+            settled=True, used_steps=n_used, fail=n_used == 0, yield_tokens=yield_tokens,
+            detail=f"{n_used} of {entry.steps} replayed steps used" + (f" ({why})" if why else ""))
+        _learn_reach(entry.scope, entry.store_key, entry.name, fired.tail, used, cfg)
+        _demote_if_missing(entry.scope, entry.store_key, entry.name, cfg)
+
+
+def _learn_reach(scope: str, store_key: str, name: str, tail: list, used: list[bool], cfg: WaggleConfig) -> None:
+    """Confidence per step, from the live ledger: count, per (alignment, tail position), the
+    replays the model relied on; a position whose upper bound of use, over the contexts it was
+    mined from and its live replays together, falls below ``min_confidence`` is no longer
+    replayed at that alignment (nor anything after it), while the route's earlier positions keep
+    firing. (Routes stored without a reach only demote whole.)"""
+    items = [(int(s[4]), int(s[5]), bool(u)) for s, u in zip(tail, used)
+             if len(s) > 5 and isinstance(s[4], int) and s[4] >= 0]
+    if not items:
+        return
+    w = Waggle.objects.select_for_update().filter(scope=scope, space_key=store_key, name=name).first()
+    if w is None or not isinstance(w.route, dict) or not w.route.get("reach"):
+        return
+    data = dict(w.route)
+    live = {str(k): list(v) for k, v in (data.get("live") or {}).items()}
+    for m, pos, u in items:
+        offered, ok = live.get(f"{m}:{pos}", [0, 0])
+        live[f"{m}:{pos}"] = [offered + 1, ok + u]
+    data["live"] = live
+    data["reach"] = {str(m): r for m, r in sorted(sweeping._trimmed_reach(data, cfg).items())}
+    Waggle.objects.filter(pk=w.pk).update(route=data)
+
+
+def _demote_if_missing(scope: str, store_key: str, name: str, cfg: WaggleConfig) -> bool:
+    """Disable the route when, over its settled replays, the upper bound of "step used" is below
+    ``min_confidence``: it has shown, beyond small-sample doubt, that it misses too often."""
+    agg = LedgerEntry.objects.filter(scope=scope, store_key=store_key, name=name, settled=True,
+                                     on_demand=False).aggregate(steps=Sum("steps"), used=Sum("used_steps"))
+    steps, used = agg["steps"] or 0, agg["used"] or 0
+    if steps == 0 or wilson_upper(used, steps, cfg.confidence_z) >= cfg.min_confidence:
+        return False
+    changed = Waggle.objects.filter(scope=scope, space_key=store_key, name=name, disabled=False).update(
+        disabled=True, touched=timezone.now())
+    if changed:
+        log.info("waggle: demoted %s (%d of %d replayed steps used)", name, used, steps)
+        for pin in list(recording._pins.values()):  # a demoted route stops replaying in this process at once
+            pin.routes = None
+    return bool(changed)
