@@ -57,6 +57,23 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     except ProcessLookupError:
         pass
     proc.wait(timeout=5)
+    settle_backends()
+
+
+def settle_backends(timeout: float = 10.0) -> None:
+    """Wait until no other backend runs a statement on the test database. A statement a killed
+    process sent runs on in its server backend until it ends; the test's flush (TRUNCATE) must not
+    start meanwhile, or the two deadlock and the next test finds the last one's rows."""
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND pid <> pg_backend_pid() AND state = 'active' AND backend_type = 'client backend'")
+            if not cursor.fetchone()[0]:
+                return
+        time.sleep(0.05)
 
 
 RUNNING = b"] running."  # django-q2's "Q Cluster <name> [<queue>] running.", logged once its workers are forked

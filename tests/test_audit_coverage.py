@@ -38,6 +38,8 @@ NOT_VERBS = {
     "veronica.api.cockpit.task_action": "the API's parsing before ledger.assign/reassign/cancel/retry",
     "veronica.api.cockpit.add_member": "the API's parsing before supervisor.add_member",
     "veronica.api.cockpit.add_skill": "the API's parsing before skills.add_skill",
+    "veronica.web.views_a2a.console_action": "the console form's parsing before the a2a_settings verbs",
+    "veronica.web.views_a2a.create_console_credential": "the console form's parsing before a2a_settings.create_credential",
 }
 # exercised elsewhere in tests/console/test_audit.py than its table
 DOOR_TESTED_ELSEWHERE = {"veronica.swarm.blackboard.set_cap", "veronica.portable.archive.create_from_archive", "veronica.portable.manifest.register_space",
@@ -55,6 +57,7 @@ NO_DOOR_OF_THEIR_OWN = {
     "veronica.engine.supervisor.retire": "the leader's tool and the tick only",
     "veronica.swarm.ledger.complete": "the agents' tool only",
     "veronica.swarm.memory.append_note": "learning's distill pass only",
+    "veronica.swarm.a2a_settings.apply_manifest": "inside register_space",
 }
 
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Callable
 
 import pytest
+from cryptography.fernet import Fernet
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -43,6 +44,7 @@ class Door:
 @pytest.fixture(autouse=True)
 def data_dir(settings, tmp_path):
     settings.DATA_DIR = tmp_path / "data"  # spaces created from archives and templates live here
+    settings.SECRETS_KEYS = [Fernet.generate_key().decode()]  # the secrets verbs' cases encrypt
 
 
 @pytest.fixture
@@ -135,6 +137,36 @@ def _secret(world):
 def _memory(world):
     from veronica.swarm import memory
     memory.write(supervisor.get_member(world.space, "w1"), "notes.md", "x", actor="test")
+
+
+def _a2a_credential(world):
+    from veronica.swarm import a2a_settings
+    return a2a_settings.create_credential(world.space, "partner", "operator", actor="test")[0]
+
+
+def _a2a_remote(world):
+    from veronica.swarm import a2a_settings
+    a2a_settings.add_remote(world.space, a2a_settings.RemoteConfig(name="helper", card_url="http://127.0.0.1:9/card"),
+                            actor="test", fetch_card=False)
+
+
+def _add_remote(world, door):
+    from unittest import mock
+
+    from veronica.swarm import a2a_client
+    card = mock.Mock(endpoint="http://127.0.0.1:9/a2a", description="helps")
+    with mock.patch.object(a2a_client, "fetch_card", return_value=card):
+        return door.call("POST", f"{API}/a2a/remotes/", {"name": "helper", "card_url": "http://127.0.0.1:9/card",
+                                                          "token": "t0ken-value"})
+
+
+def _set_secret(world, door):
+    return door.call("POST", f"{API}/secrets/", {"name": "API_KEY", "value": "s3cret-value"})
+
+
+def _a_secret(world):
+    from veronica.swarm import secrets
+    secrets.set_secret(world.space, "OLD_KEY", "old-value-123", actor="test")
 
 
 CASES = [
@@ -281,6 +313,25 @@ CASES = [
     Case("access.revoke_token", "session", "token.revoke",
          lambda w, d: d.call("DELETE", f"/api/tokens/{access.create_token(w.owner, 'old')[0].pk}/"),
          lambda r: r.after["revoked_at"], "old", ""),
+    # secrets (names and where they apply; never the value) and A2A settings
+    Case("secrets.set_secret", "token", "secret.set", _set_secret,
+         lambda r: r.after == {"name": "API_KEY", "member": None, "in_commands": False} and "s3cret" not in json.dumps(r.as_wire()),
+         "API_KEY"),
+    Case("secrets.delete_secret", "session", "secret.delete",
+         lambda w, d: (_a_secret(w), d.call("DELETE", f"{API}/secrets/OLD_KEY/"))[1], target="OLD_KEY"),
+    Case("a2a_settings.set_enabled", "token", "a2a.serve", lambda w, d: d.call("POST", f"{API}/a2a/", {"enabled": True}),
+         lambda r: r.after == {"enabled": True}),
+    Case("a2a_settings.set_members", "session", "a2a.members", lambda w, d: d.call("POST", f"{API}/a2a/", {"members": ["w1"]}),
+         lambda r: r.after == {"members": ["w1"]}),
+    Case("a2a_settings.create_credential", "token", "a2a.credential.create",
+         lambda w, d: d.call("POST", f"{API}/a2a/credentials/", {"name": "partner", "role": "viewer"}),
+         lambda r: r.after == {"name": "partner", "role": "viewer"}, "partner"),
+    Case("a2a_settings.revoke_credential", "session", "a2a.credential.revoke",
+         lambda w, d: d.call("DELETE", f"{API}/a2a/credentials/{_a2a_credential(w).pk}/"), target="partner"),
+    Case("a2a_settings.add_remote", "token", "a2a.remote.add", _add_remote,
+         lambda r: r.after["bearer_set"] is True and "t0ken" not in json.dumps(r.as_wire()), "helper"),
+    Case("a2a_settings.remove_remote", "session", "a2a.remote.remove",
+         lambda w, d: (_a2a_remote(w), d.call("DELETE", f"{API}/a2a/remotes/helper/"))[1], target="helper"),
     # exports and imports
     Case("portable.create_from_template", "staff", "space.import",
          lambda w, d: d.post_form("/new-space/", {"source": "template", "template": "demo-team", "slug": "fresh"}),

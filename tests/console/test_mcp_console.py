@@ -27,7 +27,7 @@ def test_an_owner_attaches_checks_and_removes_a_server(world):
     assert row.member.name == "w1" and row.command == [sys.executable, SERVER] and row.env["API_KEY"] == "s3cret-value"
     assert b"API_KEY" in response.content and b"s3cret-value" not in response.content
     response = owner.post("/spaces/alpha/manage/", {"action": "check_mcp", "name": "calc", "member": "w1"}, follow=True)
-    assert b"MCP server calc is up: 6 tools" in response.content
+    assert b"MCP server calc is up: 7 tools" in response.content
     response = owner.post("/spaces/alpha/manage/", {"action": "remove_mcp", "name": "calc", "member": "w1"}, follow=True)
     assert b"removed MCP server calc" in response.content and not McpServer.objects.exists()
 

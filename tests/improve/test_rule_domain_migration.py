@@ -59,9 +59,14 @@ class _LaterMemberColumns:
                 cursor.execute(f'ALTER TABLE veronica_member ALTER COLUMN "{field.column}" {default}')
 
     def add(self) -> None:
-        with connection.schema_editor() as editor:
-            for field in self.fields:
-                editor.add_field(Member, field)
+        # SQLite adds a NOT NULL column by rebuilding the table from today's model, which brings every
+        # later column at once: add only what is still missing after each step
+        for field in self.fields:
+            with connection.cursor() as cursor:
+                have = {c.name for c in connection.introspection.get_table_description(cursor, Member._meta.db_table)}
+            if field.column not in have:
+                with connection.schema_editor() as editor:
+                    editor.add_field(Member, field)
         self._defaults(True)
         self.added = True
 

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from veronica.swarm import access, events
+from veronica.swarm import access, audit, events
 from veronica.ops import outbound
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
 from veronica.models import A2AConfig, A2ACredential, A2ARemote, Member, Role, Space
@@ -37,6 +37,7 @@ def _stored(space: Space) -> A2AConfig:
     return A2AConfig.objects.select_for_update().get_or_create(space=space)[0]
 
 
+@audit.verb("a2a.serve", after=lambda given, cfg: {"enabled": cfg.enabled})
 def set_enabled(space: Space, enabled: object, *, actor: str) -> A2AConfig:
     if not isinstance(enabled, bool):
         raise VeronicaError("enabled must be true or false", field="enabled")
@@ -60,6 +61,7 @@ def check_members(space: Space | None, names: object) -> list[str]:
     return names
 
 
+@audit.verb("a2a.members", after=lambda given, cfg: {"members": list(cfg.members)})
 def set_members(space: Space, names: object, *, actor: str) -> A2AConfig:
     """The members the owner exposes as agents of their own (the leader is the space's agent)."""
     checked = check_members(space, names)
@@ -83,6 +85,7 @@ def agent_member(space: Space, member_name: str | None) -> Member | None:
 
 # --- callers' credentials ----------------------------------------------------------------------------
 
+@audit.verb("a2a.credential.create", after=lambda given, result: {"name": result[0].name, "role": result[0].role})
 def create_credential(space: Space, name: object, role: object, *, actor: str) -> tuple[A2ACredential, str]:
     """A new bearer key for one outside agent; the key is returned once, never stored or shown again."""
     name = require_text(name, "name", max_len=column_limit(A2ACredential, "name")).strip()
@@ -98,6 +101,7 @@ def create_credential(space: Space, name: object, role: object, *, actor: str) -
     return cred, key
 
 
+@audit.verb("a2a.credential.revoke", target=lambda given, cred: cred.name, after=lambda given, cred: {"revoked": True})
 def revoke_credential(space: Space, credential_id: object, *, actor: str) -> A2ACredential:
     cred = A2ACredential.objects.filter(space=space, pk=credential_id if isinstance(credential_id, int) else -1).first()
     if cred is None:
@@ -169,6 +173,8 @@ def check_remote_list(entries: object) -> list[RemoteConfig]:
     return configs
 
 
+@audit.verb("a2a.remote.add", target=lambda given, remote: remote.name,
+            after=lambda given, remote: {"card_url": remote.card_url, "timeout": remote.timeout, "bearer_set": bool(remote.token)})
 def add_remote(space: Space, cfg: RemoteConfig, *, actor: str, from_manifest: bool = False, fetch_card: bool = True) -> A2ARemote:
     """Declare a remote agent. With fetch_card (the console, the API) its card is read now, so a
     wrong URL is an error here; the manifest defers it to the first call (the agent may start later)."""
@@ -188,6 +194,7 @@ def add_remote(space: Space, cfg: RemoteConfig, *, actor: str, from_manifest: bo
     return remote
 
 
+@audit.verb("a2a.remote.remove")
 def remove_remote(space: Space, name: str, *, actor: str) -> None:
     with transaction.atomic():
         deleted, _ = A2ARemote.objects.filter(space=space, name=name).delete()
@@ -196,6 +203,7 @@ def remove_remote(space: Space, name: str, *, actor: str) -> None:
         events.emit(space.pk, "a2a.remote_removed", by=actor, remote=name)
 
 
+@audit.verb("a2a.manifest")
 def apply_manifest(space: Space, table: dict | None, *, actor: str) -> None:
     """A register: [a2a] sets serving and exposed members; its remotes replace the earlier manifest's
     (console-added ones stay unless the manifest declares the same name). A token the manifest

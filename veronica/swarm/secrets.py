@@ -49,6 +49,18 @@ def check_value(value: object) -> str:
     return value
 
 
+def _secret_target(given: dict, result) -> str:
+    member = given.get("member")
+    return f"{member.name}:{given['name']}" if member is not None else str(given["name"])
+
+
+def _secret_after(given: dict, result) -> dict:  # never the value: names and where it applies
+    member = given.get("member")
+    return {"name": given["name"], "member": member.name if member is not None else None,
+            "in_commands": given.get("in_commands", False)}
+
+
+@audit.verb("secret.set", target=_secret_target, after=_secret_after)
 def set_secret(space: Space, name: str, value: str, *, member: Member | None = None, in_commands: bool = False,
                actor: str) -> Secret:
     """Store (or replace) a secret. The value is encrypted here and never returned by anything."""
@@ -71,8 +83,6 @@ def set_secret(space: Space, name: str, value: str, *, member: Member | None = N
             created = False
         secret_store.remember(name, value)
         events.emit(space.pk, "secret.set", member=member, actor=actor, name=name, created=created, in_commands=in_commands)
-        audit.record("secret.set", space=space, target=f"{member.name}:{name}" if member else name,
-                     after={"name": name, "member": member.name if member else None, "created": created, "in_commands": in_commands})
     return secret
 
 
@@ -84,14 +94,13 @@ def _key_ready(value: str) -> str:
     return value
 
 
+@audit.verb("secret.delete", target=_secret_target, after=lambda given, result: None)
 def delete_secret(space: Space, name: str, *, member: Member | None = None, actor: str) -> None:
     with transaction.atomic():
         deleted, _ = _scope(space, member).filter(name=name).delete()
         if not deleted:
             raise NotFound(f"no secret named '{name}'" + (f" for {member.name}" if member else " for the space"), field="name")
         events.emit(space.pk, "secret.deleted", member=member, actor=actor, name=name)
-        audit.record("secret.deleted", space=space, target=f"{member.name}:{name}" if member else name,
-                     before={"name": name, "member": member.name if member else None})
 
 
 def listing(space: Space) -> list[dict]:
