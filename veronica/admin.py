@@ -1,4 +1,9 @@
-"""The operator's admin. Actions are thin: they call the same verbs as the console, API and tools."""
+"""The operator's admin. Actions are thin: they call the same verbs as the console, API and tools.
+
+One file past 500 lines on purpose: Django loads `veronica.admin` by name, and it is one thin
+ModelAdmin per model (forms that call a verb, read-only fields where none exists), read one at a
+time; a package would split nothing that belongs together.
+"""
 from __future__ import annotations
 
 from django import forms

@@ -28,6 +28,9 @@ how many tail positions replay there, and ``evidence`` keeps each position's min
 the live ledger extends (a position the model keeps redoing stops being replayed). A step whose
 referenced output value is missing ends the tail, so a route is judged on every context its
 trigger occurs in, not only on those long enough to hold all of it.
+
+One file past 500 lines on purpose: a route's steps, its script (printed and parsed back) and its
+replay-time resolution are one grammar; the printer and the parser must change together.
 """
 from __future__ import annotations
 

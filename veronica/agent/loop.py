@@ -9,6 +9,10 @@ turn with the first call's start, then each result). Replies that are not answer
 for one: an empty reply is asked again once and is then an error; a reply cut off at the token
 limit is kept as a partial answer and the model is asked to continue (twice at most, then the run
 fails: the limit is too low for the work).
+
+One file past 500 lines on purpose: it is one state machine (held calls, brief, step, tool calls,
+wait), and the order of its fenced writes is the invariant; split, that order would be spread over
+modules that each look correct alone.
 """
 from __future__ import annotations
 

@@ -4,6 +4,10 @@ Layout:  space.toml · persona/skills per member under members/<name>/ · shared
 the space's user rules under rules/<domain>.toml (`rules = ["...", ...]`, one domain per file).
 Everything is parsed and validated first (errors name the file and the field); only then is the
 space written, in one transaction, so a bad manifest changes nothing.
+
+One file past 500 lines on purpose: it is the whole format, parsed and checked top-down in the
+order of the folder (space, members, skills, rules); every check names a file and field, and the
+write at the end relies on all of them having run.
 """
 from __future__ import annotations
 
