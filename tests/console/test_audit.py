@@ -333,10 +333,10 @@ CASES = [
     Case("a2a_settings.remove_remote", "session", "a2a.remote.remove",
          lambda w, d: (_a2a_remote(w), d.call("DELETE", f"{API}/a2a/remotes/helper/"))[1], target="helper"),
     # exports and imports
-    Case("portable.create_from_template", "staff", "space.import",
+    Case("archive.create_from_template", "staff", "space.import",
          lambda w, d: d.post_form("/new-space/", {"source": "template", "template": "demo-team", "slug": "fresh"}),
          lambda r: r.after == {"slug": "fresh", "from": "template", "template": "demo-team"}, "fresh", "fresh", "staff"),
-    Case("portable.export_archive", "session", "space.export", lambda w, d: d.client.get("/spaces/alpha/export/"),
+    Case("archive.export_archive", "session", "space.export", lambda w, d: d.client.get("/spaces/alpha/export/"),
          lambda r: r.after["bytes"] > 0),
     # the admin door
     Case("supervisor.freeze", "admin", "member.freeze",
