@@ -79,14 +79,19 @@ def live_web(live_env):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def live_workers(live_env, live_web):
-    """The django-q2 cluster (the run engine's workers) on the same database and queue as live_web."""
+@pytest.fixture
+def live_workers(live_env, live_web, transactional_db):
+    """The django-q2 cluster (the run engine's workers) on the same database and queue as live_web.
+
+    One per test, stopped before the test's flush: a cluster left running into the next test's
+    flush keeps stepping the last test's members, and its row locks deadlock the flush's TRUNCATE."""
     from tests.console.servers import ServerProcess
+    from tests.harness import settle_backends
 
     workers = ServerProcess.qcluster(live_env)
     yield workers
     workers.stop()
+    settle_backends()
 
 
 @pytest.fixture

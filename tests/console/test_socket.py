@@ -346,6 +346,21 @@ def test_logging_out_closes_the_socket_at_once_not_at_the_next_periodic_recheck(
     run(scenario)
 
 
+def test_the_logout_ring_goes_out_only_once_the_session_is_gone(world, monkeypatch):
+    """Django sends user_logged_out before it flushes the session: a ring sent then could be heard and
+    the re-check run while the session still stands, and the socket would stay open for an hour."""
+    from django.contrib.sessions.models import Session
+
+    key = _cookies[world.viewer.pk].decode().split("=", 1)[1]
+    rung: list[tuple[int, int, bool]] = []
+    monkeypatch.setattr(events, "ring", lambda space_id, seq: rung.append(
+        (space_id, seq, Session.objects.filter(session_key=key).exists())))
+    client = Client()
+    client.cookies["sessionid"] = key
+    assert client.post("/logout/").status_code == 302
+    assert rung == [(world.space.pk, events.RECHECK_RING, False)]
+
+
 def test_switching_local_passwords_off_closes_the_sockets_of_password_sessions(world, fast_recheck, settings):
     """VERONICA_LOCAL_PASSWORDS=0 ends sessions a password opened (veronica.web.sso); their sockets too."""
     async def scenario():

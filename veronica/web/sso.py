@@ -271,10 +271,29 @@ class Logout(LogoutView):
 @receiver(user_logged_out)
 def close_sockets_on_logout(sender, request, user, **kwargs) -> None:
     """The session is gone: every space's feed re-checks its sockets now (a ring with seq 0) rather
-    than at its next periodic re-check, so this person's sockets close within a poll."""
+    than at its next periodic re-check, so this person's sockets close within a poll.
+
+    Django sends this signal *before* it flushes the session, so a ring sent from here could be heard,
+    and the re-check run, while the session row still exists: the socket would stay open until the
+    next periodic re-check. The ring therefore goes out once the session's own flush has run."""
     if user is None:
         return
     from veronica.swarm import events
 
-    for space_id in access.roles_by_space(user):
-        transaction.on_commit(lambda sid=space_id: events.ring(sid, events.RECHECK_RING))
+    space_ids = list(access.roles_by_space(user))
+
+    def ring_all() -> None:
+        for space_id in space_ids:
+            transaction.on_commit(lambda sid=space_id: events.ring(sid, events.RECHECK_RING))
+
+    session = getattr(request, "session", None)
+    flush = getattr(session, "flush", None)
+    if flush is None:
+        ring_all()
+        return
+
+    def flush_then_ring() -> None:
+        flush()
+        ring_all()
+
+    session.flush = flush_then_ring
