@@ -99,7 +99,7 @@ def test_an_idle_tick_costs_a_handful_of_statements_whatever_the_size(tmp_path, 
     leader.beat()  # the first beat ever creates the role's row
     with django_assert_max_num_queries(IDLE_TICK_MAX_STATEMENTS + 2):  # hold the role, tick, the next lease end
         leader.beat()
-    with django_assert_max_num_queries(2):
+    with django_assert_max_num_queries(3):  # try the role (update, then exists), the next lease end
         follower.beat()
 
 
@@ -111,6 +111,25 @@ def test_the_leader_wakes_when_the_soonest_run_lease_ends_not_a_period_later(spa
     Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="t", lease_expires_at=timezone.now() + timedelta(seconds=1))
     ticker.beat()
     assert 0.05 <= ticker.pause(0) <= 1.1
+
+
+def test_a_follower_expires_a_dead_runs_lease_at_its_end_without_waiting_for_the_holder(space):
+    """A kill can take the role's holder and a run together: the run's member must not wait for the
+    role to change hands (its TTL plus a beat, longer on a starved host) to be released."""
+    holder, follower = Ticker(period=5, holder="a"), Ticker(period=5, holder="b")
+    assert holder.beat() is not None  # "a" holds the role from now on and never beats again (dead)
+    w1 = supervisor.get_member(space, "w1")
+    Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="dead", lease_expires_at=leases.db_now_plus(1))
+    Run.objects.create(member=w1, source="message", lease_token="dead", started_at=timezone.now())
+    assert follower.beat() is None and not follower.leading
+    assert 0.05 <= follower.pause(0) <= 1.1, "the follower wakes when the lease runs out, not a period later"
+    Member.objects.filter(pk=w1.pk).update(lease_expires_at=leases.db_now_plus(-0.5))  # its time has come
+    follower.expiry_deadline = time.monotonic() - 0.01
+    assert follower.beat() is None, "still a follower: the role is the holder's until its TTL runs out"
+    assert Run.objects.get(member=w1).outcome == RunOutcome.LEASE_EXPIRED
+    assert Member.objects.get(pk=w1.pk).lease_token == ""
+    assert follower.expiry_deadline is None and follower.pause(0) == 5, "no lease left: one period"
+    assert EngineLease.objects.get(name=ROLE).holder == "a"
 
 
 def test_a_ticker_beat_holds_the_role_then_ticks(space):

@@ -146,6 +146,16 @@ def tick() -> dict:
     return summary
 
 
+@audit.as_engine
+def expire_due_leases() -> int:
+    """A follower ticker's one duty: the run leases that ran out, expired and their members re-woken.
+    The holder does the same in its tick; both are conditional updates, so whichever comes first
+    wins and the other finds nothing. A dead run's member then waits on no hand-over of the role:
+    when a kill takes the holder and a run together, a follower releases the run at its lease end."""
+    with clock.ticking():
+        return len(leases.expire_leases())
+
+
 def drop_legacy_schedule() -> None:
     """Deployments from before the ticker carry a once-a-minute q2 schedule; the ticker replaces it."""
     from django_q.models import Schedule

@@ -2,7 +2,8 @@
 
 Every worker host runs one (started by `manage.py qcluster`, no set-up step). Each beat, every
 ticker tries to hold the `engine-ticker` role (one conditional UPDATE on the database's clock);
-the holder runs `tick()`, the others only renew their claim attempt. A holder that dies stops
+the holder runs `tick()`, the others only renew their claim attempt and watch the soonest run lease
+end, expiring it themselves when it runs out (so recovery never waits on a hand-over of the role). A holder that dies stops
 renewing, and a follower takes the role over within `role_ttl()` seconds. So a killed worker's
 member is running again within its run lease + about one tick period, and an idle deployment costs
 a handful of indexed statements per period, none per member.
@@ -74,7 +75,7 @@ class Ticker(threading.Thread):
         read it, then counted down on this host's monotonic clock: a host whose wall clock is wrong
         neither spins (ahead) nor oversleeps (behind)."""
         wait = self.period - spent
-        if self.leading and self.expiry_deadline is not None:
+        if self.expiry_deadline is not None:  # holder and followers alike (see _follow)
             wait = min(wait, self.expiry_deadline - time.monotonic() + 0.05)
         return max(0.05, wait)
 
@@ -92,6 +93,7 @@ class Ticker(threading.Thread):
                 if self.leading:
                     log.warning("engine ticker %s lost the role to another process", self.holder)
                 self.leading = False
+                self._follow()
                 self._recovered()
                 return None
             if not self.leading:
@@ -107,6 +109,7 @@ class Ticker(threading.Thread):
         except Exception as exc:
             self.failures += 1
             self.leading = False
+            self.expiry_deadline = None  # a database we cannot reach is retried once a period, not at a lease end
             if isinstance(exc, (OperationalError, InterfaceError)):
                 outage.mark_down()  # this host's pusher stops fetching wakes until a beat gets through
             log.warning("engine ticker %s: beat failed (%s: %s); retry %d in %.0fs", self.holder, type(exc).__name__,
@@ -119,6 +122,19 @@ class Ticker(threading.Thread):
             return None
         finally:
             self.beat_started = None
+
+    def _follow(self) -> None:
+        """A follower's beat: when a run lease it was waiting for has run out, expire it now rather
+        than wait for the holder, which may have died in the same kill (a hand-over of the role costs
+        its TTL plus a beat, and a starved host adds to both); then note when the next one runs out.
+        One statement when nothing is due."""
+        from veronica.engine import tick
+
+        if self.expiry_deadline is not None and time.monotonic() >= self.expiry_deadline:
+            tick.expire_due_leases()
+        read_at = time.monotonic()
+        left = leases.seconds_to_next_expiry()
+        self.expiry_deadline = None if left is None else read_at + left
 
     def stall_seconds(self) -> float:
         return self.period + STALL_SLACK
