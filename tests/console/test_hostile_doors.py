@@ -236,3 +236,34 @@ def test_an_owner_cannot_reach_the_host_through_a_remote_agent(world, settings):
                                content_type="application/json", **owner)
         assert answer.status_code == 400 and answer.json()["field"] == "a2a.remotes.evil.card_url", url
     assert not A2ARemote.objects.exists()
+
+
+@pytest.mark.parametrize("method, path, body, field", [
+    ("post", "/api/spaces/alpha/secrets/", {"name": "A" * 65, "value": "abcdefghij"}, "name"),
+    ("post", "/api/spaces/alpha/secrets/", {"name": "OK_NAME", "value": "x" * 8001}, "value"),
+    ("post", "/api/spaces/alpha/secrets/", {"name": "OK_NAME", "value": "short"}, "value"),
+    ("post", "/api/spaces/alpha/secrets/", {"name": "OK_NAME", "value": "two\nlines-here"}, "value"),
+    ("post", "/api/spaces/alpha/secrets/", {"name": 5, "value": "abcdefghij"}, "name"),
+    ("post", "/api/spaces/alpha/secrets/", {"name": "OK_NAME", "value": "abcdefghij", "in_commands": "yes"}, "in_commands"),
+    ("post", "/api/spaces/alpha/members/ghost/secrets/", {"name": "OK_NAME", "value": "abcdefghij"}, "member"),
+    ("post", "/api/spaces/alpha/a2a/remotes/", {"name": "x", "card_url": "http://8.8.8.8/" + "a" * 3000}, "a2a.remotes.x.card_url"),
+    ("post", "/api/spaces/alpha/a2a/remotes/", {"name": "x", "card_url": "http://8.8.8.8/", "token": "t" * 501}, "a2a.remotes.x.token"),
+    ("post", "/api/spaces/alpha/a2a/remotes/", {"name": "x", "card_url": "http://8.8.8.8/", "headers": {}}, "a2a.remotes.headers"),
+    ("post", "/api/spaces/alpha/a2a/credentials/", {"name": "Bad Name", "role": "operator"}, "name"),
+    ("post", "/api/spaces/alpha/a2a/credentials/", {"name": "partner", "role": "owner"}, "role"),
+    ("post", "/api/spaces/alpha/a2a/", {"members": "w1"}, "a2a.members"),
+    ("post", "/api/spaces/alpha/a2a/", {"enabled": "yes"}, "enabled"),
+    ("patch", "/api/spaces/alpha/members/w1/", {"fallback": ["openai:a", "openai:b", "openai:c", "openai:d", "openai:e"]}, "fallback"),
+    ("patch", "/api/spaces/alpha/members/w1/", {"fallback": [1]}, "fallback"),
+    ("patch", "/api/spaces/alpha/members/w1/", {"fallback": ["openai:" + "m" * 200]}, "fallback"),
+    ("patch", "/api/spaces/alpha/members/w1/", {"fallback": ["http://169.254.169.254/v1"]}, "fallback"),
+])
+def test_bad_input_to_the_new_doors_is_a_400_naming_the_field_and_writes_nothing(world, method, path, body, field):
+    from veronica.models import A2ACredential, A2ARemote, Secret
+
+    before = list(world.space.members.values_list("name", "model", "fallback").order_by("name"))
+    answer = _call(Client(), method, path, body, **bearer(world.owner))
+    assert answer.status_code in (400, 404) and answer.json().get("field") == field, answer.content
+    assert not Secret.objects.exists() and not A2ARemote.objects.exists() and not A2ACredential.objects.exists()
+    assert not A2AConfig.objects.filter(enabled=True).exists() and not A2AConfig.objects.exclude(members=[]).exists()
+    assert list(world.space.members.values_list("name", "model", "fallback").order_by("name")) == before
