@@ -190,8 +190,10 @@ def test_stdio_servers_start_through_run_commands_sandbox(space, settings):
     row = declare(space, command=["my-server", "--flag", "a b"], env={"GREETING": "hello"})
     spec = spec_of(row, space.workdir)
     assert any(a.endswith("/bwrap") for a in spec.argv) and "--unshare-all" in spec.argv and "--cap-drop" in spec.argv
-    assert spec.argv[-3:] == ("/bin/sh", "-c", "my-server --flag 'a b'")
-    assert dict(spec.env)["HOME"] == "/workspace" and dict(spec.env)["GREETING"] == "hello"
+    # the env is the server's, not the host-side launcher's: it crosses under an inert name
+    assert spec.argv[-5:] == ("/bin/sh", "-c", 'export GREETING="$VERONICA_CARRIED_0"; unset VERONICA_CARRIED_0; exec /bin/sh -c "$1"',
+                              "sh", "my-server --flag 'a b'")
+    assert dict(spec.env)["HOME"] == "/workspace" and dict(spec.env)["VERONICA_CARRIED_0"] == "hello" and "GREETING" not in dict(spec.env)
 
 
 @pytest.fixture

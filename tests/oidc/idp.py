@@ -49,9 +49,10 @@ class Idp:
     def _post(self, path: str, body: dict) -> None:
         httpx.post(f"{self.issuer}/__test/{path}", json=body, timeout=10).raise_for_status()
 
-    def add(self, sub: str, password: str = "pw", *, email: str | None = None, groups: list[str] | None = None) -> None:
+    def add(self, sub: str, password: str = "pw", *, email: str | None = None, groups: list[str] | None = None,
+            verified: bool = True) -> None:
         self._post("person", {"sub": sub, "password": password, "email": email or f"{sub}@example.org", "name": sub.title(),
-                              "groups": groups or []})
+                              "groups": groups or [], "email_verified": verified})
 
     def remove(self, sub: str) -> None:
         self._post("remove", {"sub": sub})

@@ -41,7 +41,7 @@ const provider = new Provider(issuer, {
     return {
       accountId: sub,
       async claims() {
-        return { sub, email: person.email, email_verified: true, name: person.name, preferred_username: sub,
+        return { sub, email: person.email, email_verified: person.email_verified !== false, name: person.name, preferred_username: sub,
           groups: person.groups };
       },
     };

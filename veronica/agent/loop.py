@@ -389,19 +389,19 @@ def run_tool(tool: Tool, tctx: ToolContext, args: dict, *, savepoint: bool = Tru
     try:
         if not savepoint:
             try:
-                return truncate(mask(tool.fn(tctx, args)))  # masked whole, before a cut could split a secret
+                return truncate(mask(tool.fn(tctx, args), tctx.space.pk))  # masked whole, before a cut could split a secret
             except WaitForOperator as wait:  # an a2a__ call parked on its remote task
                 return wait
         with transaction.atomic():
             try:
-                return truncate(mask(tool.fn(tctx, args)))
+                return truncate(mask(tool.fn(tctx, args), tctx.space.pk))
             except WaitForOperator as wait:
                 return wait
     except (ToolError, VeronicaError) as exc:
-        return mask(f"error: {exc}")
+        return mask(f"error: {exc}", tctx.space.pk)
     except Exception as exc:  # an unexpected tool bug is still just a tool result
         log.exception("tool %s crashed", tool.name)
-        return mask(f"error: {tool.name} failed unexpectedly ({type(exc).__name__}: {exc})")
+        return mask(f"error: {tool.name} failed unexpectedly ({type(exc).__name__}: {exc})", tctx.space.pk)
 
 
 def execute(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext, call: dict, *,

@@ -15,6 +15,8 @@ ELIDED = "[older tool output elided by compaction]"
 
 def open_session(member: Member) -> Session:
     session = Session.objects.filter(member=member, ended_at__isnull=True).first()
+    if session is not None:
+        session.member = member  # known: append() reads its space without a query
     return session or Session.objects.create(member=member)
 
 
@@ -22,15 +24,15 @@ def turns(session: Session) -> list[Turn]:
     return list(session.turns.order_by("seq"))
 
 
-def _masked(content: str, fields: dict) -> tuple[str, dict]:
-    """No secret value is ever written to a transcript (tool results, replies, tool-call arguments)."""
+def _masked(content: str, fields: dict, space_id: int) -> tuple[str, dict]:
+    """No secret value of the space is ever written to a transcript (tool results, replies, tool-call arguments)."""
     if fields.get("tool_calls"):
-        fields = {**fields, "tool_calls": mask_data(fields["tool_calls"])}
-    return mask(content), fields
+        fields = {**fields, "tool_calls": mask_data(fields["tool_calls"], space_id)}
+    return mask(content, space_id), fields
 
 
 def append(session: Session, role: str, content: str = "", **fields) -> Turn:
-    content, fields = _masked(content, fields)
+    content, fields = _masked(content, fields, session.member.space_id)
     seq = (session.turns.aggregate(m=Max("seq"))["m"] or 0) + 1
     return Turn.objects.create(session=session, seq=seq, role=role, content=content, **fields)
 
@@ -59,6 +61,7 @@ class Log:
 
     def __init__(self, session: Session, rows: list[Turn] | None = None) -> None:
         self.session = session
+        self.space_id = session.member.space_id  # whose secrets are masked in its turns (open_session knows the member)
         self.rows = turns(session) if rows is None else rows
         self.messages = to_messages(self.rows)
         self.chars = sum(message_chars(m) for m in self.messages)
@@ -69,7 +72,7 @@ class Log:
         self._pending: list[Turn] | None = None  # inside batched(): turns not yet written
 
     def append(self, role: str, content: str = "", **fields) -> Turn:
-        content, fields = _masked(content, fields)
+        content, fields = _masked(content, fields, self.space_id)
         if self._pending is not None:
             turn = Turn(session=self.session, seq=self.next_seq, role=role, content=content, **fields)
             self._pending.append(turn)

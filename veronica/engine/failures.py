@@ -59,7 +59,7 @@ RETRY_AFTER_CAP = 3600.0  # a vendor's Retry-After is honoured up to an hour
 
 
 def record(member: Member, reason: str, *, permanent: bool, retry_after: float | None = None) -> None:
-    reason = mask(reason)  # provider errors may quote a key or a header
+    reason = mask(reason, member.space_id)  # provider errors may quote a key or a header
     """Inside the failed run's fenced finish: count the failure, then back off or park. A vendor's
     Retry-After longer than the backoff is waited out (calling again sooner only meets the limit)."""
     count = member.failures + 1

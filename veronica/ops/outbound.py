@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpcore
 import httpx
@@ -124,6 +124,16 @@ def checked_addresses(host: str, port: int, field: str, *, must_resolve: bool, p
                           f"reserved); {purpose.what} may not go there (allow it with {purpose.env})",
                           field=field)
     return addresses
+
+
+def scrub_url(url: str) -> str:
+    """A URL without the parts that carry credentials: user:password@ and the query string (what an
+    export, an event or a viewer is shown of a URL an owner typed)."""
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def check_url(url: str, field: str, purpose: Purpose = NOTIFY) -> None:

@@ -31,10 +31,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
 
-from urllib.parse import urlsplit, urlunsplit
-
 from veronica.swarm import a2a_settings, access, audit
 from veronica.portable import manifest, toml_out
+from veronica.ops.outbound import scrub_url
 from veronica.plumbing.errors import Conflict, VeronicaError, column_limit
 from veronica.models import McpServer, McpTransport, Member, Skill, Space
 
@@ -54,15 +53,6 @@ Exporter = Callable[[Space], dict[str, str]]
 
 def _toml(data: dict) -> str:
     return toml_out.dumps(data)
-
-
-def scrub_url(url: str) -> str:
-    """A URL without the parts that carry credentials: user:password@ and the query string."""
-    if not url:
-        return ""
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _mcp_entries(servers) -> list[dict]:

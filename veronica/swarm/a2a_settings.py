@@ -190,7 +190,7 @@ def add_remote(space: Space, cfg: RemoteConfig, *, actor: str, from_manifest: bo
         remote = A2ARemote.objects.create(space=space, name=cfg.name, card_url=cfg.card_url, endpoint=endpoint,
                                           description=description[:2000], token=cfg.token, timeout=cfg.timeout,
                                           from_manifest=from_manifest)
-        events.emit(space.pk, "a2a.remote_added", by=actor, remote=cfg.name, card_url=cfg.card_url)
+        events.emit(space.pk, "a2a.remote_added", by=actor, remote=cfg.name, card_url=outbound.scrub_url(cfg.card_url))
     return remote
 
 
@@ -203,7 +203,18 @@ def remove_remote(space: Space, name: str, *, actor: str) -> None:
         events.emit(space.pk, "a2a.remote_removed", by=actor, remote=name)
 
 
-@audit.verb("a2a.manifest")
+def _manifest_row(given: dict, result) -> dict | None:
+    """The [a2a] table as the audit row shows it: a remote's token only as set or not (the default,
+    the call's arguments, would write each RemoteConfig's repr, token and all)."""
+    table = given.get("table")
+    if table is None:
+        return None
+    return {"enabled": table.get("enabled"), "members": list(table.get("members", [])),
+            "remotes": [{"name": r.name, "card_url": r.card_url, "timeout": r.timeout, "bearer_set": bool(r.token)}
+                        for r in table.get("remotes", [])]}
+
+
+@audit.verb("a2a.manifest", after=_manifest_row)
 def apply_manifest(space: Space, table: dict | None, *, actor: str) -> None:
     """A register: [a2a] sets serving and exposed members; its remotes replace the earlier manifest's
     (console-added ones stay unless the manifest declares the same name). A token the manifest
@@ -235,20 +246,22 @@ def check_manifest_table(table: object) -> dict:
 
 
 def export_table(space: Space) -> dict | None:
-    """[a2a] as the manifest declares it: credentials are never exported, remote tokens are scrubbed."""
+    """[a2a] as the manifest declares it: credentials are never exported, remote tokens are scrubbed,
+    and so are a card URL's user:password@ and query string (as an MCP server's URL)."""
     cfg = A2AConfig.objects.filter(space=space).first()
     remotes = list(A2ARemote.objects.filter(space=space).order_by("name"))
     if (cfg is None or not cfg.enabled and not cfg.members) and not remotes:
         return None
     table: dict = {"enabled": bool(cfg and cfg.enabled), "members": list(cfg.members if cfg else [])}
     if remotes:
-        table["remotes"] = [{"name": r.name, "card_url": r.card_url, "timeout": r.timeout, **({"token": ""} if r.token else {})}
+        table["remotes"] = [{"name": r.name, "card_url": outbound.scrub_url(r.card_url), "timeout": r.timeout, **({"token": ""} if r.token else {})}
                             for r in remotes]
     return table
 
 
 def status(space: Space) -> dict:
-    """What the console and the API show: never a key, a token or a hash."""
+    """What the console and the API show (viewers too): never a key, a token, a hash, or a URL's
+    user:password@ or query string (a credential the owner put in the card URL)."""
     cfg = config(space)
     return {
         "enabled": cfg.enabled, "members": list(cfg.members),
@@ -256,6 +269,6 @@ def status(space: Space) -> dict:
         "credentials": [{"id": c.pk, "name": c.name, "role": c.role, "prefix": c.prefix, "created_at": c.created_at.isoformat(),
                          "last_used_at": c.last_used_at.isoformat() if c.last_used_at else None,
                          "revoked": c.revoked_at is not None} for c in A2ACredential.objects.filter(space=space)],
-        "remotes": [{"name": r.name, "card_url": r.card_url, "endpoint": r.endpoint, "timeout": r.timeout,
+        "remotes": [{"name": r.name, "card_url": outbound.scrub_url(r.card_url), "endpoint": outbound.scrub_url(r.endpoint), "timeout": r.timeout,
                      "token_set": bool(r.token), "tool": f"a2a__{r.name}"} for r in A2ARemote.objects.filter(space=space)],
     }

@@ -182,7 +182,7 @@ def emit(space_id: int, kind: str, *, member: Member | None = None, **payload: o
     """Persist one event with the space's next seq; signal listeners after the commit."""
     if member is not None:
         payload.setdefault("member_name", member.name)
-    payload = mask_data(payload)  # no secret value in an event (tool results, errors, arguments)
+    payload = mask_data(payload, space_id)  # no secret value of the space in its event (tool results, errors, arguments)
     current = getattr(_batch, "current", None)
     if current is not None and kind != "ops.alert" and current.covers():
         event = Event(space_id=space_id, kind=kind, member=member, payload=payload)

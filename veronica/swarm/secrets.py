@@ -81,7 +81,7 @@ def set_secret(space: Space, name: str, value: str, *, member: Member | None = N
             secret.ciphertext, secret.in_commands = ciphertext, in_commands
             secret.save(update_fields=["ciphertext", "in_commands", "updated_at"])
             created = False
-        secret_store.remember(name, value)
+        secret_store.remember(name, value, space.pk)
         events.emit(space.pk, "secret.set", member=member, actor=actor, name=name, created=created, in_commands=in_commands)
     return secret
 
@@ -124,7 +124,7 @@ def values_for(space_id: int, member: Member | None = None) -> dict[str, tuple[s
     found: dict[str, tuple[str, bool]] = {}
     for secret in sorted(rows, key=lambda s: s.member_id is not None):  # the space's first, the member's over them
         value = secret_store.decrypt(secret.ciphertext)
-        secret_store.remember(secret.name, value)
+        secret_store.remember(secret.name, value, space_id)
         found[secret.name] = (value, secret.in_commands)
     return found
 

@@ -123,14 +123,19 @@ class OidcBackend(oidc_auth.OIDCAuthenticationBackend):
 
     def filter_users_by_claims(self, claims):
         User = get_user_model()
-        link = SsoIdentity.objects.filter(issuer=discovery()["issuer"], subject=claims["sub"]).select_related("user").first()
+        issuer = discovery()["issuer"]
+        link = SsoIdentity.objects.filter(issuer=issuer, subject=claims["sub"]).select_related("user").first()
         if link is not None:
             return User.objects.filter(pk=link.user_id)
+        # a first login matches only people no subject of this provider has claimed yet: an address
+        # (or username) the provider gave a second person (a leaver's mail recycled for a new hire)
+        # does not make them the first one
+        unlinked = User.objects.exclude(sso_identities__issuer=issuer)
         match = settings.OIDC_MATCH
         if match == "email" and claims.get("email") and claims.get("email_verified") is True:
-            return User.objects.filter(email__iexact=claims["email"])
+            return unlinked.filter(email__iexact=claims["email"])
         if match == "username" and claims.get(settings.OIDC_USERNAME_CLAIM):
-            return User.objects.filter(username=claims[settings.OIDC_USERNAME_CLAIM])
+            return unlinked.filter(username=claims[settings.OIDC_USERNAME_CLAIM])
         return User.objects.none()
 
     def create_user(self, claims):
@@ -140,16 +145,23 @@ class OidcBackend(oidc_auth.OIDCAuthenticationBackend):
         while User.objects.filter(username=username).exists():
             n += 1
             username = f"{base}-{n}"
-        user = User.objects.create_user(username, email=claims.get("email") or "")  # no password: unusable
+        # no password (unusable); an address the provider has not verified is not theirs to keep
+        user = User.objects.create_user(username, email=(claims.get("email") or "") if claims.get("email_verified") is True else "")
         audit.record("sso.user_created", target=username, after={"issuer": discovery()["issuer"], "email": user.email},
-                     actor=audit.Actor(name=f"sso:{discovery()['issuer']}"[:160], via=audit.Via.SESSION))
+                     actor=provider_actor())
         return self.update_user(user, claims)
 
     def update_user(self, user, claims):
-        with transaction.atomic():
+        # the roles the provider's groups grant or take away are its changes: audit rows by it (at a
+        # first login nobody is logged in yet, so the request's context would write none)
+        with transaction.atomic(), audit.acting(provider_actor()):
             SsoIdentity.objects.update_or_create(issuer=discovery()["issuer"], subject=claims["sub"], defaults={"user": user})
             apply_groups(user, claims)
         return user
+
+
+def provider_actor() -> audit.Actor:
+    return audit.Actor(name=f"sso:{discovery()['issuer']}"[:160], via=audit.Via.SESSION)
 
 
 def groups_of(claims: dict) -> set[str]:
@@ -171,6 +183,7 @@ def apply_groups(user, claims: dict) -> None:
         if user.is_staff != staff:
             user.is_staff = staff
             user.save(update_fields=["is_staff"])
+            audit.record("sso.staff", target=user.username, before={"is_staff": not staff}, after={"is_staff": staff})
     actor = "sso:" + discovery()["issuer"]
     for group, slug, role in settings.OIDC_SPACE_ROLES:
         space = Space.objects.filter(slug=slug).first()
@@ -220,6 +233,10 @@ class Callback(oidc_views.OIDCAuthenticationCallbackView):
 
     def get(self, request):
         _require_enabled()
+        if "error" in request.GET and request.GET.get("state") not in request.session.get("oidc_states", {}):
+            # the library logs the session out on any ?error=: only an answer to this session's own
+            # request (a refresh the IdP refused) may; a link to /oidc/callback/?error=x logs nobody out
+            return self.login_failure()
         return super().get(request)
 
 

@@ -11,6 +11,7 @@ A space that does not exist, has A2A off, or a member not exposed all answer the
 from __future__ import annotations
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -123,10 +124,14 @@ def settings_api(request: HttpRequest, slug: str):
     if request.method == "POST":
         data = json_body(request)
         actor = access.actor_name(request.user)
-        if "enabled" in data:
-            a2a_settings.set_enabled(space, data["enabled"], actor=actor)
-        if "members" in data:
-            a2a_settings.set_members(space, data["members"], actor=actor)
+        unknown = sorted(set(data) - {"enabled", "members"})
+        if unknown:
+            raise VeronicaError("unknown key (known: enabled, members)", field=unknown[0])
+        with transaction.atomic():  # both or neither: a refused members list leaves serving as it was
+            if "enabled" in data:
+                a2a_settings.set_enabled(space, data["enabled"], actor=actor)
+            if "members" in data:
+                a2a_settings.set_members(space, data["members"], actor=actor)
     return a2a_settings.status(space)
 
 

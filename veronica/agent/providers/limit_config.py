@@ -71,6 +71,8 @@ def _limit(source: str, key: str, table) -> Limit:
     name = f"{source}[{key!r}]"
     key = key.strip().rstrip("/")
     kind = key.split(":", 1)[0]
+    if kind in PROVIDERS and ":" in key:
+        key = model_key(key)
     if not key or len(key) > MAX_KEY or not (key in PROVIDERS or key.startswith(("http://", "https://"))
                                             or (kind in PROVIDERS and key.split(":", 1)[1].strip())):
         raise LimitConfigError(f"{name}: the table's name must be a provider ({', '.join(PROVIDERS)}), a base URL "
@@ -89,10 +91,17 @@ def _limit(source: str, key: str, table) -> Limit:
     return Limit(key=key, **values)
 
 
+def model_key(spec: str) -> str:
+    """A model spec as its limit is keyed: "anthropic: claude-x " calls the same model as
+    "anthropic:claude-x" (the provider strips both sides), so it takes the same limit."""
+    kind, _, model = spec.partition(":")
+    return f"{kind.strip()}:{model.strip()}"
+
+
 def limits_for(config: dict[str, Limit], spec: str, base_url: str) -> list[Limit]:
     """The limits one call takes, in a fixed order (endpoint, then model), so two calls never wait on
     each other's second limit while holding their first."""
     kind = spec.split(":", 1)[0].strip()
     endpoint = config.get(base_url.rstrip("/")) or config.get(kind)
-    found = [limit for limit in (endpoint, config.get(spec.strip())) if limit is not None and limit.active]
+    found = [limit for limit in (endpoint, config.get(model_key(spec))) if limit is not None and limit.active]
     return found

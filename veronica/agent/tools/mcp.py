@@ -62,21 +62,20 @@ def spec_of(server: "McpServer", workdir: str, member: "Member | None" = None) -
     from pathlib import Path
 
     from veronica.swarm import secrets
-    from veronica.agent.tools.workspace import sandboxed
+    from veronica.agent.tools.workspace import sandbox_env, sandboxed
     from veronica.plumbing.errors import VeronicaError
 
     try:
         resolved = secrets.resolve_env(server.env or {}, server.space_id, member or server.member, where=f"mcp_servers.{server.name}")
     except (VeronicaError, secrets.secret_store.KeyMissing) as exc:
         raise ToolError(str(exc)) from None
-    env = tuple(sorted((str(k), str(v)) for k, v in resolved.items()))
     if server.transport == "http":
         return ServerSpec(key=server.pk, name=server.name, transport="http", url=server.url, timeout=server.timeout)
     root = Path(workdir).resolve()
-    argv, home = sandboxed(root, shlex.join(server.command))
-    base = (("HOME", home), ("LANG", "C.UTF-8"), ("PATH", "/usr/local/bin:/usr/bin:/bin"))
+    carry = {str(k): str(v) for k, v in resolved.items()}  # the server's env, never the host-side launcher's
+    argv, home = sandboxed(root, shlex.join(server.command), carry)
     return ServerSpec(key=server.pk, name=server.name, transport="stdio", argv=tuple(argv), cwd=str(root),
-                      env=tuple(sorted(dict(base + env).items())), timeout=server.timeout)
+                      env=tuple(sorted(sandbox_env(home, carry).items())), timeout=server.timeout)
 
 
 def _record(server: "McpServer", error: str, tools: list[dict] | None) -> None:
@@ -86,7 +85,7 @@ def _record(server: "McpServer", error: str, tools: list[dict] | None) -> None:
     # stderr made this write raise, and with it every run of the member.
     from veronica.plumbing.secret_store import mask
 
-    fields = {"last_error": storable(mask(error)[:2000]), "checked_at": timezone.now()}
+    fields = {"last_error": storable(mask(error, server.space_id)[:2000]), "checked_at": timezone.now()}
     if tools is not None:
         fields["tools_cached"] = storable(tools)
     McpServer.objects.filter(pk=server.pk).update(**fields)

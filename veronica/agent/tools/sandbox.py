@@ -14,6 +14,7 @@ prints gigabytes costs the server a few kilobytes."""
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -21,7 +22,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from veronica.agent.tools.base import ToolError
 
@@ -31,6 +32,7 @@ SIGNAL_EXIT = 128  # bwrap and sh report a command killed by signal N as exit 12
 PIDS_V1 = Path("/sys/fs/cgroup/pids")
 CGROUP_DIR = "veronica-sandbox"
 CHUNK = 65536
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def unconfined() -> bool:
@@ -143,13 +145,38 @@ def release_cgroup(pid: int) -> None:
 
 # --- the argv -----------------------------------------------------------------------------------------
 
-def sandboxed(root: Path, command: str) -> tuple[list[str], str]:
+# A tenant's variables (secrets marked in_commands, an MCP server's env) are for the command, not for
+# the launcher that starts the sandbox on the host (the pids cgroup's /bin/sh, prlimit, bwrap): there
+# PATH, LD_PRELOAD, GCONV_PATH and the like would run a file of the workspace (the launcher's cwd)
+# on the host, outside bubblewrap. So each crosses the launcher under an inert name and the shell
+# inside the sandbox exports it under its own before it runs the command.
+CARRIED = "VERONICA_CARRIED_"
+
+
+def _carried_names(carry: Mapping[str, str]) -> list[tuple[str, str]]:
+    return [(name, f"{CARRIED}{i}") for i, name in enumerate(sorted(carry))]
+
+
+def _shell(command: str, carry: Mapping[str, str]) -> list[str]:
+    if not carry:
+        return ["/bin/sh", "-c", command]
+    exports = ""
+    for name, inert in _carried_names(carry):
+        if not ENV_NAME.match(name):
+            raise ToolError(f"'{name}' is not an environment variable name")
+        exports += f'export {name}="${inert}"; unset {inert}; '
+    return ["/bin/sh", "-c", exports + 'exec /bin/sh -c "$1"', "sh", command]
+
+
+def sandboxed(root: Path, command: str, carry: Mapping[str, str] | None = None) -> tuple[list[str], str]:
     """The argv that runs `command` confined to the workspace, and the workspace's path inside.
+    `carry`: variables the command gets (the launcher gets them from sandbox_env(home, carry)).
 
     Without bubblewrap the command refuses to start, unless the operator opts out
     (VERONICA_COMMAND_SANDBOX=none, which also drops the bounds but the output caps)."""
+    shell = _shell(command, carry or {})
     if unconfined():
-        return ["/bin/sh", "-c", command], str(root)
+        return shell, str(root)
     bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit")
     if bwrap is None or prlimit is None:
         raise ToolError("a sandboxed command needs bubblewrap and prlimit to stay inside the workspace (apt-get install bubblewrap "
@@ -170,12 +197,15 @@ def sandboxed(root: Path, command: str) -> tuple[list[str], str]:
              "--remount-ro", "/dev", "--remount-ro", "/",  # bwrap's own tmpfs root and /dev: no unbounded RAM to fill
              "--chdir", SANDBOX_ROOT, "--unshare-all", "--unshare-user", "--disable-userns",
              "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
-    return argv + ["/bin/sh", "-c", command], SANDBOX_ROOT
+    return argv + shell, SANDBOX_ROOT
 
 
-def sandbox_env(home: str) -> dict[str, str]:
-    """The whole environment a sandboxed command gets (no host variables, no secrets)."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
+def sandbox_env(home: str, carry: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment the launcher gets (no host variables), with `carry`'s values under
+    inert names: the command inside has them under their own (sandboxed(..., carry))."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
+    env.update({inert: (carry or {})[name] for name, inert in _carried_names(carry or {})})
+    return env
 
 
 # --- output, kept as a head and a tail --------------------------------------------------------------

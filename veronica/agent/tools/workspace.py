@@ -192,12 +192,13 @@ def run_command(ctx: ToolContext, args: dict) -> str:
     command = arg_str(args, "command", max_len=2000)
     timeout = arg_int(args, "timeout", default=20, minimum=1, maximum=COMMAND_TIMEOUT_MAX)
     root = root_of(ctx)
-    argv, home = sandboxed(root, command)
-    half = COMMAND_OUTPUT_CAP // 2
-    stdout, stderr = Capped(half * 3 // 4, half * 3 // 4), Capped(half // 4, half // 4)
     from veronica.swarm import secrets
 
-    env = {**sandbox_env(home), **secrets.command_env(ctx.member)}  # the secrets marked in_commands, by name
+    carry = secrets.command_env(ctx.member)  # the secrets marked in_commands, by name: the command's, not the launcher's
+    argv, home = sandboxed(root, command, carry)
+    half = COMMAND_OUTPUT_CAP // 2
+    stdout, stderr = Capped(half * 3 // 4, half * 3 // 4), Capped(half // 4, half // 4)
+    env = sandbox_env(home, carry)
     outcome = run(argv, cwd=root, env=env, timeout=timeout, streams=(stdout, stderr), cancelled=stop_requested)
     if outcome.cancelled:
         raise ToolError("cancelled: the run was asked to stop (suspended or removed); the command was killed")
