@@ -20,6 +20,15 @@ token of the learned *shape*".
   is pending, it is in the message just received, and it fits this route's shape and no other
   inbound route's: when the agent was told several things it could look up, waggle does not guess
   which it will look up first.
+* A **joined** inbound route: where the message alone does not vouch for the call (the user names
+  a reservation before they are known: the agent asks who they are first; a flight number has the
+  same shape as a reservation id), the route may still vouch for it *after the session's own
+  record listed the value*: the heard value must also stand in an earlier output of the session at
+  the place the mined lookups found it (``get_user_details`` output ``.reservations[]``), and a
+  value of the route's shape that no such output listed is not a candidate at all (a flight
+  number is not a reservation of this user). The message and an output must agree; neither alone
+  names the argument. It is judged on its own sightings, and only for a lookup the message alone
+  does not vouch for (the plain rule fires more often when it passes).
 * **Confidence** is judged exactly that way on the mined sessions: per distinct value (the four
   near-copies of a task count once), was the agent's next call the replayed one? The Wilson lower
   bound of that share over the distinct values must reach ``min_confidence``, over at least
@@ -77,6 +86,47 @@ def message_tokens(call: Call) -> list[str]:
     return out
 
 
+Source = tuple  # (tool, output path with list indexes as "*"): where a heard value also stood
+
+
+def pattern(path: Sequence) -> tuple:
+    return tuple("*" if isinstance(p, int) else p for p in path)
+
+
+def _at(call: Call, source: Source) -> set[str]:
+    """The JSON texts of the leaves a call's output held at ``source`` (compared as texts: no
+    output is parsed again)."""
+    if call.tool != source[0]:
+        return set()
+    want = source[1]
+    return {v for path, v in call.refs if len(path) == len(want) and pattern(path) == want}
+
+
+def listed_at(events: Sequence[Call | None], source: Source) -> set[str]:
+    """The values (as JSON texts) the outputs in ``events`` held at ``source``."""
+    out: set[str] = set()
+    for c in events:
+        if c is not None and not is_message(c):
+            out |= _at(c, source)
+    return out
+
+
+class _Places:
+    """Where each output leaf of a session's calls stood, (tool, path) by JSON text, built only as
+    far as asked (most sessions never ask: mining stays linear in what it must read)."""
+
+    def __init__(self, seg: Sequence[Call | None]) -> None:
+        self.seg, self.upto, self.where = seg, 0, {}
+
+    def sources(self, text: str, before: int) -> set[Source]:
+        for c in self.seg[self.upto:before]:
+            if c is not None and not is_message(c):
+                for path, v in c.refs:
+                    self.where.setdefault(v, []).append((c.tool, path))
+        self.upto = max(self.upto, before)
+        return {(tool, pattern(path)) for tool, path in self.where.get(text, ())}
+
+
 def used_values(calls: Iterable[Call]) -> set[str]:
     """String argument values of the calls (what the session has already looked up)."""
     out: set[str] = set()
@@ -122,6 +172,7 @@ class Heard:
     contexts: int  # distinct values it was judged on
     used: float    # sum over them of the share of sightings followed by the call
     example: str = ""
+    source: Source = ()  # a joined route: where an earlier output must also list the value
 
 
 def choose(candidates: Sequence[tuple[str, str, tuple]], shapes: Mapping, rivals: Sequence[TokenShape],
@@ -153,10 +204,12 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
     # 1. sightings: an argument value that is a token of an earlier message of the session
     values: dict[tuple[str, str], set[str]] = {}
     groups: dict[tuple[str, str, tuple], set[str]] = {}
+    found: dict[tuple[str, str, tuple], dict[Source, set[str]]] = {}  # ... that an earlier output also held
     for seg in segments:
         heard: set[str] = set()
         used: set[str] = set()
-        for c in seg:
+        places = _Places(seg)
+        for j, c in enumerate(seg):
             if c is None:
                 continue
             if is_message(c):
@@ -164,14 +217,15 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
                 continue
             before = set(used)
             used |= used_values([c])
-            if c.barrier:
-                continue
-            for key, v in c.args:
-                d = decode_value(v)
-                if isinstance(d, str) and d in heard and d not in before:  # (a value still pending)
-                    values.setdefault((c.tool, key), set()).add(d)
-                    lits = tuple((k, x) for k, x in c.args if k != key)
-                    groups.setdefault((c.tool, key, lits), set()).add(d)
+            if not c.barrier:
+                for key, v in c.args:
+                    d = decode_value(v)
+                    if isinstance(d, str) and d in heard and d not in before:  # (a value still pending)
+                        values.setdefault((c.tool, key), set()).add(d)
+                        lits = tuple((k, x) for k, x in c.args if k != key)
+                        groups.setdefault((c.tool, key, lits), set()).add(d)
+                        for src in places.sources(v, j):
+                            found.setdefault((c.tool, key, lits), {}).setdefault(src, set()).add(d)
     shapes_by_arg = {arg: TokenShape.learn(sorted(vals)) for arg, vals in values.items()
                      if len(vals) >= max(1, min_contexts)}
     shapes_by_arg = {arg: s for arg, s in shapes_by_arg.items() if s is not None}
@@ -183,10 +237,17 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
     # the rivals: values another candidate would look up (a heard argument whose other arguments
     # vary, say a flight search's dates, is no candidate and competes with nothing)
     rivals = tuple(dict.fromkeys(shapes[g] for g in cands))
+    # a candidate's source: the output place that held the most of its heard values (enough of them)
+    sources: dict[int, Source] = {}
+    for i, g in enumerate(cands):
+        held = [(len(vals), src) for src, vals in (found.get(g) or {}).items() if len(vals) >= max(1, min_contexts)]
+        if held:
+            sources[i] = max(held, key=lambda t: (t[0], repr(t[1])))[1]
     # 2. evidence: replay the rule on every message; the unit is the distinct value (near-copies of
     # one task count once, by the share of their sightings that were followed by the call)
     # (one pass per session: what :func:`choose` computes at each message, kept up to date)
     seen: dict[int, dict[str, list[int]]] = {i: {} for i in range(len(cands))}
+    joined: dict[int, dict[str, list[int]]] = {i: {} for i in sources}  # the joined rule's sightings
     examples: dict[int, str] = {}
     allshapes = list(shapes.values()) + list(rivals)
     for seg in segments:
@@ -198,6 +259,7 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
         made: set = set()
         said: set[str] = set()      # tokens of the messages so far that fit a shape
         waiting: set[str] = set()   # ... and that no call has used yet
+        listed: dict[Source, set[str]] = {src: set() for src in set(sources.values())}  # (as JSON texts)
         for at, c in enumerate(seg):
             if c is None:
                 continue
@@ -206,6 +268,8 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
                 used |= values
                 waiting -= values
                 made.add(c.invocation())
+                for src, texts in listed.items():
+                    texts |= _at(c, src)
                 continue
             toks = message_tokens(c)
             for t in toks:
@@ -213,14 +277,25 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
                     said.add(t)
                     if t not in used:
                         waiting.add(t)
+            nxt = following[at + 1]
+            if nxt is None:
+                continue  # a replay stood there (not mining input): no evidence either way
+            for i, src in sources.items():  # the joined rule: a value of its shape no output listed is no candidate
+                shape = shapes[cands[i]]
+                left = [t for t in waiting if not (shape.fits(t) and flatten_value(t) not in listed[src])]
+                if len(left) != 1 or left[0] not in toks or not shape.fits(left[0]):
+                    continue
+                tool, key, lits = cands[i]
+                step = concrete(tool, key, lits, left[0])
+                if step not in made:
+                    t = joined[i].setdefault(left[0], [0, 0])
+                    t[0] += 1
+                    t[1] += nxt is not False and nxt.invocation() == step
             if len(waiting) != 1:
                 continue
             (token,) = waiting
             if token not in toks:
                 continue
-            nxt = following[at + 1]
-            if nxt is None:
-                continue  # a replay stood there (not mining input): no evidence either way
             for i, cand in enumerate(cands):  # each candidate judged as if it were the only route of its shape
                 if not shapes[cand].fits(token):
                     continue
@@ -234,13 +309,19 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
                 examples.setdefault(i, token)
     out = []
     for i, (tool, key, lits) in enumerate(cands):
+        source: Source = ()
         n = len(seen[i])
         used = sum(u / k for k, u in seen[i].values())
         if n < max(1, min_contexts) or wilson(used, n, z) < min_confidence:
-            continue
+            # the message alone does not vouch for it: does it once an output agrees?
+            tally = joined.get(i) or {}
+            n, used = len(tally), sum(u / k for k, u in tally.values())
+            if i not in sources or n < max(1, min_contexts) or wilson(used, n, z) < min_confidence:
+                continue
+            source = sources[i]
         out.append(Heard(tool=tool, key=key, literals=lits, shape=shapes[cands[i]],
                          rivals=tuple(r for r in rivals if r != shapes[cands[i]]), contexts=int(n), used=used,
-                         example=examples.get(i, "")))
+                         example=examples.get(i, ""), source=source))
     out.sort(key=lambda h: (-h.used, h.tool, h.key))
     return out
 
@@ -252,29 +333,49 @@ def route_of(h: Heard, scope: str = "space"):
 
     step = Step(tool=h.tool, literals=tuple(sorted(h.literals)), binds=((h.key, h.key),))
     route = Route(steps=(step,), params=(h.key,), scope=scope, examples={h.key: flatten_value(h.example)} if h.example else {},
-                  count=h.contexts, heard=(h.key,), shapes={h.key: h.shape}, rivals=h.rivals)
+                  count=h.contexts, heard=(h.key,), shapes={h.key: h.shape}, rivals=h.rivals, source=h.source)
     return _replace(route, name="heard." + route.stable_name())
 
 
 def plan_heard(routes: Sequence, events: Sequence[Call]) -> "tuple[Any, tuple[str, tuple]] | None":
     """The inbound route to replay on the message that ends ``events`` (the session's recent
     messages and calls, oldest first), with its concrete call; None when none fires (see the
-    module docstring: exactly one pending value over every shape the routes know)."""
+    module docstring: exactly one pending value over every shape the routes know; a joined route
+    counts only the values of its shape an earlier output listed at its source)."""
     heard = [r for r in routes if getattr(r, "heard", ()) and len(r.heard) == 1 and len(r.steps) == 1]
     if not heard or not events or not is_message(events[-1]):
         return None
-    cands = [(r.steps[0].tool, r.heard[0], r.name) for r in heard]
-    shapes = {c: r.shapes[r.heard[0]] for c, r in zip(cands, heard)}
     rivals: list[TokenShape] = []
     for r in heard:
         rivals.extend(x for x in r.rivals if x not in rivals)
-    got = choose(cands, shapes, rivals, events, len(events) - 1)
-    if got is None or len(got[0]) != 1:
-        return None  # nothing pending, or two routes would take the value: no guess
-    i, token = got[0][0], got[1]
-    route = heard[i]
+    made = {c.invocation() for c in events if c is not None and not is_message(c)}
+    plain = [r for r in heard if not r.source]
+    cands = [(r.steps[0].tool, r.heard[0], r.name) for r in plain]
+    shapes = {c: r.shapes[r.heard[0]] for c, r in zip(cands, plain)}
+    others = rivals + [r.shapes[r.heard[0]] for r in heard if r.source]  # (a joined route's shape still competes)
+    got = choose(cands, shapes, others, events, len(events) - 1) if plain else None
+    if got is not None:
+        if len(got[0]) != 1 or any(r.shapes[r.heard[0]].fits(got[1]) for r in heard if r.source):
+            return None  # two routes would take the value: no guess
+        route, token = plain[got[0][0]], got[1]
+    else:
+        allshapes = [r.shapes[r.heard[0]] for r in heard] + rivals
+        fired = [(r, t) for r in heard if r.source and (t := _joined_token(r, events, allshapes)) is not None]
+        if len(fired) != 1:
+            return None
+        route, token = fired[0]
     step = route.steps[0]
     call = concrete(step.tool, route.heard[0], step.literals, token)
-    if call in {c.invocation() for c in events if not is_message(c)}:
+    return None if call in made else (route, call)
+
+
+def _joined_token(route, events: Sequence[Call], allshapes: Sequence[TokenShape]) -> str | None:
+    """The value a joined route would take from the message ending ``events``: the only pending
+    one once values of its shape that no earlier output listed at its source are set aside; it
+    must be in that message and listed there."""
+    shape = route.shapes[route.heard[0]]
+    listed = listed_at(events, route.source)
+    left = [t for t in pending(events, allshapes) if not (shape.fits(t) and flatten_value(t) not in listed)]
+    if len(left) != 1 or not shape.fits(left[0]) or left[0] not in message_tokens(events[-1]):
         return None
-    return route, call
+    return left[0]

@@ -96,6 +96,41 @@ def _continued(step: list, issued: list[tuple[str, tuple]], lists: list[list[str
     return False
 
 
+def _walked_past(tail: list, lists: list[list[str]]) -> bool:
+    """A replayed list walk drawn on at one element was read up to it: each element before it in
+    the walk (the list's previous element, replayed in the same block, the same tool and other
+    arguments) that the reply did not name was walked past, not skipped, as an agent walking a
+    list makes every element on the way to the one it reports (a reply names what it found, not
+    each element it passed). Marks them used; True when one changed. The elements after the last
+    one drawn on stay undecided (the walk may have stopped there)."""
+    changed = False
+    for k in range(len(tail) - 1, 0, -1):
+        if _verdict(tail[k]) != "used":
+            continue
+        j = k
+        while j > 0 and _previous_element(tail[j - 1], tail[j], lists):
+            j -= 1
+            if _verdict(tail[j]) is None:
+                tail[j].extend([None] * (8 - len(tail[j])))
+                tail[j][7], changed = "used", True
+    return changed
+
+
+def _previous_element(a: list, b: list, lists: list[list[str]]) -> bool:
+    """``a`` is the call on the element just before ``b``'s in one list the session's outputs held
+    (the same tool, every other argument equal)."""
+    if a[0] != b[0]:
+        return False
+    one, two = dict(a[1] or {}), dict(b[1] or {})
+    if one.keys() != two.keys():
+        return False
+    diff = [k for k in one if one[k] != two[k]]
+    if len(diff) != 1:
+        return False
+    x, y = one[diff[0]], two[diff[0]]
+    return any(x in vals and y in vals and vals.index(y) == vals.index(x) + 1 for vals in lists)
+
+
 def _verdict(step: list) -> str | None:
     return step[7] if len(step) > 7 else None
 
@@ -127,7 +162,8 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
     """Call with each reply of the model while a replay waits for its judgement: the tool calls it
     makes (``[(tool, args), ...]``) and its text. A replayed step is *used* when the reply draws on
     what it returned: its text or its calls' arguments name a value that only the step's output
-    brought (an id, a value, a name: see :mod:`waggle.evidence`). It is a *miss* when the model
+    brought (an id, a value, a name: see :mod:`waggle.evidence`); the elements of a replayed list
+    walk before the one it drew on were walked past on the way (:func:`_walked_past`). It is a *miss* when the model
     issues that call itself, or asks the same tool about the same object with other settings (a
     replayed ``git_log(path=p, limit=5)`` followed by its own ``git_log(path=p, limit=50)``). A
     step the reply does neither for keeps waiting for later replies; the run's end books it unused
@@ -162,6 +198,10 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
                 if verdict is not None:
                     step.extend([None] * (8 - len(step)))  # (a row written before verdicts were kept)
                     step[7], changed = verdict, True
+            if len(tail) > 1 and any(_verdict(step) == "used" for step in tail[1:]):
+                if lists is None:
+                    lists, done = _lists(ring), {c.invocation() for c in ring.recent()}
+                changed = _walked_past(tail, lists) or changed
             if all(_verdict(step) is not None for step in tail):
                 _close(space_key, session_key, fired, tail, cfg)
                 settled += 1

@@ -225,6 +225,10 @@ class Route:
     # arguments (a token of theirs pending makes the message ambiguous); learned, not identity
     shapes: Mapping[str, Any] = field(default_factory=dict, compare=False)
     rivals: tuple = field(default=(), compare=False)
+    # a joined inbound route: the heard value must also stand in an earlier output of the session
+    # at this place, (tool, path with list indexes as "*") (the id the user names *and* the one
+    # the user's own record lists); learned, not identity; empty: the message alone decides
+    source: tuple = field(default=(), compare=False)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -317,6 +321,8 @@ class Route:
         if self.heard:
             data["shapes"] = {k: v.to_json() for k, v in sorted(self.shapes.items())}
             data["rivals"] = [r.to_json() for r in self.rivals]
+            if self.source:
+                data["source"] = [self.source[0], list(self.source[1])]
         if self.reach:
             data["reach"] = {str(m): r for m, r in sorted(self.reach.items())}
         if self.evidence:
@@ -472,7 +478,13 @@ def _heard_from_json(data: Mapping, params: tuple[str, ...], steps: Sequence[Ste
     if set(shapes) != set(heard):
         raise RouteFormatError("every heard parameter needs a token shape")
     rivals = tuple(TokenShape.from_json(v) for v in data.get("rivals") or ())
-    return {"heard": heard, "shapes": shapes, "rivals": rivals}
+    out = {"heard": heard, "shapes": shapes, "rivals": rivals}
+    if data.get("source"):
+        tool, path = data["source"]
+        if not isinstance(tool, str) or not tool or not isinstance(path, list):
+            raise RouteFormatError("a joined inbound route's source is [tool, path]")
+        out["source"] = (tool, tuple(p if isinstance(p, int) else str(p) for p in path))
+    return out
 
 
 def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
@@ -498,8 +510,14 @@ def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
                 if route.confidence else "")
         for p in route.heard:
             lines.append(f"# {{{p}}}: {route.shapes[p].describe()}")
-        lines.append("# replay: when an inbound message brings the only pending value of that shape, the step "
-                     f"runs before the model asks{conf}")
+        if route.source:
+            where = route.source[0] + "".join("[]" if p == "*" else (f"[{p}]" if isinstance(p, int) else f".{p}")
+                                              for p in route.source[1])
+            lines.append("# replay: when an inbound message brings the only pending value of that shape that an "
+                         f"earlier output also listed ({where}), the step runs before the model asks{conf}")
+        else:
+            lines.append("# replay: when an inbound message brings the only pending value of that shape, the step "
+                         f"runs before the model asks{conf}")
         lines.append("")
         lines.append(f"1. {route.steps[0].describe()}")
         return "\n".join(lines) + "\n"

@@ -259,3 +259,84 @@ def test_messages_neither_break_nor_join_call_routes(cfg):
     service.inbound("2", "live", "x", "and now m9", None, config=cfg)
     service.observe("2", "live", "x", "grep", {"path": "m9", "pattern": "TODO"}, False, "o", config=cfg)
     assert service.follow("2", "live", FakeExec(), config=cfg) is not None
+
+
+# --- joined inbound routes: the id the message names and the user's own record lists ------------
+RESERVATIONS = ["K8TQ2Z", "JG7FMM", "P4XW9B", "Q0ZF0J", "OI5L9G", "AQLBTL"]
+SOURCE = ("get_user_details", ("reservations", "*"))
+
+
+def record(user, *listed):
+    return Call.make("get_user_details", {"user_id": user}, output=json.dumps({"id": user, "reservations": list(listed)}))
+
+
+def support(user, res, *, known_first):
+    """A support session. ``known_first``: the user says who they are, the agent reads their
+    record, then the user names one of the listed reservations and the agent looks it up. Else the
+    user names the reservation before saying who they are, and the agent asks first (policy: it
+    authenticates), and a flight number of the same shape goes to a search, never to a lookup."""
+    look = Call.make("get_reservation_details", {"reservation_id": res}, output=json.dumps({"id": res}))
+    if known_first:
+        return [message_call(f"I am {user}."), record(user, "ZZ9ZZ9", res),
+                message_call(f"Please check reservation {res}."), look]
+    return [message_call(f"Help with reservation {res} please."), message_call(f"I am {user}."),
+            record(user, res), look, message_call("Is flight HAT123 free?"),
+            Call.make("search_direct_flight", {"origin": "JFK", "flight": "HAT123"}, output="[]")]
+
+
+def joined_sessions():
+    return ([support(u, r, known_first=True) for u, r in zip(USERS, RESERVATIONS)]
+            + [support(u + "x", r[::-1], known_first=False) for u, r in zip(USERS, RESERVATIONS)])
+
+
+def test_a_lookup_the_message_alone_does_not_vouch_for_is_joined_to_the_record_that_lists_it():
+    heard = {h.tool: h for h in mine_heard(joined_sessions(), min_contexts=3, min_confidence=0.75, z=1.0,
+                                           wilson=wilson_lower)}
+    res = heard["get_reservation_details"]
+    assert res.source == SOURCE and res.contexts == 6 and res.used == 6
+    assert heard["get_user_details"].source == ()  # the message alone vouches for this one: plain
+    # without a record that lists the ids, the same sessions vouch for no reservation lookup
+    bare = [[c if c.tool != "get_user_details" else Call.make(c.tool, {k: decode_value(v) for k, v in c.args})
+             for c in seg] for seg in joined_sessions()]
+    assert "get_reservation_details" not in {h.tool for h in mine_heard(
+        bare, min_contexts=3, min_confidence=0.75, z=1.0, wilson=wilson_lower)}
+
+
+def test_a_joined_route_fires_only_on_a_value_the_record_listed():
+    routes = [route_of(h) for h in mine_heard(joined_sessions(), min_contexts=3, min_confidence=0.75, z=1.0,
+                                              wilson=wilson_lower)]
+    res = next(r for r in routes if r.source)
+    back = Route.from_json(json.loads(json.dumps(res.to_json())), name=res.name)
+    assert back.source == SOURCE and "get_user_details.reservations[]" in render_script(back)
+    known = [message_call("I am zoe_park_5150"), record("zoe_park_5150", "AB12CD", "EF34GH")]
+    assert plan_heard(routes, known + [message_call("Look at EF34GH")])[1] == \
+        ("get_reservation_details", (("reservation_id", '"EF34GH"'),))
+    assert plan_heard(routes, known + [message_call("Look at XY56ZT")]) is None  # not this user's
+    assert plan_heard(routes, known + [message_call("Flight HAT123 or EF34GH?")])[1][1] == \
+        (("reservation_id", '"EF34GH"'),)  # a flight number is not a listed reservation: no rival
+    assert plan_heard(routes, known + [message_call("AB12CD and EF34GH")]) is None  # two listed: no guess
+    assert plan_heard(routes, [message_call("Look at EF34GH")]) is None  # no record yet: the agent asks first
+    looked = known + [Call.make("get_reservation_details", {"reservation_id": "EF34GH"}), message_call("EF34GH")]
+    assert plan_heard(routes, looked) is None  # already made
+
+
+@pytest.mark.django_db
+def test_a_joined_route_is_mined_and_replayed_by_the_service():
+    for i, seg in enumerate(joined_sessions()):
+        for c in seg:
+            if is_message(c):
+                service.inbound("j", f"t{i}", "m", " ".join(message_tokens(c)), None, config=QUIET)
+            else:
+                service.observe("j", f"t{i}", "m", c.tool, {k: decode_value(v) for k, v in c.args}, c.mutates,
+                                json.dumps({"id": "x", "reservations": [decode_value(v) for p, v in c.refs
+                                                                         if p[0] == "reservations"]})
+                                if c.tool == "get_user_details" else "{}", config=QUIET)
+    while service.sweep("j", config=QUIET) is not None:
+        pass
+    stored = Waggle.objects.get(space_key="j", name__startswith="heard.get_reservation_details")
+    assert stored.route["source"] == ["get_user_details", ["reservations", "*"]] and not stored.disabled
+    exe = FakeExec({"get_user_details": '{"id": "zoe_park_5150", "reservations": ["AB12CD", "EF34GH"]}'})
+    assert service.inbound("j", "live", "m", "I am zoe_park_5150", exe, config=QUIET) is not None
+    assert service.inbound("j", "live", "m", "Please look at HAT123", exe, config=QUIET) is None
+    block = service.inbound("j", "live", "m", "And reservation EF34GH?", exe, config=QUIET)
+    assert block is not None and exe.calls[-1] == ("get_reservation_details", {"reservation_id": "EF34GH"})

@@ -87,3 +87,54 @@ def test_a_date_the_session_already_said_in_words_is_no_evidence():
     assert evidence.step_evidence({}, output, known={"May", "17,"}) == ["2024-06-01"]
     # said in words after the replay (a later message): excluded there too
     assert evidence.drawn(["2024-05-17"], "on May 17", exclude={"May", "17"}) is None
+
+
+def flights(tool, args):
+    """Each reservation's output holds its own flight number (what a reply names)."""
+    rid = args.get("reservation_id", "")
+    return json.dumps({"id": rid, "flight": f"HAT{100 + int(rid[1:] or 0)}"})
+
+
+def teach_long_walks(cfg):
+    for u in range(4):
+        walk("1", f"t{u}", f"user{u}", [f"R{u}{j}" for j in range(6)], 6, QUIET)
+        service.observe("1", f"t{u}", "m", "answer", {}, True, "done", config=QUIET)
+    while service.sweep("1", config=cfg) is not None:
+        pass
+
+
+def fire_walk_of(cfg, ids):
+    calls = []
+    walk("1", "new", "newbie", ids, 2, cfg)
+    assert service.follow("1", "new", lambda t, a: calls.append(a["reservation_id"]) or flights(t, a),
+                          config=cfg) is not None
+    return calls
+
+
+@pytest.mark.parametrize("reported", [-1, 1, 0])  # the last element replayed, the second, the first
+def test_a_list_walk_reported_at_one_element_walked_past_the_ones_before_it(reported):
+    cfg = WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2, fanout_cap=4)
+    teach_long_walks(cfg)
+    replayed = fire_walk_of(cfg, [f"N{j}" for j in range(8)])
+    assert replayed == ["N2", "N3", "N4", "N5"]
+    flight = json.loads(flights("get_reservation", {"reservation_id": replayed[reported]}))["flight"]
+    service.judge_reply("1", "new", [], text=f"Found it: your flight {flight}.", config=cfg)
+    service.end_run("1", "new", config=cfg)
+    upto = reported % len(replayed) + 1  # that element and every one before it in the walk
+    assert [s[7] for s in FiredPlan.objects.get().tail] == ["used"] * upto + ["not drawn on"] * (len(replayed) - upto)
+    assert LedgerEntry.objects.get().used_steps == upto
+
+
+def test_walking_past_needs_one_list_not_just_one_tool():
+    """Two replayed lookups that are not neighbours in any list the session saw: naming the second
+    says nothing about the first."""
+    cfg = WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2, fanout_cap=4)
+    teach_long_walks(cfg)
+    fire_walk_of(cfg, [f"N{j}" for j in range(8)])
+    fired = FiredPlan.objects.get()
+    tail = fired.tail
+    tail[1][1] = {"reservation_id": '"Z9"'}  # (as if the second one came from elsewhere)
+    FiredPlan.objects.filter(pk=fired.pk).update(tail=tail)
+    service.judge_reply("1", "new", [], text="Found it: your flight HAT104.", config=cfg)  # (N4's)
+    service.end_run("1", "new", config=cfg)
+    assert [s[7] for s in FiredPlan.objects.get().tail] == ["not drawn on", "not drawn on", "used", "not drawn on"]
