@@ -38,6 +38,16 @@ def test_a_column_at_exactly_the_cap_is_exact(world, monkeypatch):
     assert (done["count"], done["more"]) == (60, False)
 
 
+def test_a_card_reads_neither_the_task_spec_nor_the_assignee_persona(world, django_assert_max_num_queries):
+    Task.objects.create(space=world.space, title="t", creator_name="boss", status="running", spec="x" * 5000,
+                        assignee=world.space.members.get(name="w1"))
+    with django_assert_max_num_queries(2) as ctx:  # the counts, the one non-empty column
+        board = sel.task_board(world.space)
+    assert next(col for col in board if col["status"] == "running")["tasks"][0]["assignee"] == "w1"
+    read = " ".join(q["sql"] for q in ctx.captured_queries)
+    assert '"veronica_task"."spec"' not in read and '"veronica_member"."persona"' not in read
+
+
 def test_the_board_counts_one_space_only(world):
     _tasks(world.other, "done", 4)
     _tasks(world.space, "done", 2)
