@@ -11,7 +11,9 @@ day of ticks costs, and register's cost per space early and late (linear: the sa
 
 big_space_figures(mode): one space with EVENTS events, TASKS tasks, BIG_MEMBERS members and
 MESSAGES_PER_MEMBER messages each (bulk inserts), then each page the console and the API serve:
-its statements at 1% of the size and at full size (fixed: the same), and its p99 over REPS requests.
+its statements at 1% of the size and at full size (fixed: the same), its p50 / p99 over REPS requests,
+its CPU ms (this process: Django's side) and PostgreSQL's own execution time of its statements
+(db_exec_ms: what the database does for the page, apart from a loaded host's scheduling).
 Retention: a month of steady work (a day's worth of rows a day, retention_days=7) purged by the
 engine tick's pass stays flat in rows.
 
@@ -282,12 +284,40 @@ def measure_pages(client, pages: dict, reps: int) -> dict:
         status = getattr(response, "status_code", 200)
         if status != 200:
             raise RuntimeError(f"{name}: HTTP {status}")
-        times = [_statements(once)[1] for _ in range(reps)]
+        times, cpu = [], []
+        for _ in range(reps):
+            started = time.process_time()
+            times.append(_statements(once)[1])
+            cpu.append((time.process_time() - started) * 1000)
         out[name] = {"queries": queries}
         if times:
             out[name]["slowest_query"] = dict(SLOWEST)
-            out[name].update(p50_ms=round(pct(times, 50), 1), p99_ms=round(pct(times, 99), 1))
+            out[name].update(p50_ms=round(pct(times, 50), 1), p99_ms=round(pct(times, 99), 1), cpu_ms_p50=round(pct(cpu, 50), 1),
+                             db_exec_ms=db_exec_ms(once))
     return out
+
+
+def db_exec_ms(request) -> float | None:
+    """PostgreSQL's own execution time (EXPLAIN ANALYZE) summed over one request's SELECTs: the database's
+    work on the page, which a loaded host's scheduling does not inflate the way it does wall time.
+    (None on SQLite.)"""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        return None
+    connection.queries_log.clear()
+    with CaptureQueriesContext(connection) as queries:
+        request()
+    total = 0.0
+    with connection.cursor() as cur:
+        for q in queries.captured_queries:
+            if q["sql"].lstrip().upper().startswith("SELECT"):
+                cur.execute("EXPLAIN (ANALYZE) " + q["sql"])
+                total += float(re.search(r"Execution Time: ([\d.]+)", "\n".join(row[0] for row in cur.fetchall())).group(1))
+    return round(total, 2)
 
 
 def child_big(p: dict) -> dict:

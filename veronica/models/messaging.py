@@ -8,7 +8,8 @@ class Message(models.Model):
     """One delivered mail. A broadcast is one row per recipient. Only retention deletes it (read, and
     older than the space's retention_days; see veronica.engine.retention)."""
 
-    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="messages")
+    # indexed by msg_space_newest_idx (space first), not by a lone space_id index of its own
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="messages", db_index=False)
     sender = models.ForeignKey("veronica.Member", null=True, blank=True, on_delete=models.PROTECT, related_name="sent_messages")
     sender_name = models.CharField(max_length=60, help_text="Member name, 'operator' or 'system'.")
     recipient = models.ForeignKey("veronica.Member", null=True, blank=True, on_delete=models.PROTECT, related_name="inbox")
@@ -31,6 +32,9 @@ class Message(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["recipient", "read_at"], name="msg_unread_idx"),
+                   # the space's chat panel, newest first: without it a small space beside a big one walked the
+                   # whole table backwards by id for its last 30 (1.8 s beside 500,000 messages)
+                   models.Index(fields=["space", "-id"], name="msg_space_newest_idx"),
                    # the tick's sweep and backlog watchdog start from old unread mail, not from members
                    models.Index(fields=["created_at"], condition=models.Q(read_at__isnull=True), name="msg_unread_age_idx"),
                    # a member's chat with the operator (veronica.swarm.chat.thread), newest first: without them a

@@ -6,6 +6,7 @@ and a reload show the same sanitized HTML. Mutations from the pages go through t
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Callable
 
@@ -32,14 +33,15 @@ from veronica.models import AccessRole, PermissionMode, Role, Space
 
 
 def _space_panels(space: Space) -> dict[str, Callable[[], dict]]:
+    roster = functools.cache(lambda: sel.roster(space))  # the roster and the usage panel show the same rows: read once
     return {
-        "roster": lambda: {"members": sel.roster(space)},
+        "roster": lambda: {"members": roster()},
         "tasks": lambda: {"board": sel.task_board(space)},
         "approvals": lambda: {"approvals": _with_args_json(sel.approvals(space)), "questions": sel.questions(space),
                               "approval_rules": views_steer.approval_rules(space)},
         "blackboard": lambda: {"board": sel.blackboard(space)},
         "messages": lambda: {"messages": list(reversed(sel.messages(space, limit=30)["messages"]))},
-        "usage": lambda: {"usage": sel.usage_panel(space), "waggle": _bars(sel.waggle_saved(space))},
+        "usage": lambda: {"usage": sel.usage_panel(space, roster()), "waggle": _bars(sel.waggle_saved(space))},
     }
 
 
@@ -58,8 +60,11 @@ def _bars(days: list[dict] | None, height: int = 40, step: int = 10) -> dict | N
 
 
 def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
-    def member():
-        return supervisor.get_member(space, name)
+    @functools.cache
+    def member():  # read once per request (each panel asked for it again: ten reads of one row, and of its space)
+        found = supervisor.get_member(space, name)
+        found.space = space
+        return found
 
     return {
         "header": lambda: {"member": sel.member_detail(member())},
