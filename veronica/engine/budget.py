@@ -9,7 +9,7 @@ from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
 from veronica.swarm import audit, bus, events
-from veronica.plumbing.errors import Conflict, VeronicaError
+from veronica.plumbing.errors import Conflict, VeronicaError, check_int
 from veronica.models import Member, Role, Space, UsageDay
 
 
@@ -184,8 +184,6 @@ def reopen_allowed(space: Space, *, actor: str, why: str) -> list[str]:
 @audit.verb("member.budget_set", watch="member")
 def set_member_budget(member: Member, value: object, *, actor: str) -> Member:
     """The member's override (None: the space default; < 0: unlimited). A raise reopens its day."""
-    from veronica.engine.supervisor import check_int
-
     if value is not None:
         check_int(value, "budget_override")
     with transaction.atomic():
@@ -201,8 +199,6 @@ SPACE_LIMITS = ("member_daily_tokens", "daily_token_ceiling", "daily_usd_ceiling
 
 
 def _limit(field: str, value: object):
-    from veronica.engine.supervisor import check_int
-
     if field != "daily_usd_ceiling":
         return check_int(value, field, minimum=0)
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):

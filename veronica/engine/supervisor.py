@@ -11,7 +11,7 @@ from veronica.swarm import audit, bus, events
 from veronica.engine.cron import next_fire, validate_cron
 from veronica.engine.timers import arm_cron
 from veronica.engine.wakes import wake_on_commit
-from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
+from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, check_int, column_limit, require_text, text_problem
 from veronica.models import (
     Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus, Session, Skill, Space,
 )
@@ -24,7 +24,6 @@ MAX_PERSONA = 50000
 MAX_WHEN_TO_USE = 2000
 MAX_DOMAIN = 64  # learning's domain names
 MAX_DOMAINS = 20
-INT_RANGE = (-2**31, 2**31 - 1)  # an IntegerField on PostgreSQL
 MAX_ITERATIONS = 200  # the manifest's limit too
 
 
@@ -160,14 +159,6 @@ def check_domains(rule_domains: object) -> list[str]:
     from veronica.swarm.learning_bridge import clean_rule_domains  # names resolve in the member's own space only
 
     return clean_rule_domains([d for d in domains if d])
-
-
-def check_int(value: object, field: str, *, minimum: int = INT_RANGE[0], maximum: int = INT_RANGE[1]) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise VeronicaError(f"{field} must be an integer", field=field)
-    if not minimum <= value <= maximum:
-        raise VeronicaError(f"{field} is {value}; it must be from {minimum} to {maximum}", field=field)
-    return value
 
 
 def check_tools(role: str, tools: object, deferred_tools: object) -> tuple[list[str] | None, list[str]]:
