@@ -5,9 +5,9 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from veronica.swarm import blackboard, bus, ledger, skills
+from veronica.swarm import blackboard, bus, ledger, meter, skills
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str
-from veronica.engine import alarms, budget, supervisor
+from veronica.engine import alarms, supervisor
 from veronica.plumbing.errors import require_text
 from veronica.models import Member, Role, Space, Task, TaskStatus
 from veronica.swarm.session_usage import with_session_usage
@@ -31,10 +31,10 @@ def list_members(ctx: ToolContext, args: dict) -> str:
     lines = []
     members = with_session_usage(Member.objects.filter(space=ctx.space, removed_at__isnull=True).select_related("current_task"))
     for m in members.order_by("role", "name"):
-        cap = budget.effective_budget(m)
+        cap = meter.effective_budget(m)
         sched = f" schedule '{m.schedule}' ({m.schedule_origin}{', set ' + m.schedule_set_at.date().isoformat() if m.schedule_set_at else ''})" if m.schedule else ""
         task = f" on task #{m.current_task.pk} ({m.current_task.title[:60]})" if m.current_task else ""
-        lines.append(f"- {m.name} ({m.role}, {m.membership}, {m.display_phase}){task} today {budget.tokens_today(m)}/{cap or '∞'} tokens, "
+        lines.append(f"- {m.name} ({m.role}, {m.membership}, {m.display_phase}){task} today {meter.tokens_today(m)}/{cap or '∞'} tokens, "
                      f"session {m.session_tokens} (last turn input {m.last_turn_input}){sched}"
                      + (f" — {m.when_to_use}" if m.when_to_use else ""))
     return "\n".join(lines)
