@@ -1,4 +1,4 @@
-"""Swarm tools: thin wrappers over the verbs (bus, ledger, blackboard, supervisor, skills)."""
+"""Swarm tools: thin wrappers over the verbs (bus, ledger, blackboard, skills, the roster, alarms, the meter)."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from veronica.swarm import blackboard, bus, ledger, meter, skills
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str
-from veronica.engine import alarms, supervisor
+from veronica.engine import alarms, roster
 from veronica.plumbing.errors import require_text
 from veronica.models import Member, Role, Space, Task, TaskStatus
 from veronica.swarm.session_usage import with_session_usage
@@ -146,13 +146,13 @@ def blackboard_write(ctx: ToolContext, args: dict) -> str:
 
 def schedule_set(ctx: ToolContext, args: dict) -> str:
     target = _member_arg(ctx, args, "member", required=False) or ctx.member
-    member = supervisor.set_schedule(target, arg_str(args, "cron", max_len=120), actor=ctx.member.name)
+    member = roster.set_schedule(target, arg_str(args, "cron", max_len=120), actor=ctx.member.name)
     return f"{member.name} now wakes on '{member.schedule}' (next {member.schedule_next_at:%Y-%m-%d %H:%M} UTC)"
 
 
 def schedule_clear(ctx: ToolContext, args: dict) -> str:
     target = _member_arg(ctx, args, "member", required=False) or ctx.member
-    supervisor.clear_schedule(target, actor=ctx.member.name)
+    roster.clear_schedule(target, actor=ctx.member.name)
     return f"{target.name} has no schedule now"
 
 
@@ -173,13 +173,13 @@ def skill_publish(ctx: ToolContext, args: dict) -> str:
 
 def member_spawn(ctx: ToolContext, args: dict) -> str:
     base = _member_arg(ctx, args, "base")
-    clone = supervisor.spawn(base, retire_policy=arg_str(args, "retire", required=False, default="on_complete"), actor=ctx.member.name)
+    clone = roster.spawn(base, retire_policy=arg_str(args, "retire", required=False, default="on_complete"), actor=ctx.member.name)
     return f"spawned {clone.name} (clone of {base.name}, retire {clone.retire_policy})"
 
 
 def member_retire(ctx: ToolContext, args: dict) -> str:
     member = _member_arg(ctx, args, "member")
-    supervisor.retire(member, actor=ctx.member.name)
+    roster.retire(member, actor=ctx.member.name)
     return f"retired {member.name}"
 
 
