@@ -1,5 +1,8 @@
-"""Supervisor verbs: one function per operator / leader control. Admin, console, API, tools and
-tests all call these; each validates, writes with a conditional update and emits its event."""
+"""Supervisor verbs: one function per operator / leader control. Admin, console, API and tests all call
+these; each validates, writes with a conditional update and emits its event. The ones the leader's tools
+call too (spawn, retire, remove_member, set_schedule, clear_schedule) live in veronica.engine.roster and
+are re-exported here: this module checks tool sets against the agent's tool table, so the tools must not
+import it."""
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
@@ -154,7 +157,7 @@ def check_domains(rule_domains: object) -> list[str]:
 
 def check_tools(role: str, tools: object, deferred_tools: object) -> tuple[list[str] | None, list[str]]:
     """The tool set's names (None: every tool of the role); unknown or leader-only names are refused."""
-    from veronica.agent.tools import check_tool_set  # the tools import this module
+    from veronica.agent.tools import check_tool_set  # engine → agent; the tools call roster, never this module
 
     return check_tool_set(role, tools, deferred_tools)
 
