@@ -1,12 +1,14 @@
 """Set-up the bench scripts share: Django in a child process, a throwaway database and Redis
-namespace per run (unique names, dropped afterwards), percentiles."""
+namespace per run (unique names, dropped afterwards), percentiles, and a qcluster process group."""
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,3 +68,37 @@ def isolated_env(mode: str, tag: str):
             psql(f"DROP DATABASE IF EXISTS {unique} WITH (FORCE)")
             drop_redis_prefix(REDIS, [f"q-{unique}", f"ch-{unique}"])
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+class QCluster:
+    """One `manage.py qcluster` in its own session, standing for one worker host: stop() lets it finish
+    (SIGTERM, then SIGKILL to the whole group after `grace` seconds), kill() is a host dying at once."""
+
+    def __init__(self, env: dict, log: Path, *, wait_running: bool = False, grace: float = 20) -> None:
+        self.log, self.grace = log, grace
+        handle = open(log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True, env=env,
+                                     stdout=handle, stderr=subprocess.STDOUT)
+        handle.close()
+        if wait_running:  # until django-q2 logs its cluster up, or two minutes
+            deadline = time.monotonic() + 120
+            while b"] running." not in log.read_bytes():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the cluster did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=self.grace)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import REPO, isolated_env  # noqa: E402
+from bench._setup import REPO, QCluster, isolated_env  # noqa: E402
 
 GOALS = {"completion_ratio_to_ideal": "<= 1.2", "worker_rss_mb": "<= 2048", "pg_connections_max": "<= 50", "lost": "= 0",
          "overlaps": "= 0", "rss_growth_pct": "<= 10"}
@@ -75,31 +74,9 @@ def rss_mb(pgid: int) -> float:
     return sum(int(status_of(pid).get("VmRSS", "0 kB").split()[0]) for pid in group_pids(pgid)) / 1024
 
 
-class Cluster:
-    def __init__(self, env: dict, log: Path) -> None:
-        self.log = log
-        handle = open(log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True, env=env,
-                                     stdout=handle, stderr=subprocess.STDOUT)
-        handle.close()
-        deadline = time.monotonic() + 120
-        while b"] running." not in log.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the cluster did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
+def start_cluster(env: dict, log: Path) -> QCluster:
+    """A host of the fleet: up and running before the mail goes out."""
+    return QCluster(env, log, wait_running=True, grace=20)
 
 
 class Mock:
@@ -125,7 +102,7 @@ class Mock:
 class Sampler(threading.Thread):
     """Every half second: the cluster's RSS and (hosted) the bench database's connections."""
 
-    def __init__(self, clusters: list[Cluster], hosted: bool) -> None:
+    def __init__(self, clusters: list[QCluster], hosted: bool) -> None:
         super().__init__(daemon=True)
         self.clusters, self.hosted = clusters, hosted
         self.rss_max = self.pg_max = 0.0
@@ -246,7 +223,7 @@ def fleet_run(args, kill: bool) -> dict:
     hosts = 2 if kill else 1
     per_host = max(1, args.workers // hosts)
     env = cluster_env(args, mock, per_host, args.runs_per_worker)
-    clusters = [Cluster(env, data / f"cluster-{'kill' if kill else 'run'}-{n}.log") for n in range(hosts)]
+    clusters = [start_cluster(env, data / f"cluster-{'kill' if kill else 'run'}-{n}.log") for n in range(hosts)]
     mail_all(warm)  # every worker has imported, connected and run once before t0
     deadline = time.time() + 300
     while not drained(warm) and time.time() < deadline:
@@ -259,10 +236,9 @@ def fleet_run(args, kill: bool) -> dict:
         ideal = args.steps * args.latency
         if kill:
             time.sleep(ideal / 2)
-            os.killpg(clusters[0].proc.pid, signal.SIGKILL)
-            clusters[0].proc.wait(timeout=10)
+            clusters[0].kill()  # the host dies at once: SIGKILL to its whole group
             killed = per_host
-            clusters[0] = Cluster(env, data / "cluster-kill-restarted.log")
+            clusters[0] = start_cluster(env, data / "cluster-kill-restarted.log")
         deadline = time.time() + max(120.0, ideal * 10 + args.lease * 3)
         while time.time() < deadline and not drained(members):
             time.sleep(0.5)
@@ -292,7 +268,7 @@ def memory_run(args) -> dict:
     mock = Mock(0.0, args.steps)
     log = Path(os.environ["VERONICA_DATA_DIR"]) / "cluster-memory.log"
     # q2 recycles a worker after 500 tasks by default: a fresh process would hide any growth
-    cluster = Cluster({**cluster_env(args, mock, 1, args.runs_per_worker), "VERONICA_Q_RECYCLE": str(10**9)}, log)
+    cluster = start_cluster({**cluster_env(args, mock, 1, args.runs_per_worker), "VERONICA_Q_RECYCLE": str(10**9)}, log)
     early = None
     started = time.monotonic()
     try:

@@ -37,7 +37,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,9 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._setup import REPO, QCluster  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -56,30 +57,9 @@ def pct(values: list[float], p: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-class Group:
+def start_group(env: dict, workers: int, log_dir: Path, n: int) -> QCluster:
     """One qcluster process group, standing for one worker host."""
-
-    def __init__(self, env: dict, workers: int, log_dir: Path, n: int) -> None:
-        log = open(log_dir / f"group-{n}.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True,
-                                     env={**env, "VERONICA_Q_WORKERS": str(workers)}, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
+    return QCluster({**env, "VERONICA_Q_WORKERS": str(workers)}, log_dir / f"group-{n}.log", grace=15)
 
 
 def create(space, member, n: int) -> None:
@@ -133,7 +113,7 @@ def child(args) -> dict:
     serial = iter(range(10**6))
     if args.skew:  # the hosts' clocks are wrong, not the measurer's
         env = {**env, "PYTHONPATH": str(REPO / "tests" / "skewed_clock"), "VERONICA_TEST_CLOCK_SKEW": str(args.skew)}
-    groups = [Group(env, args.workers, log_dir, next(serial)) for _ in range(args.groups)]
+    groups = [start_group(env, args.workers, log_dir, next(serial)) for _ in range(args.groups)]
     time.sleep(3)
     rng = random.Random(7)
     kills: list = []
@@ -163,7 +143,7 @@ def child(args) -> dict:
             groups[victim].kill()
             kills.append(timezone.now())
             pending = (now, kills[-1], before)
-            groups[victim] = Group(env, args.workers, log_dir, next(serial))
+            groups[victim] = start_group(env, args.workers, log_dir, next(serial))
             next_kill = now + args.kill_every
         member = members[sent % len(members)]
         create(space, member, sent)

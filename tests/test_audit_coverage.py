@@ -54,7 +54,7 @@ NO_DOOR_OF_THEIR_OWN = {
     "veronica.engine.failures.unpark": "inside resume",
     "veronica.swarm.mcp_servers.replace_from_manifest": "inside register_space",
     "veronica.portable.archive.create_from_folder": "inside create_from_template / create_from_archive",
-    "veronica.engine.supervisor.retire": "the leader's tool and the tick only",
+    "veronica.engine.roster.retire": "the leader's tool and the tick only",
     "veronica.swarm.ledger.complete": "the agents' tool only",
     "veronica.swarm.memory.append_note": "learning's distill pass only",
     "veronica.swarm.a2a_settings.apply_manifest": "inside register_space",

@@ -33,6 +33,22 @@ def test_env_url_rejects_wrong_scheme(monkeypatch):
         env.env_url("DATABASE_URL", ("postgres",))
 
 
+def test_learnings_host_hooks_resolve(monkeypatch):
+    """settings point learning at the host by dotted path (learning never imports veronica): each path
+    imports, and the passes' model factory (veronica.agent.learning_model) gives the offline heuristic
+    when no model is named."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    for name in ("LEARNING_SOURCE", "LEARNING_COMPLETE", "LEARNING_AUTO_APPROVE"):
+        assert callable(import_string(getattr(settings, name))), name
+    monkeypatch.delenv("VERONICA_LEARNING_MODEL", raising=False)
+    from learning.offline import complete
+    from learning.sources import get_complete
+
+    assert get_complete() is complete
+
+
 def _manage(args, **extra):
     environ = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     environ.update(extra)

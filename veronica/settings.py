@@ -385,7 +385,7 @@ WAGGLE = {"sweep_async": env_bool("VERONICA_WAGGLE_SWEEP_ASYNC", True)}
 
 # learning: the host side is configured here so `learning` never imports `veronica`.
 LEARNING_SOURCE = "veronica.swarm.learning_bridge.VeronicaSource"
-LEARNING_COMPLETE = "veronica.swarm.learning_bridge.make_complete"
+LEARNING_COMPLETE = "veronica.agent.learning_model.make_complete"
 LEARNING_AUTO_APPROVE = "veronica.swarm.learning_bridge.auto_approve"
 
 LOGGING = {

@@ -92,3 +92,31 @@ def test_swarm_tools_give_readable_errors(ctx):
     assert "no task #99" in run_tool(tools["task_done"], ctx, {"task_id": 99})
     assert "cap is" in run_tool(tools["blackboard_write"], ctx, {"content": "x" * 10000})
     assert run_tool(tools["send_message"], ctx, {"to": "boss", "body": "hi"}) == "sent to boss"
+
+
+@pytest.mark.django_db
+def test_waggle_run_replays_through_the_runs_own_tool_table(ctx):
+    """waggle_run replays a route through the table the run listed at its boundary (ToolContext.tools), not a
+    table of its own: the stand-ins below are the only list_dir and grep it can reach. Without a run's table
+    it says so instead of listing the member's tools again."""
+    from veronica.agent.tools.base import Tool
+    from waggle.models import Waggle
+    from waggle.route import Route, Step, render_script
+
+    route = Route(steps=(Step("list_dir", binds=(("path", "path"),)), Step("grep", literals=(("pattern", "TODO"),),
+                                                                            binds=(("path", "path"),))), params=("path",))
+    route = Route(steps=route.steps, params=route.params, name=route.stable_name(), scope="space")
+    Waggle.objects.create(name=route.name, scope="space", space_key=str(ctx.space.pk), route=route.to_json(),
+                          script=render_script(route), length=2)
+    seen = []
+    table = {name: Tool(name, "a stand-in", lambda c, args, name=name: seen.append((name, args)) or f"{name} ran")
+             for name in ("list_dir", "grep")}
+    waggle_run = tools_for("worker")["waggle_run"]
+    args = {"name": route.name, "params": {"path": "src"}}
+    ctx.tools = table
+    out = waggle_run.fn(ctx, args)
+    assert seen == [("list_dir", {"path": "src"}), ("grep", {"pattern": "TODO", "path": "src"})]
+    assert "list_dir ran" in out and "grep ran" in out
+    ctx.tools = None
+    with pytest.raises(ToolError, match="no run"):
+        waggle_run.fn(ctx, args)

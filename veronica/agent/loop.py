@@ -76,7 +76,7 @@ def run_member(member: Member, ctx: RunContext) -> str:
         session = transcript.open_session(member)
     tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
     log_ = transcript.Log(session)  # the transcript, in memory for the whole run
-    tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_)
+    tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_, tools=tools)
     with waggle_bridge.pinned(member, tctx):  # the run holds the slot: waggle may trust its view of the session
         return run_steps(member, ctx, tools, tctx)
 

@@ -13,7 +13,7 @@ from django.db.models import Case, F, Q, When
 from veronica.agent.providers.base import Reply, Usage
 from veronica.agent.providers.pricing import usd_for
 from veronica.agent.runctx import LeaseLost, RunContext
-from veronica.engine import budget
+from veronica.swarm import meter
 
 log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4
@@ -55,9 +55,9 @@ def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "
             take = getattr(ctx, "take_metered", None)
             row = take() if take is not None else None
             if row is not None:  # the fence statement metered this call
-                used, tripped = budget.metered(row)
+                used, tripped = meter.metered(row)
             else:
-                used, tripped = budget.meter_returning(member, input_tokens=usage.input, output_tokens=usage.output,
+                used, tripped = meter.meter_returning(member, input_tokens=usage.input, output_tokens=usage.output,
                                                        cache_read=usage.cache_read, cache_write=usage.cache_write,
                                                        usd=usd, estimated_calls=int(usage.estimated))
             count_call = getattr(ctx, "count_call", None)
@@ -69,7 +69,7 @@ def record(ctx: RunContext, model: str, usage: Usage | None, *, purpose: str = "
                         output=usage.output, cached=usage.cache_read, cache_write=usage.cache_write, usd=str(usd),
                         estimated=usage.estimated,
                         **({"purpose": purpose} if purpose else {}))
-            return tripped or bool(budget.check_breaker(member, used))
+            return tripped or bool(meter.check_breaker(member, used))
     except LeaseLost as lost:  # raised by the fence before it wrote anything: meter once, outside it
         if not getattr(lost, "metered", False):
             record_stale(ctx, usage, usd)
@@ -84,7 +84,7 @@ def _carry(ctx: RunContext, member, usage: Usage, usd) -> bool:
     carry = getattr(ctx, "meter_in_fence", None)
     if carry is None:
         return False
-    return carry(budget.meter_statement(member, input_tokens=usage.input, output_tokens=usage.output,
+    return carry(meter.meter_statement(member, input_tokens=usage.input, output_tokens=usage.output,
                                         cache_read=usage.cache_read, cache_write=usage.cache_write, usd=usd,
                                         estimated_calls=int(usage.estimated)))
 
@@ -118,7 +118,7 @@ def record_stale(ctx: RunContext, usage: Usage, usd) -> None:
     if hasattr(ctx, "model_calls"):
         ctx.model_calls = ctx.tokens = 0
     with transaction.atomic():
-        budget.meter(ctx.member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
+        meter.meter(ctx.member, input_tokens=usage.input, output_tokens=usage.output, cache_read=usage.cache_read,
                      cache_write=usage.cache_write, usd=usd, estimated_calls=int(usage.estimated))
         # If the watchdog already recounted the run from its events (leases._recount), the kept
         # counters are in the row: add this call alone, or they would count twice.

@@ -137,7 +137,6 @@ def _waggle_list(tctx: ToolContext, args: dict) -> str:
 
 
 def _waggle_run(tctx: ToolContext, args: dict) -> str:
-    from veronica.agent.tools import tools_for
     from waggle import service
 
     params = args.get("params") or {}
@@ -148,8 +147,10 @@ def _waggle_run(tctx: ToolContext, args: dict) -> str:
         check_tree({"name": name, "params": params}, what="the arguments")
     except VeronicaError as exc:
         raise ToolError(f"argument '{exc.field}': {exc.message}") from None
+    tools = tctx.tools  # the run's own table (listed at its boundary): MCP read-only tools replay too
+    if tools is None:
+        raise ToolError("waggle_run replays a route through a run's tools; this call has no run")
     try:
-        tools = tools_for(tctx.member)  # MCP read-only tools replay too
         return service.run_waggle(str(tctx.space.pk), name, params, make_exec(tctx, tools),
                                   reaches_out=reaches_out(tools))
     except ToolError:

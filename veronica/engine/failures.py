@@ -15,12 +15,13 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Concat, Now
 
 from veronica.swarm import audit, bus, events
+from veronica.swarm.meter import tripped_today
 from veronica.engine.wakes import enqueue_wake
-from veronica.models import Member, Membership, RunStatus, UsageDay
+from veronica.models import Member, Membership, RunStatus
 from veronica.plumbing.secret_store import mask
 
 # The config a member was parked under; a change to either field un-parks it.
@@ -103,10 +104,8 @@ def due_retries() -> list[int]:
     The retry time moves on by ring_again_seconds() (it is not cleared) when we ring, so a lost wake
     is rung again and a delivered one is settled by the run's own finish (cleared on success, backed
     off on failure). A member whose budget tripped is not rung (its wake would refuse to run)."""
-    from veronica.engine.budget import today
-
     idle = Member.objects.filter(run_status=RunStatus.IDLE, membership=Membership.ACTIVE, removed_at__isnull=True, lease_token="")
-    idle = idle.exclude(Exists(UsageDay.objects.filter(member=OuterRef("pk"), day=today(), tripped=True)))
+    idle = idle.exclude(tripped_today())
     due = idle.filter(Q(retry_at__lte=Now()) | (Q(parked_config__gt="") & ~PARKED))
     woken = []
     for member in due.annotate(config=CONFIG):

@@ -1,30 +1,32 @@
-"""Supervisor verbs: one function per operator / leader control. Admin, console, API, tools and
-tests all call these; each validates, writes with a conditional update and emits its event."""
+"""Supervisor verbs: one function per operator / leader control. Admin, console, API and tests all call
+these; each validates, writes with a conditional update and emits its event. The ones the leader's tools
+call too (spawn, retire, remove_member, set_schedule, clear_schedule) live in veronica.engine.roster and
+are re-exported here: this module checks tool sets against the agent's tool table, so the tools must not
+import it."""
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
-from django.db.models import BooleanField, Case, F, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from veronica.swarm import audit, bus, events
 from veronica.engine.cron import next_fire, validate_cron
 from veronica.engine.timers import arm_cron
+from veronica.engine.roster import (  # noqa: F401 (re-exported: the verbs the leader's tools call live there)
+    HAS_LEASE, _refresh, clear_schedule, is_busy, remove_member, retire, set_schedule, spawn,
+)
 from veronica.engine.wakes import wake_on_commit
-from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
+from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, check_int, column_limit, require_text, text_problem
 from veronica.models import (
-    Member, Membership, Origin, PermissionMode, Phase, RetirePolicy, Role, RunStatus, Session, Skill, Space,
+    Member, Membership, Origin, PermissionMode, Phase, Role, RunStatus, Session, Space,
 )
 
-# True while a run holds the slot: that run must see the cancel at its next step.
-_HAS_LEASE = Case(When(lease_token="", then=Value(False)), default=Value(True), output_field=BooleanField())
 NAME_RE = r"^[A-Za-z][A-Za-z0-9_-]{0,59}$"
 RESERVED_NAMES = {*bus.ENGINE_NAMES, Role.LEADER, Role.WORKER}  # role names address by role
 MAX_PERSONA = 50000
 MAX_WHEN_TO_USE = 2000
 MAX_DOMAIN = 64  # learning's domain names
 MAX_DOMAINS = 20
-INT_RANGE = (-2**31, 2**31 - 1)  # an IntegerField on PostgreSQL
 MAX_ITERATIONS = 200  # the manifest's limit too
 
 
@@ -37,15 +39,6 @@ def get_member(space: Space, name: str) -> Member:
     return member
 
 
-def _refresh(member: Member) -> Member:
-    member.refresh_from_db()
-    return member
-
-
-def is_busy(member: Member) -> bool:
-    return member.run_status == RunStatus.BUSY or bool(member.lease_token)
-
-
 # --- run control ----------------------------------------------------------------------------------
 
 @audit.verb("member.suspend", watch="member")
@@ -53,7 +46,7 @@ def suspend(member: Member, *, actor: str) -> Member:
     """Park the member; a run in flight sees cancel_requested at its next step and stops."""
     with transaction.atomic():
         changed = Member.objects.filter(pk=member.pk, removed_at__isnull=True).exclude(run_status=RunStatus.SUSPENDED).update(
-            run_status=RunStatus.SUSPENDED, cancel_requested=_HAS_LEASE, phase_since=Now())  # its age: since suspended
+            run_status=RunStatus.SUSPENDED, cancel_requested=HAS_LEASE, phase_since=Now())  # its age: since suspended
         if changed:
             events.emit(member.space_id, "member.suspended", member=member, actor=actor)
     return _refresh(member)
@@ -162,17 +155,9 @@ def check_domains(rule_domains: object) -> list[str]:
     return clean_rule_domains([d for d in domains if d])
 
 
-def check_int(value: object, field: str, *, minimum: int = INT_RANGE[0], maximum: int = INT_RANGE[1]) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise VeronicaError(f"{field} must be an integer", field=field)
-    if not minimum <= value <= maximum:
-        raise VeronicaError(f"{field} is {value}; it must be from {minimum} to {maximum}", field=field)
-    return value
-
-
 def check_tools(role: str, tools: object, deferred_tools: object) -> tuple[list[str] | None, list[str]]:
     """The tool set's names (None: every tool of the role); unknown or leader-only names are refused."""
-    from veronica.agent.tools import check_tool_set  # the tools import this module
+    from veronica.agent.tools import check_tool_set  # engine → agent; the tools call roster, never this module
 
     return check_tool_set(role, tools, deferred_tools)
 
@@ -236,57 +221,6 @@ def add_member(space: Space, name: str, *, role: str = Role.WORKER, persona: str
     return member
 
 
-@audit.verb("member.remove", watch="member")
-def remove_member(member: Member, *, actor: str) -> Member:
-    """Retire a worker: no more runs or mail; its messages, tasks, transcript and events stay."""
-    if member.role == Role.LEADER:
-        raise Conflict("the leader cannot be removed", field="member")
-    with transaction.atomic():
-        if not Member.objects.filter(pk=member.pk, removed_at__isnull=True).update(
-                removed_at=timezone.now(), membership=Membership.FROZEN, cancel_requested=_HAS_LEASE, removed_by=actor[:80]):
-            raise NotFound(f"member '{member.name}' is already removed", field="member")
-        events.emit(member.space_id, "member.removed", member=member, actor=actor)
-    return _refresh(member)
-
-
-@audit.verb("member.spawn", created=True)
-def spawn(base: Member, *, retire_policy: str = RetirePolicy.ON_COMPLETE, actor: str, capped: bool = True) -> Member:
-    """Clone a worker into a live ephemeral member; schedules never clone. The space's cap gates the
-    agent-driven path (the leader's tool) only: an operator's spawn is uncapped (`capped=False`)."""
-    if retire_policy not in (RetirePolicy.ON_COMPLETE, RetirePolicy.MANUAL):
-        raise VeronicaError("retire must be 'on_complete' or 'manual'", field="retire")
-    if base.role != Role.WORKER or base.spawned_from_id:
-        raise VeronicaError(f"only manifest workers can be cloned; '{base.name}' is not one", field="base")
-    space = base.space
-    with transaction.atomic():
-        Space.objects.select_for_update().filter(pk=space.pk).first()  # serialize spawns per space (PG)
-        live = Member.objects.filter(space=space, spawned_from__isnull=False, removed_at__isnull=True).count()
-        if capped and live >= space.spawn_cap:
-            raise Conflict(f"spawn cap reached: {live} live clones, the space allows {space.spawn_cap}", field="base")
-        Member.objects.filter(pk=base.pk).update(clone_seq=F("clone_seq") + 1)
-        seq = Member.objects.filter(pk=base.pk).values_list("clone_seq", flat=True).get()
-        clone = Member.objects.create(
-            space=space, name=f"{base.name}-{seq}", role=Role.WORKER, persona=base.persona, when_to_use=base.when_to_use,
-            model=base.model, permission_mode=base.permission_mode, rule_domains=base.rule_domains,
-            budget_override=base.budget_override, tools=base.tools, deferred_tools=base.deferred_tools, spawned_from=base,
-            retire_policy=retire_policy, phase_since=timezone.now(), origin=Origin.RUNTIME)
-        for skill in Skill.objects.filter(member=base):
-            Skill.objects.create(space=space, member=clone, name=skill.name, description=skill.description, body=skill.body)
-        events.emit(space.pk, "member.spawned", member=clone, base=base.name, retire=retire_policy, actor=actor)
-    return clone
-
-
-@audit.verb("member.retire", watch="member")
-def retire(member: Member, *, actor: str) -> Member:
-    if not member.spawned_from_id:
-        raise VeronicaError(f"'{member.name}' is a manifest member; only spawned clones can be retired", field="member")
-    if is_busy(_refresh(member)):
-        raise Conflict(f"'{member.name}' is mid-run; retire it once it is idle", field="member")
-    removed = remove_member(member, actor=actor)
-    events.emit(member.space_id, "member.retired", member=member, actor=actor)
-    return removed
-
-
 # --- session / schedule / mode / skills --------------------------------------------------------------
 
 @audit.verb("member.clear_session")
@@ -324,29 +258,6 @@ def compact(member: Member, kind: str, *, actor: str) -> dict:
         raise
     slot.finish(lease, RunOutcome.DONE, settle=False)
     return result
-
-
-@audit.verb("member.schedule_set", watch="member")
-def set_schedule(member: Member, cron: str, *, actor: str) -> Member:
-    cron = validate_cron(cron)
-    with transaction.atomic():
-        next_at = next_fire(cron)
-        Member.objects.filter(pk=member.pk).update(schedule=cron, schedule_origin=Origin.RUNTIME, schedule_set_at=timezone.now(),
-                                                   schedule_tombstone=False, schedule_next_at=next_at)
-        arm_cron(member.pk, next_at)
-        events.emit(member.space_id, "member.schedule_set", member=member, schedule=cron, actor=actor)
-    return _refresh(member)
-
-
-@audit.verb("member.schedule_clear", watch="member")
-def clear_schedule(member: Member, *, actor: str) -> Member:
-    """Writes a tombstone: the clear survives restarts and beats the manifest until a fresh register."""
-    with transaction.atomic():
-        Member.objects.filter(pk=member.pk).update(schedule="", schedule_origin=Origin.RUNTIME, schedule_set_at=timezone.now(),
-                                                   schedule_tombstone=True, schedule_next_at=None)
-        arm_cron(member.pk, None)
-        events.emit(member.space_id, "member.schedule_cleared", member=member, actor=actor)
-    return _refresh(member)
 
 
 @audit.verb("member.permission_mode", watch="member")

@@ -44,16 +44,18 @@ def _wakes(ids: list[int], slugs: dict[int, str]) -> Family:
 
 
 def _runs(ids: list[int], slugs: dict[int, str]) -> Family:
-    fam = Family("veronica_runs_total", "counter", "Runs by outcome (running = in flight).")
-    for row in _counts(Run.objects.filter(member__space_id__in=ids), "member__space_id", "outcome"):
-        fam.add(row["n"], space=slugs[row["member__space_id"]], outcome=row["outcome"])
-    return fam
+    return _outcomes(Family("veronica_runs_total", "counter", "Runs by outcome (running = in flight)."),
+                     Run.objects.filter(member__space_id__in=ids), slugs)
 
 
 def _aborts(ids: list[int], slugs: dict[int, str]) -> Family:
-    fam = Family("veronica_run_aborts_total", "counter", "Runs that did not finish normally, by outcome.")
-    qs = Run.objects.filter(member__space_id__in=ids, outcome__in=ABORT_OUTCOMES)
-    for row in _counts(qs, "member__space_id", "outcome"):
+    return _outcomes(Family("veronica_run_aborts_total", "counter", "Runs that did not finish normally, by outcome."),
+                     Run.objects.filter(member__space_id__in=ids, outcome__in=ABORT_OUTCOMES), slugs)
+
+
+def _outcomes(fam: Family, runs: QuerySet, slugs: dict[int, str]) -> Family:
+    """Runs counted by space and outcome: one grouped query."""
+    for row in _counts(runs, "member__space_id", "outcome"):
         fam.add(row["n"], space=slugs[row["member__space_id"]], outcome=row["outcome"])
     return fam
 

@@ -113,6 +113,18 @@ def require_text(value: object, field: str, *, max_len: int, allow_empty: bool =
     return value if allow_empty else text
 
 
+INT_RANGE = (-2**31, 2**31 - 1)  # an IntegerField on PostgreSQL
+
+
+def check_int(value: object, field: str, *, minimum: int = INT_RANGE[0], maximum: int = INT_RANGE[1]) -> int:
+    """The one validator for whole numbers: an int (never a bool) within the limits the error names."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise VeronicaError(f"{field} must be an integer", field=field)
+    if not minimum <= value <= maximum:
+        raise VeronicaError(f"{field} is {value}; it must be from {minimum} to {maximum}", field=field)
+    return value
+
+
 def column_limit(model: type, name: str) -> int:
     """A CharField's max_length, so a verb's limit is the column's and cannot drift from it."""
     return model._meta.get_field(name).max_length

@@ -19,9 +19,12 @@ POLL_EVERY = timedelta(seconds=2)
 MAX_PER_TICK = 20  # each poll is one short request; the rest wait for the next tick
 
 
-def _finish(call: A2ACall, state: str, text: str) -> None:
-    from veronica.agent.tools.a2a import ended_text
+def ended_text(state: str, text: str) -> str:
+    """What the a2a__ tool call reads when the remote task ends: its answer, or how it ended."""
+    return text if state == "completed" else f"the remote task ended {state}: {text}"
 
+
+def _finish(call: A2ACall, state: str, text: str) -> None:
     with transaction.atomic():
         done = A2ACall.objects.filter(pk=call.pk, finished_at__isnull=True).update(
             finished_at=clock.now(), state=state[:20], result=storable(ended_text(state, text))[:20000])

@@ -1,13 +1,13 @@
 """The host side of the learning app: what it may mine (finished transcripts, approval denials
-with a reason), where distilled notes go (member memory files), and which model its passes use.
-learning never imports veronica; settings point it here (LEARNING_SOURCE / LEARNING_COMPLETE).
+with a reason) and where distilled notes go (member memory files). learning never imports veronica;
+settings point it here (LEARNING_SOURCE, LEARNING_AUTO_APPROVE; the passes' model, LEARNING_COMPLETE, is
+veronica.agent.learning_model: it builds a provider, and the swarm verbs sit below the agent runtime).
 
 Tenancy: every space is one learning owner, "space:<id>". A member's `rule_domains` names are
 resolved in its own space's namespace (plus global:<name> for a global domain staff made), so the
 same name in two spaces is two domains, and no name reaches another space's rules."""
 from __future__ import annotations
 
-import os
 import re
 from typing import Iterable
 
@@ -124,22 +124,6 @@ class VeronicaSource:
     def routed_domains(self) -> set[tuple[str, str]]:
         rows = Member.objects.filter(removed_at__isnull=True).values_list("space_id", "rule_domains")
         return {(owner_key(space_id), d) for space_id, domains in rows for d in domains or ()}
-
-
-def make_complete():
-    """VERONICA_LEARNING_MODEL picks the passes' model (default: the offline heuristic)."""
-    spec = os.environ.get("VERONICA_LEARNING_MODEL", "offline")
-    if spec == "offline":
-        from learning.offline import complete
-
-        return complete
-    from veronica.agent.providers import get_provider
-
-    provider = get_provider(spec)
-
-    def complete(system: str, prompt: str) -> str:
-        return provider.complete(system, [{"role": "user", "content": prompt}], [], should_stop=lambda: False).text
-    return complete
 
 
 def auto_approve(domain) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from veronica.agent.tools.base import S, Tool, ToolContext, ToolError, arg_str
 from veronica.agent.tools.swarm import WaitForOperator
+from veronica.swarm.a2a_calls import ended_text
 
 if TYPE_CHECKING:
     from veronica.models import A2ARemote, Member
@@ -27,10 +28,6 @@ class A2ATool(Tool):
 
 class WaitForRemote(WaitForOperator):
     """The remote task outlived the inline wait: the run parks until the tick sees it end."""
-
-
-def ended_text(state: str, text: str) -> str:
-    return text if state == "completed" else f"the remote task ended {state}: {text}"
 
 
 def _park(ctx: ToolContext, args: dict, remote, outcome, started: float) -> None:

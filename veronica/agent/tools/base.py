@@ -22,6 +22,8 @@ class ToolContext:
     session: "Session | None" = None
     run: "Run | None" = None
     log: object = None  # the run's in-memory transcript (veronica.agent.transcript.Log), when a run owns it
+    tools: "dict[str, Tool] | None" = None  # the run's tool table (tools_for at the run boundary), when a run owns it:
+                                            # waggle_run replays a route through it
 
 
 @dataclass

@@ -1,13 +1,13 @@
-"""Swarm tools: thin wrappers over the verbs (bus, ledger, blackboard, supervisor, skills)."""
+"""Swarm tools: thin wrappers over the verbs (bus, ledger, blackboard, skills, the roster, alarms, the meter)."""
 from __future__ import annotations
 
 from datetime import timedelta
 
 from django.utils import timezone
 
-from veronica.swarm import blackboard, bus, ledger, skills
+from veronica.swarm import blackboard, bus, ledger, meter, skills
 from veronica.agent.tools.base import I, S, Tool, ToolContext, ToolError, arg_int, arg_str
-from veronica.engine import alarms, budget, supervisor
+from veronica.engine import alarms, roster
 from veronica.plumbing.errors import require_text
 from veronica.models import Member, Role, Space, Task, TaskStatus
 from veronica.swarm.session_usage import with_session_usage
@@ -31,10 +31,10 @@ def list_members(ctx: ToolContext, args: dict) -> str:
     lines = []
     members = with_session_usage(Member.objects.filter(space=ctx.space, removed_at__isnull=True).select_related("current_task"))
     for m in members.order_by("role", "name"):
-        cap = budget.effective_budget(m)
+        cap = meter.effective_budget(m)
         sched = f" schedule '{m.schedule}' ({m.schedule_origin}{', set ' + m.schedule_set_at.date().isoformat() if m.schedule_set_at else ''})" if m.schedule else ""
         task = f" on task #{m.current_task.pk} ({m.current_task.title[:60]})" if m.current_task else ""
-        lines.append(f"- {m.name} ({m.role}, {m.membership}, {m.display_phase}){task} today {budget.tokens_today(m)}/{cap or '∞'} tokens, "
+        lines.append(f"- {m.name} ({m.role}, {m.membership}, {m.display_phase}){task} today {meter.tokens_today(m)}/{cap or '∞'} tokens, "
                      f"session {m.session_tokens} (last turn input {m.last_turn_input}){sched}"
                      + (f" — {m.when_to_use}" if m.when_to_use else ""))
     return "\n".join(lines)
@@ -146,13 +146,13 @@ def blackboard_write(ctx: ToolContext, args: dict) -> str:
 
 def schedule_set(ctx: ToolContext, args: dict) -> str:
     target = _member_arg(ctx, args, "member", required=False) or ctx.member
-    member = supervisor.set_schedule(target, arg_str(args, "cron", max_len=120), actor=ctx.member.name)
+    member = roster.set_schedule(target, arg_str(args, "cron", max_len=120), actor=ctx.member.name)
     return f"{member.name} now wakes on '{member.schedule}' (next {member.schedule_next_at:%Y-%m-%d %H:%M} UTC)"
 
 
 def schedule_clear(ctx: ToolContext, args: dict) -> str:
     target = _member_arg(ctx, args, "member", required=False) or ctx.member
-    supervisor.clear_schedule(target, actor=ctx.member.name)
+    roster.clear_schedule(target, actor=ctx.member.name)
     return f"{target.name} has no schedule now"
 
 
@@ -173,13 +173,13 @@ def skill_publish(ctx: ToolContext, args: dict) -> str:
 
 def member_spawn(ctx: ToolContext, args: dict) -> str:
     base = _member_arg(ctx, args, "base")
-    clone = supervisor.spawn(base, retire_policy=arg_str(args, "retire", required=False, default="on_complete"), actor=ctx.member.name)
+    clone = roster.spawn(base, retire_policy=arg_str(args, "retire", required=False, default="on_complete"), actor=ctx.member.name)
     return f"spawned {clone.name} (clone of {base.name}, retire {clone.retire_policy})"
 
 
 def member_retire(ctx: ToolContext, args: dict) -> str:
     member = _member_arg(ctx, args, "member")
-    supervisor.retire(member, actor=ctx.member.name)
+    roster.retire(member, actor=ctx.member.name)
     return f"retired {member.name}"
 
 

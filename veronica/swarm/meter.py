@@ -1,0 +1,161 @@
+"""A member's day of usage (UTC days): the meter every model call writes, the budget it is held to and
+the breaker that trips when the day is spent. Below both the agent's metering (veronica.agent.metering)
+and the engine's budget verbs (veronica.engine.budget, which lift a trip): moved here so the agent
+never imports the engine for it."""
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef, Sum
+from django.utils import timezone
+
+from veronica.swarm import bus, events
+from veronica.models import Member, Role, Space, UsageDay
+
+
+def today() -> date:
+    return timezone.now().date()
+
+
+def effective_budget(member: Member) -> int:
+    """Member override > 0 caps, < 0 is unlimited; otherwise the space default. 0 = unlimited."""
+    override = member.budget_override
+    if override is not None and override > 0:
+        return override
+    if override is not None and override < 0:
+        return 0
+    return max(member.space.member_daily_tokens, 0)
+
+
+def usage_today(member: Member) -> UsageDay:
+    day, _ = UsageDay.objects.get_or_create(member=member, day=today(), defaults={"space_id": member.space_id})
+    return day
+
+
+def tokens_today(member: Member) -> int:
+    """A read that never writes a row (the roster tool lists every member on every call)."""
+    day = UsageDay.objects.filter(member=member, day=today()).first()
+    return day.total_tokens if day else 0
+
+
+def space_today(space: Space) -> dict:
+    billed = F("input_tokens") + F("output_tokens") + F("cache_read_tokens") + F("cache_write_tokens")  # as UsageDay.total_tokens
+    agg = UsageDay.objects.filter(space=space, day=today()).aggregate(tokens=Sum(billed), usd=Sum("usd"))
+    return {"tokens": agg["tokens"] or 0, "usd": agg["usd"] or Decimal(0)}
+
+
+def is_tripped(member: Member) -> bool:
+    return UsageDay.objects.filter(member=member, day=today(), tripped=True).exists()
+
+
+def tripped_today() -> Exists:
+    """is_tripped() as a condition on a member row (the wake checks it inside its claim)."""
+    return Exists(UsageDay.objects.filter(member=OuterRef("pk"), day=today(), tripped=True))
+
+
+def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
+          usd: Decimal = Decimal(0), model_calls: int = 1, estimated_calls: int = 0) -> None:
+    """Add one model call's usage to today's row with F() increments (no read-modify-write)."""
+    increments = dict(input_tokens=F("input_tokens") + input_tokens, output_tokens=F("output_tokens") + output_tokens,
+                      cache_read_tokens=F("cache_read_tokens") + cache_read, cache_write_tokens=F("cache_write_tokens") + cache_write,
+                      usd=F("usd") + usd, model_calls=F("model_calls") + model_calls,
+                      estimated_calls=F("estimated_calls") + estimated_calls)
+    with transaction.atomic(savepoint=False):
+        if not UsageDay.objects.filter(member=member, day=today()).update(**increments):
+            usage_today(member)
+            UsageDay.objects.filter(member=member, day=today()).update(**increments)
+
+
+METER_COLUMNS = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "tripped", "budget_offset"]
+
+
+def meter_statement(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
+                    usd: Decimal = Decimal(0), estimated_calls: int = 0):
+    """meter_returning()'s statement, compiled once, and this call's values: (compiled, values)."""
+    from veronica.plumbing.returning import compiled
+
+    def build(slot):
+        qs = UsageDay.objects.filter(member_id=slot.int("member"), day=slot.date("day"))
+        return qs, dict(input_tokens=F("input_tokens") + slot.int("i"), output_tokens=F("output_tokens") + slot.int("o"),
+                        cache_read_tokens=F("cache_read_tokens") + slot.int("cr"),
+                        cache_write_tokens=F("cache_write_tokens") + slot.int("cw"), usd=F("usd") + slot.decimal("usd"),
+                        model_calls=F("model_calls") + 1, estimated_calls=F("estimated_calls") + slot.int("est"))
+    values = {"member": member.pk, "day": today().isoformat(), "i": input_tokens, "o": output_tokens, "cr": cache_read,
+              "cw": cache_write, "usd": usd, "est": estimated_calls}
+    return compiled(("meter",), build, METER_COLUMNS), values
+
+
+def metered(row) -> tuple[int, bool]:
+    """(today's tokens against the member's budget, tripped) from the meter statement's row: every
+    billed token, as UsageDay.total_tokens counts them, less what an owner's reset set aside."""
+    return sum(row[:4]) - row[5], bool(row[4])
+
+
+def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
+                    usd: Decimal = Decimal(0), estimated_calls: int = 0) -> tuple[int, bool]:
+    """meter() in one statement on the hot path: the increments, and today's tokens (cache reads and
+    writes included) and tripped flag read back (UPDATE ... RETURNING). The day's first call creates the row first.
+    On PostgreSQL a run's fence usually carries this statement (veronica.engine.slot: meter_in_fence)."""
+    from django.db import connections
+
+    stmt, values = meter_statement(member, input_tokens=input_tokens, output_tokens=output_tokens, cache_read=cache_read,
+                                   cache_write=cache_write, usd=usd, estimated_calls=estimated_calls)
+    from veronica.plumbing.returning import bound
+
+    for _ in range(2):
+        with connections[UsageDay.objects.db].cursor() as cur:
+            cur.execute(stmt[0], bound(stmt, values))
+            row = cur.fetchone()
+        if row is not None:
+            return metered(row)
+        usage_today(member)
+    raise RuntimeError(f"no usage row for {member.name} today")
+
+
+TRIP_HELP = ("To let it run again today, raise its budget or the space's ceiling, or reset its day "
+             "(the member's page, Budget; PUT /api/spaces/{slug}/members/{name}/budget/ or "
+             "POST /api/spaces/{slug}/members/{name}/budget/reset/).")
+
+
+def over_budget(member: Member, used: int | None = None) -> str | None:
+    """Why the member may not run now (its own budget, or its space's ceilings), or None. Writes nothing.
+    `used`: its tokens against its budget today when the caller has just read them back."""
+    if used is None:
+        day = UsageDay.objects.filter(member=member, day=today()).first()
+        used = day.total_tokens - day.budget_offset if day else 0
+    cap = effective_budget(member)
+    if cap and used >= cap:
+        return f"{member.name} used {used} tokens today; its daily budget is {cap}"
+    space = member.space
+    if space.daily_token_ceiling or space.daily_usd_ceiling:
+        totals = space_today(space)
+        if space.daily_token_ceiling and totals["tokens"] >= space.daily_token_ceiling:
+            return f"space {space.slug} used {totals['tokens']} tokens today; its ceiling is {space.daily_token_ceiling}"
+        if space.daily_usd_ceiling and totals["usd"] >= space.daily_usd_ceiling:
+            return f"space {space.slug} spent ${totals['usd']:.4f} today; its ceiling is ${space.daily_usd_ceiling}"
+    return None
+
+
+def check_breaker(member: Member, used: int | None = None) -> str | None:
+    """Trip the member's breaker when its day or its space's day is over budget. Returns why, once.
+    `used`: today's tokens (against its budget) when the caller has just read them back."""
+    if used is None:
+        usage_today(member)  # the row the trip is written on
+    reason = over_budget(member, used)
+    if reason is None:
+        return None
+    space = member.space
+    with transaction.atomic():
+        if UsageDay.objects.filter(member=member, day=today(), tripped=False).update(tripped=True):
+            events.emit(member.space_id, "ops.alert", member=member, subject="budget tripped", body=reason)
+            # the seed's notifyOps: the leader re-plans around the tripped member, the operator may raise the cap
+            notice = f"{reason}. No more runs today. {TRIP_HELP.format(slug=space.slug, name=member.name)}"
+            subject = f"Budget tripped: {member.name}"
+            bus.send(space, bus.SYSTEM, "operator", notice, subject=subject)
+            leader = bus.live_members(space).filter(role=Role.LEADER).exclude(pk=member.pk).first()
+            if leader is not None:
+                bus.send(space, bus.SYSTEM, leader.name, notice, subject=subject)
+            return reason
+    return None
