@@ -30,6 +30,10 @@ Usage: .venv/bin/python bench/attack.py [--modes embedded,hosted] [--quick] [--o
 The last line is one JSON object with the counts per mode. Each mode has its own data folder,
 PostgreSQL database, queue name and Redis key prefix (bench/_setup.py), dropped afterwards.
 Every file the battery plants on the host is removed; leftover processes it caused are killed by PID.
+
+One file past 500 lines on purpose: the four batteries share one served deployment (its servers, its
+users' tokens and sessions, the judge that looks on the host) and one report; split, each part would
+re-import the others' set-up, and a reader runs and reads the battery as one script.
 """
 from __future__ import annotations
 
