@@ -75,6 +75,35 @@ def rss_mb(pgid: int) -> float:
     return sum(int(status_of(pid).get("VmRSS", "0 kB").split()[0]) for pid in group_pids(pgid)) / 1024
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def stat_of(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds used so far: user + system) of a process, or None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cluster_roles(pgid: int) -> dict[int, str]:
+    """The roles of a qcluster's processes (q2 names none without setproctitle): the main process
+    leads the group, the sentinel is its child, and the sentinel forks the workers first, then the
+    monitor, then the pusher; a process it forks later is a reincarnated (or recycled) worker."""
+    parents = {pid: (stat_of(pid) or (0, 0))[0] for pid in group_pids(pgid)}
+    roles = {pgid: "main"}
+    sentinels = [pid for pid, parent in parents.items() if parent == pgid]
+    for sentinel in sentinels:
+        roles[sentinel] = "sentinel"
+        children = sorted(pid for pid, parent in parents.items() if parent == sentinel)
+        for pid in children:
+            roles[pid] = "worker"
+        if len(children) >= 2:
+            roles[children[-2]], roles[children[-1]] = "monitor", "pusher"
+    return roles
+
+
 class Cluster:
     def __init__(self, env: dict, log: Path) -> None:
         self.log = log
@@ -112,10 +141,18 @@ class Mock:
         self.root = self.proc.stdout.readline().strip()
 
     def served(self) -> int:
+        return self.stats()["served"]
+
+    def stats(self) -> dict:
         import urllib.request
 
         with urllib.request.urlopen(self.root + "/_mock/served", timeout=10) as response:
-            return json.load(response)["served"]
+            return json.load(response)
+
+    def lateness(self) -> str:
+        """How late the mock itself started its answers, past the scripted latency (its own load)."""
+        stats = self.stats()
+        return f"{stats['served']} calls, late {stats['late_mean'] * 1000:.0f} ms mean, {stats['late_max'] * 1000:.0f} ms max"
 
     def stop(self) -> None:
         self.proc.kill()
@@ -123,23 +160,59 @@ class Mock:
 
 
 class Sampler(threading.Thread):
-    """Every half second: the cluster's RSS and (hosted) the bench database's connections."""
+    """Every half second: the cluster's RSS, (hosted) the bench database's connections, and the CPU
+    seconds each part used (the workers, q2's pusher, monitor and sentinel, the mock vendor, the
+    database's backends, this process): where a fleet's time goes on a host of two cores."""
 
-    def __init__(self, clusters: list[Cluster], hosted: bool) -> None:
+    def __init__(self, clusters: list[Cluster], hosted: bool, mock: Mock | None = None) -> None:
         super().__init__(daemon=True)
-        self.clusters, self.hosted = clusters, hosted
+        self.clusters, self.hosted, self.mock = clusters, hosted, mock
         self.rss_max = self.pg_max = 0.0
         self.running = True
+        self.roles: dict[int, str] = {}  # pid -> role, named at first sight
+        self.first: dict[int, float] = {}  # pid -> its CPU seconds when first seen (0 for one born meanwhile)
+        self.last: dict[int, float] = {}
+        self.sample_cpu([], initial=True)
+
+    def sample_cpu(self, backends: list[int], initial: bool = False) -> None:
+        named = {}
+        for cluster in self.clusters:
+            if cluster.proc.poll() is None:
+                roles = cluster_roles(cluster.proc.pid)
+                named.update(roles)  # (a worker the sentinel forks later, for a dead one, may be named monitor or pusher)
+        if self.mock is not None:
+            named[self.mock.proc.pid] = "mock vendor"
+        named[os.getpid()] = "bench"
+        for pid in backends:
+            named[pid] = "postgres"
+        for pid, role in named.items():
+            stat = stat_of(pid)
+            if stat is None:
+                continue
+            if pid not in self.roles:
+                self.roles[pid] = role
+                self.first[pid] = stat[1] if initial else 0.0
+            self.last[pid] = stat[1]
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds per role since the sampler started."""
+        used: dict[str, float] = {}
+        for pid, role in self.roles.items():
+            used[role] = used.get(role, 0.0) + self.last.get(pid, 0.0) - self.first.get(pid, 0.0)
+        return {role: round(seconds, 2) for role, seconds in sorted(used.items(), key=lambda kv: -kv[1])}
 
     def run(self) -> None:
         from django.db import connection
 
         while self.running:
             self.rss_max = max(self.rss_max, sum(rss_mb(c.proc.pid) for c in self.clusters if c.proc.poll() is None))
+            backends = []
             if self.hosted:
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
-                    self.pg_max = max(self.pg_max, cursor.fetchone()[0] - 1)  # not the sampler's own
+                    cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                    backends = [row[0] for row in cursor.fetchall()]
+                    self.pg_max = max(self.pg_max, len(backends))  # not the sampler's own
+            self.sample_cpu(backends)
             time.sleep(0.5)
         connection.close()
 
@@ -175,7 +248,39 @@ def mail_all(members: list) -> float:
     return time.time()
 
 
-def outcome(members: list, t0: float) -> dict:
+def quantiles(values: list[float]) -> str:
+    """p50 / p90 / max, in seconds."""
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return "/".join(f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.2f}" for q in (0.5, 0.9, 1.0))
+
+
+def step_timeline(runs: list, ids: list[int], latency: float) -> dict:
+    """Where a run's time goes besides its model calls, from each call's `model.called` event (written
+    in the fence that persists the reply): the run's start to its first reply, one reply to the next
+    (each less the scripted latency: the cost of a step between two calls), the last reply to the end."""
+    from veronica.models import Event
+
+    calls: dict[int, list[float]] = {}
+    for member_id, at in Event.objects.filter(member_id__in=ids, kind="model.called").order_by("created_at").values_list(
+            "member_id", "created_at"):
+        calls.setdefault(member_id, []).append(at.timestamp())
+    first, between, tail = [], [], []
+    for member_id, start, end, _ in runs:
+        if end is None:
+            continue
+        mine = [t for t in calls.get(member_id, []) if start.timestamp() <= t <= end.timestamp()]
+        if not mine:
+            continue
+        first.append(mine[0] - start.timestamp() - latency)
+        between += [b - a - latency for a, b in zip(mine, mine[1:])]
+        tail.append(end.timestamp() - mine[-1])
+    return {"first_reply_over_latency": quantiles(first), "step_over_latency": quantiles(between),
+            "last_reply_to_end": quantiles(tail)}
+
+
+def outcome(members: list, t0: float, latency: float) -> dict:
     from django.db import close_old_connections
 
     from veronica.models import Message, Run, Turn
@@ -200,7 +305,9 @@ def outcome(members: list, t0: float) -> dict:
     last_end = max((end.timestamp() for _, _, end, _ in runs if end), default=t0)
     starts = sorted(start.timestamp() - t0 for _, start, _, _ in runs)
     lengths = sorted(end.timestamp() - start.timestamp() for _, start, end, _ in runs if end)
-    return {"start_lag_max": round(starts[-1], 2) if starts else None,
+    timeline = step_timeline(runs, ids, latency)
+    return {**timeline, "start_lag_p50": round(starts[len(starts) // 2], 2) if starts else None,
+            "start_lag_max": round(starts[-1], 2) if starts else None,
             "run_seconds_p50": round(lengths[len(lengths) // 2], 2) if lengths else None,
             "run_seconds_max": round(lengths[-1], 2) if lengths else None,"runs": len(runs), "expired": sum(1 for r in runs if r[3] == "lease_expired"), "overlaps": overlaps,
             "concurrent_members": peak, "lost": len(set(ids) - answered) + len(unread - answered),
@@ -251,7 +358,7 @@ def fleet_run(args, kill: bool) -> dict:
     deadline = time.time() + 300
     while not drained(warm) and time.time() < deadline:
         time.sleep(0.2)
-    sampler = Sampler(clusters, connection.vendor == "postgresql")
+    sampler = Sampler(clusters, connection.vendor == "postgresql", mock)
     sampler.start()
     killed = 0
     try:
@@ -266,7 +373,10 @@ def fleet_run(args, kill: bool) -> dict:
         deadline = time.time() + max(120.0, ideal * 10 + args.lease * 3)
         while time.time() < deadline and not drained(members):
             time.sleep(0.5)
-        figures = outcome(members, t0)
+        sampler.running = False
+        sampler.join(timeout=5)
+        figures = outcome(members, t0, args.latency)
+        figures.update(cpu_seconds=sampler.cpu(), mock=mock.lateness())
     finally:
         sampler.running = False
         sampler.join(timeout=5)
@@ -406,8 +516,11 @@ def main() -> None:
                 continue
             print(f" {label}: {f['runs']} runs, {f['expired']} lease-expired, ideal {f['ideal']:g}s, took {f['elapsed']:.1f}s"
                   f" (load at the end {f['load']:.1f})")
-            print(f"   last run started {f['start_lag_max']}s after t0; a run took {f['run_seconds_p50']}s (p50), "
-                  f"{f['run_seconds_max']}s (max)")
+            print(f"   runs started {f['start_lag_p50']}s (p50), {f['start_lag_max']}s (last) after t0; a run took "
+                  f"{f['run_seconds_p50']}s (p50), {f['run_seconds_max']}s (max)")
+            print(f"   seconds past the model's latency (p50/p90/max): start to first reply {f['first_reply_over_latency']}, "
+                  f"reply to reply {f['step_over_latency']}; last reply to the run's end {f['last_reply_to_end']}")
+            print(f"   mock vendor: {f['mock']}; CPU seconds: " + ", ".join(f"{k} {v}" for k, v in f["cpu_seconds"].items()))
             show("concurrent_members", f["concurrent_members"], f">= {args.members}")
             show("completion_ratio_to_ideal", f["completion_ratio_to_ideal"], GOALS["completion_ratio_to_ideal"] if key == "run"
                  else f"(ideal+lease {(f['ideal'] + args.lease) / f['ideal']:.2f})")

@@ -180,6 +180,13 @@ class MockVendor:
         self.thread: threading.Thread | None = None
         self.latency, self.capacity, self.capacity_retry_after = 0.0, None, 1.0
         self.in_flight = self.max_in_flight = self.over_capacity = 0
+        self.late_calls, self.late_sum, self.late_max = 0, 0.0, 0.0  # how far past `latency` answers started
+
+    def late(self, seconds: float) -> None:
+        with self.lock:
+            self.late_calls += 1
+            self.late_sum += seconds
+            self.late_max = max(self.late_max, seconds)
 
     # --- control -------------------------------------------------------------------------------
     @property
@@ -347,6 +354,7 @@ class Handler(BaseHTTPRequestHandler):
                                       {"Retry-After": str(vendor.capacity_retry_after)})
             if vendor.latency:
                 self.pause(record, vendor.latency)
+                vendor.late(time.monotonic() - record.started - vendor.latency)
             self._answer(vendor, record, body)
         except ClientGone:
             record.disconnected_at = record.disconnected_at or time.monotonic()
@@ -403,7 +411,10 @@ class Handler(BaseHTTPRequestHandler):
             vendor.push(*(body or []))
             return self.send_json(200, {"queued": len(vendor.script)})
         if self.path == "/_mock/served":
-            return self.send_json(200, {"served": vendor.served})
+            with vendor.lock:
+                lateness = {"late_calls": vendor.late_calls, "late_mean": vendor.late_sum / max(vendor.late_calls, 1),
+                            "late_max": vendor.late_max}
+            return self.send_json(200, {"served": vendor.served, **lateness})
         if method == "POST" and self.path == "/_mock/reset":
             with vendor.lock:
                 vendor.script.clear()
