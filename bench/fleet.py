@@ -172,7 +172,17 @@ class Sampler(threading.Thread):
         self.roles: dict[int, str] = {}  # pid -> role, named at first sight
         self.first: dict[int, float] = {}  # pid -> its CPU seconds when first seen (0 for one born meanwhile)
         self.last: dict[int, float] = {}
-        self.sample_cpu([], initial=True)
+        self.sample_cpu(self.backends(), initial=True)
+
+    def backends(self) -> list[int]:
+        """The database's server processes serving the bench's database (hosted), this thread's own left out."""
+        from django.db import connection
+
+        if not self.hosted:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            return [row[0] for row in cursor.fetchall()]
 
     def sample_cpu(self, backends: list[int], initial: bool = False) -> None:
         named = {}
@@ -206,12 +216,8 @@ class Sampler(threading.Thread):
 
         while self.running:
             self.rss_max = max(self.rss_max, sum(rss_mb(c.proc.pid) for c in self.clusters if c.proc.poll() is None))
-            backends = []
-            if self.hosted:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-                    backends = [row[0] for row in cursor.fetchall()]
-                    self.pg_max = max(self.pg_max, len(backends))  # not the sampler's own
+            backends = self.backends()
+            self.pg_max = max(self.pg_max, len(backends))  # not the sampler's own
             self.sample_cpu(backends)
             time.sleep(0.5)
         connection.close()
