@@ -20,7 +20,7 @@ then "done"), with real `manage.py qcluster` processes:
 
 The 1-minute load average is printed beside every figure (the host is shared).
 Usage: .venv/bin/python bench/fleet.py [--modes embedded,hosted] [--members 500] [--latency 2] [--steps 5]
-       [--workers 2] [--runs-per-worker 256] [--lease 10] [--mem-steps 100000] [--skip-kill] [--skip-memory]
+       [--workers 2] [--runs-per-worker 256] [--lease 10] [--mem-steps 100000] [--skip-kill] [--skip-memory] [--skip-scale]
 The last line is one JSON object: the issue's figures (the hosted run's, the goals' mode) and both modes'.
 """
 from __future__ import annotations
@@ -50,51 +50,42 @@ def load() -> str:
 
 # --- processes ----------------------------------------------------------------------------------
 
-def group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                pids.append(int(entry))
-    return pids
-
-
-def status_of(pid: int) -> dict:
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return {}
-    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
-
-
 def rss_mb(pgid: int) -> float:
-    return sum(int(status_of(pid).get("VmRSS", "0 kB").split()[0]) for pid in group_pids(pgid)) / 1024
+    return rss_of(pgid, scan())
+
+
+def rss_of(pgid: int, procs: dict) -> float:
+    """The RSS of a process group (a qcluster and every process it forked), in MB."""
+    return sum(rss for _, group, _, rss in procs.values() if group == pgid)
 
 
 TICK = os.sysconf("SC_CLK_TCK")
+PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def stat_of(pid: int) -> tuple[int, float] | None:
-    """(parent pid, CPU seconds used so far: user + system) of a process, or None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+def scan() -> dict[int, tuple[int, int, float, float]]:
+    """Every process: pid -> (parent pid, process group, CPU seconds used so far, RSS in MB), from one
+    read of /proc/<pid>/stat each (the sampler runs beside what it measures: it must stay cheap)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            found[int(entry)] = (int(fields[1]), int(fields[2]), (int(fields[11]) + int(fields[12])) / TICK,
+                                 int(fields[21]) * PAGE_MB)
+    return found
 
 
-def cluster_roles(pgid: int) -> dict[int, str]:
+def cluster_roles(pgid: int, procs: dict) -> dict[int, str]:
     """The roles of a qcluster's processes (q2 names none without setproctitle): the main process
     leads the group, the sentinel is its child, and the sentinel forks the workers first, then the
-    monitor, then the pusher; a process it forks later is a reincarnated (or recycled) worker."""
-    parents = {pid: (stat_of(pid) or (0, 0))[0] for pid in group_pids(pgid)}
+    monitor, then the pusher (a worker it forks later, for a dead one, is named by the sampler)."""
+    parents = {pid: ppid for pid, (ppid, group, _, _) in procs.items() if group == pgid}
     roles = {pgid: "main"}
-    sentinels = [pid for pid, parent in parents.items() if parent == pgid]
-    for sentinel in sentinels:
+    for sentinel in [pid for pid, parent in parents.items() if parent == pgid]:
         roles[sentinel] = "sentinel"
         children = sorted(pid for pid, parent in parents.items() if parent == sentinel)
         for pid in children:
@@ -185,24 +176,28 @@ class Sampler(threading.Thread):
             return [row[0] for row in cursor.fetchall()]
 
     def sample_cpu(self, backends: list[int], initial: bool = False) -> None:
+        procs = scan()
         named = {}
         for cluster in self.clusters:
             if cluster.proc.poll() is None:
-                roles = cluster_roles(cluster.proc.pid)
-                named.update(roles)  # (a worker the sentinel forks later, for a dead one, may be named monitor or pusher)
+                for pid, role in cluster_roles(cluster.proc.pid, procs).items():
+                    # forked later by a sentinel already known: a worker replacing a dead or recycled one
+                    late = not initial and role in ("monitor", "pusher") and procs[pid][0] in self.roles
+                    named[pid] = "worker" if late else role
+        self.rss_max = max(self.rss_max, sum(rss_of(cluster.proc.pid, procs) for cluster in self.clusters
+                                             if cluster.proc.poll() is None))
         if self.mock is not None:
             named[self.mock.proc.pid] = "mock vendor"
         named[os.getpid()] = "bench"
         for pid in backends:
             named[pid] = "postgres"
         for pid, role in named.items():
-            stat = stat_of(pid)
-            if stat is None:
+            if pid not in procs:
                 continue
             if pid not in self.roles:
                 self.roles[pid] = role
-                self.first[pid] = stat[1] if initial else 0.0
-            self.last[pid] = stat[1]
+                self.first[pid] = procs[pid][2] if initial else 0.0
+            self.last[pid] = procs[pid][2]
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds per role since the sampler started."""
@@ -215,7 +210,6 @@ class Sampler(threading.Thread):
         from django.db import connection
 
         while self.running:
-            self.rss_max = max(self.rss_max, sum(rss_mb(c.proc.pid) for c in self.clusters if c.proc.poll() is None))
             backends = self.backends()
             self.pg_max = max(self.pg_max, len(backends))  # not the sampler's own
             self.sample_cpu(backends)
@@ -378,7 +372,7 @@ def fleet_run(args, kill: bool) -> dict:
             clusters[0] = Cluster(env, data / "cluster-kill-restarted.log")
         deadline = time.time() + max(120.0, ideal * 10 + args.lease * 3)
         while time.time() < deadline and not drained(members):
-            time.sleep(0.5)
+            time.sleep(1.0)
         sampler.running = False
         sampler.join(timeout=5)
         figures = outcome(members, t0, args.latency)
@@ -458,7 +452,7 @@ def child(args) -> dict:
 def spawn(mode: str, args) -> dict:
     with isolated_env(mode, "fleet") as env:
         forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                     if k not in ("child", "modes", "skip_kill", "skip_memory")]
+                     if k not in ("child", "modes", "skip_kill", "skip_memory", "skip_scale")]
         forwarded += [flag for flag, on in (("--skip-kill", args.skip_kill), ("--skip-memory", args.skip_memory)) if on]
         proc = subprocess.run([sys.executable, __file__, "--child", mode, *forwarded], cwd=REPO, env=env,
                               capture_output=True, text=True)
@@ -500,6 +494,7 @@ def main() -> None:
     parser.add_argument("--mem-timeout", type=float, default=3600)
     parser.add_argument("--skip-kill", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-scale", action="store_true", help="leave out points 2-4 (bench/fleet_scale.py)")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
@@ -513,7 +508,7 @@ def main() -> None:
     per_mode = {}
     for mode in args.modes.split(","):
         r = spawn(mode, args)
-        r.update(scale=scale_figures(mode))
+        r.update(scale={} if args.skip_scale else scale_figures(mode))
         per_mode[mode] = r
         print(f"[{mode}]")
         for label, key in (("run", "run"), ("with a host SIGKILLed mid-way", "kill")):

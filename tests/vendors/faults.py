@@ -475,21 +475,33 @@ class Handler(BaseHTTPRequestHandler):
         """A readable socket that reads b'' is a closed peer (the client aborted its request)."""
         sock = self.connection
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
-            if readable:
-                return sock.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
+            poller = select.poll()  # not select(): a busy mock has sockets past FD_SETSIZE
+            poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+            if poller.poll(0):
+                return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except (OSError, ValueError):
             return True
         return False
 
     def pause(self, record: Record, seconds: float) -> None:
-        """Sleep, but notice a disconnect within ~20 ms (a cancelled client stops the generation)."""
+        """Sleep, but notice a disconnect at once (a cancelled client stops the generation): the wait is
+        on the socket, which turns readable when the client hangs up. Polling it every 20 ms cost the
+        mock a core's worth of wake-ups with 500 calls in flight, taken from the host it measures."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        poller = select.poll()
+        try:
+            poller.register(self.connection, select.POLLIN | select.POLLHUP | select.POLLERR)
+        except (OSError, ValueError):
+            poller = None
+        while (left := deadline - time.monotonic()) > 0:
+            if poller is not None and not poller.poll(left * 1000):
+                continue  # the deadline (or a signal): the loop looks at the clock
             if self.client_gone():
                 record.disconnected_at = time.monotonic()
                 raise ClientGone()
-            time.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+            time.sleep(min(0.02, max(deadline - time.monotonic(), 0)))  # bytes waiting (a pipelined request): poll
 
     def wait_for_disconnect(self, record: Record, seconds: float) -> None:
         self.pause(record, seconds)
