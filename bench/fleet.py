@@ -20,7 +20,7 @@ then "done"), with real `manage.py qcluster` processes:
 
 The 1-minute load average is printed beside every figure (the host is shared).
 Usage: .venv/bin/python bench/fleet.py [--modes embedded,hosted] [--members 500] [--latency 2] [--steps 5]
-       [--workers 2] [--runs-per-worker 256] [--lease 10] [--mem-steps 100000] [--skip-kill] [--skip-memory]
+       [--workers 2] [--runs-per-worker 256] [--lease 10] [--mem-steps 100000] [--skip-kill] [--skip-memory] [--skip-scale]
 The last line is one JSON object: the issue's figures (the hosted run's, the goals' mode) and both modes'.
 """
 from __future__ import annotations
@@ -49,29 +49,49 @@ def load() -> str:
 
 # --- processes ----------------------------------------------------------------------------------
 
-def group_pids(pgid: int) -> list[int]:
-    pids = []
+def rss_mb(pgid: int) -> float:
+    return rss_of(pgid, scan())
+
+
+def rss_of(pgid: int, procs: dict) -> float:
+    """The RSS of a process group (a qcluster and every process it forked), in MB."""
+    return sum(rss for _, group, _, rss in procs.values() if group == pgid)
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def scan() -> dict[int, tuple[int, int, float, float]]:
+    """Every process: pid -> (parent pid, process group, CPU seconds used so far, RSS in MB), from one
+    read of /proc/<pid>/stat each (the sampler runs beside what it measures: it must stay cheap)."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[2]) == pgid:
-                pids.append(int(entry))
-    return pids
+            found[int(entry)] = (int(fields[1]), int(fields[2]), (int(fields[11]) + int(fields[12])) / TICK,
+                                 int(fields[21]) * PAGE_MB)
+    return found
 
 
-def status_of(pid: int) -> dict:
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return {}
-    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
-
-
-def rss_mb(pgid: int) -> float:
-    return sum(int(status_of(pid).get("VmRSS", "0 kB").split()[0]) for pid in group_pids(pgid)) / 1024
+def cluster_roles(pgid: int, procs: dict) -> dict[int, str]:
+    """The roles of a qcluster's processes (q2 names none without setproctitle): the main process
+    leads the group, the sentinel is its child, and the sentinel forks the workers first, then the
+    monitor, then the pusher (a worker it forks later, for a dead one, is named by the sampler)."""
+    parents = {pid: ppid for pid, (ppid, group, _, _) in procs.items() if group == pgid}
+    roles = {pgid: "main"}
+    for sentinel in [pid for pid, parent in parents.items() if parent == pgid]:
+        roles[sentinel] = "sentinel"
+        children = sorted(pid for pid, parent in parents.items() if parent == sentinel)
+        for pid in children:
+            roles[pid] = "worker"
+        if len(children) >= 2:
+            roles[children[-2]], roles[children[-1]] = "monitor", "pusher"
+    return roles
 
 
 def start_cluster(env: dict, log: Path) -> QCluster:
@@ -89,10 +109,18 @@ class Mock:
         self.root = self.proc.stdout.readline().strip()
 
     def served(self) -> int:
+        return self.stats()["served"]
+
+    def stats(self) -> dict:
         import urllib.request
 
         with urllib.request.urlopen(self.root + "/_mock/served", timeout=10) as response:
-            return json.load(response)["served"]
+            return json.load(response)
+
+    def lateness(self) -> str:
+        """How late the mock itself started its answers, past the scripted latency (its own load)."""
+        stats = self.stats()
+        return f"{stats['served']} calls, late {stats['late_mean'] * 1000:.0f} ms mean, {stats['late_max'] * 1000:.0f} ms max"
 
     def stop(self) -> None:
         self.proc.kill()
@@ -100,23 +128,68 @@ class Mock:
 
 
 class Sampler(threading.Thread):
-    """Every half second: the cluster's RSS and (hosted) the bench database's connections."""
+    """Every half second: the cluster's RSS, (hosted) the bench database's connections, and the CPU
+    seconds each part used (the workers, q2's pusher, monitor and sentinel, the mock vendor, the
+    database's backends, this process): where a fleet's time goes on a host of two cores."""
 
-    def __init__(self, clusters: list[QCluster], hosted: bool) -> None:
+    def __init__(self, clusters: list[QCluster], hosted: bool, mock: Mock | None = None) -> None:
         super().__init__(daemon=True)
-        self.clusters, self.hosted = clusters, hosted
+        self.clusters, self.hosted, self.mock = clusters, hosted, mock
         self.rss_max = self.pg_max = 0.0
         self.running = True
+        self.roles: dict[int, str] = {}  # pid -> role, named at first sight
+        self.first: dict[int, float] = {}  # pid -> its CPU seconds when first seen (0 for one born meanwhile)
+        self.last: dict[int, float] = {}
+        self.sample_cpu(self.backends(), initial=True)
+
+    def backends(self) -> list[int]:
+        """The database's server processes serving the bench's database (hosted), this thread's own left out."""
+        from django.db import connection
+
+        if not self.hosted:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            return [row[0] for row in cursor.fetchall()]
+
+    def sample_cpu(self, backends: list[int], initial: bool = False) -> None:
+        procs = scan()
+        named = {}
+        for cluster in self.clusters:
+            if cluster.proc.poll() is None:
+                for pid, role in cluster_roles(cluster.proc.pid, procs).items():
+                    # forked later by a sentinel already known: a worker replacing a dead or recycled one
+                    late = not initial and role in ("monitor", "pusher") and procs[pid][0] in self.roles
+                    named[pid] = "worker" if late else role
+        self.rss_max = max(self.rss_max, sum(rss_of(cluster.proc.pid, procs) for cluster in self.clusters
+                                             if cluster.proc.poll() is None))
+        if self.mock is not None:
+            named[self.mock.proc.pid] = "mock vendor"
+        named[os.getpid()] = "bench"
+        for pid in backends:
+            named[pid] = "postgres"
+        for pid, role in named.items():
+            if pid not in procs:
+                continue
+            if pid not in self.roles:
+                self.roles[pid] = role
+                self.first[pid] = procs[pid][2] if initial else 0.0
+            self.last[pid] = procs[pid][2]
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds per role since the sampler started."""
+        used: dict[str, float] = {}
+        for pid, role in self.roles.items():
+            used[role] = used.get(role, 0.0) + self.last.get(pid, 0.0) - self.first.get(pid, 0.0)
+        return {role: round(seconds, 2) for role, seconds in sorted(used.items(), key=lambda kv: -kv[1])}
 
     def run(self) -> None:
         from django.db import connection
 
         while self.running:
-            self.rss_max = max(self.rss_max, sum(rss_mb(c.proc.pid) for c in self.clusters if c.proc.poll() is None))
-            if self.hosted:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
-                    self.pg_max = max(self.pg_max, cursor.fetchone()[0] - 1)  # not the sampler's own
+            backends = self.backends()
+            self.pg_max = max(self.pg_max, len(backends))  # not the sampler's own
+            self.sample_cpu(backends)
             time.sleep(0.5)
         connection.close()
 
@@ -152,7 +225,39 @@ def mail_all(members: list) -> float:
     return time.time()
 
 
-def outcome(members: list, t0: float) -> dict:
+def quantiles(values: list[float]) -> str:
+    """p50 / p90 / max, in seconds."""
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return "/".join(f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.2f}" for q in (0.5, 0.9, 1.0))
+
+
+def step_timeline(runs: list, ids: list[int], latency: float) -> dict:
+    """Where a run's time goes besides its model calls, from each call's `model.called` event (written
+    in the fence that persists the reply): the run's start to its first reply, one reply to the next
+    (each less the scripted latency: the cost of a step between two calls), the last reply to the end."""
+    from veronica.models import Event
+
+    calls: dict[int, list[float]] = {}
+    for member_id, at in Event.objects.filter(member_id__in=ids, kind="model.called").order_by("created_at").values_list(
+            "member_id", "created_at"):
+        calls.setdefault(member_id, []).append(at.timestamp())
+    first, between, tail = [], [], []
+    for member_id, start, end, _ in runs:
+        if end is None:
+            continue
+        mine = [t for t in calls.get(member_id, []) if start.timestamp() <= t <= end.timestamp()]
+        if not mine:
+            continue
+        first.append(mine[0] - start.timestamp() - latency)
+        between += [b - a - latency for a, b in zip(mine, mine[1:])]
+        tail.append(end.timestamp() - mine[-1])
+    return {"first_reply_over_latency": quantiles(first), "step_over_latency": quantiles(between),
+            "last_reply_to_end": quantiles(tail)}
+
+
+def outcome(members: list, t0: float, latency: float) -> dict:
     from django.db import close_old_connections
 
     from veronica.models import Message, Run, Turn
@@ -177,7 +282,9 @@ def outcome(members: list, t0: float) -> dict:
     last_end = max((end.timestamp() for _, _, end, _ in runs if end), default=t0)
     starts = sorted(start.timestamp() - t0 for _, start, _, _ in runs)
     lengths = sorted(end.timestamp() - start.timestamp() for _, start, end, _ in runs if end)
-    return {"start_lag_max": round(starts[-1], 2) if starts else None,
+    timeline = step_timeline(runs, ids, latency)
+    return {**timeline, "start_lag_p50": round(starts[len(starts) // 2], 2) if starts else None,
+            "start_lag_max": round(starts[-1], 2) if starts else None,
             "run_seconds_p50": round(lengths[len(lengths) // 2], 2) if lengths else None,
             "run_seconds_max": round(lengths[-1], 2) if lengths else None,"runs": len(runs), "expired": sum(1 for r in runs if r[3] == "lease_expired"), "overlaps": overlaps,
             "concurrent_members": peak, "lost": len(set(ids) - answered) + len(unread - answered),
@@ -228,7 +335,7 @@ def fleet_run(args, kill: bool) -> dict:
     deadline = time.time() + 300
     while not drained(warm) and time.time() < deadline:
         time.sleep(0.2)
-    sampler = Sampler(clusters, connection.vendor == "postgresql")
+    sampler = Sampler(clusters, connection.vendor == "postgresql", mock)
     sampler.start()
     killed = 0
     try:
@@ -241,8 +348,11 @@ def fleet_run(args, kill: bool) -> dict:
             clusters[0] = start_cluster(env, data / "cluster-kill-restarted.log")
         deadline = time.time() + max(120.0, ideal * 10 + args.lease * 3)
         while time.time() < deadline and not drained(members):
-            time.sleep(0.5)
-        figures = outcome(members, t0)
+            time.sleep(1.0)
+        sampler.running = False
+        sampler.join(timeout=5)
+        figures = outcome(members, t0, args.latency)
+        figures.update(cpu_seconds=sampler.cpu(), mock=mock.lateness())
     finally:
         sampler.running = False
         sampler.join(timeout=5)
@@ -318,7 +428,7 @@ def child(args) -> dict:
 def spawn(mode: str, args) -> dict:
     with isolated_env(mode, "fleet") as env:
         forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                     if k not in ("child", "modes", "skip_kill", "skip_memory")]
+                     if k not in ("child", "modes", "skip_kill", "skip_memory", "skip_scale")]
         forwarded += [flag for flag, on in (("--skip-kill", args.skip_kill), ("--skip-memory", args.skip_memory)) if on]
         proc = subprocess.run([sys.executable, __file__, "--child", mode, *forwarded], cwd=REPO, env=env,
                               capture_output=True, text=True)
@@ -360,6 +470,7 @@ def main() -> None:
     parser.add_argument("--mem-timeout", type=float, default=3600)
     parser.add_argument("--skip-kill", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-scale", action="store_true", help="leave out points 2-4 (bench/fleet_scale.py)")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
@@ -373,7 +484,7 @@ def main() -> None:
     per_mode = {}
     for mode in args.modes.split(","):
         r = spawn(mode, args)
-        r.update(scale=scale_figures(mode))
+        r.update(scale={} if args.skip_scale else scale_figures(mode))
         per_mode[mode] = r
         print(f"[{mode}]")
         for label, key in (("run", "run"), ("with a host SIGKILLed mid-way", "kill")):
@@ -382,8 +493,11 @@ def main() -> None:
                 continue
             print(f" {label}: {f['runs']} runs, {f['expired']} lease-expired, ideal {f['ideal']:g}s, took {f['elapsed']:.1f}s"
                   f" (load at the end {f['load']:.1f})")
-            print(f"   last run started {f['start_lag_max']}s after t0; a run took {f['run_seconds_p50']}s (p50), "
-                  f"{f['run_seconds_max']}s (max)")
+            print(f"   runs started {f['start_lag_p50']}s (p50), {f['start_lag_max']}s (last) after t0; a run took "
+                  f"{f['run_seconds_p50']}s (p50), {f['run_seconds_max']}s (max)")
+            print(f"   seconds past the model's latency (p50/p90/max): start to first reply {f['first_reply_over_latency']}, "
+                  f"reply to reply {f['step_over_latency']}; last reply to the run's end {f['last_reply_to_end']}")
+            print(f"   mock vendor: {f['mock']}; CPU seconds: " + ", ".join(f"{k} {v}" for k, v in f["cpu_seconds"].items()))
             show("concurrent_members", f["concurrent_members"], f">= {args.members}")
             show("completion_ratio_to_ideal", f["completion_ratio_to_ideal"], GOALS["completion_ratio_to_ideal"] if key == "run"
                  else f"(ideal+lease {(f['ideal'] + args.lease) / f['ideal']:.2f})")

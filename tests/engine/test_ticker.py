@@ -177,6 +177,25 @@ def test_the_sweep_leaves_fresh_mail_and_recently_woken_members_to_their_own_wak
     assert sorted(tick.sweep_unread()) == sorted([w1.pk, w2.pk])
 
 
+def test_the_sweep_wakes_a_member_once_while_its_wake_waits_in_a_backlogged_queue(space, monkeypatch):
+    """A queue backlog past SWEEP_AFTER: the member's wake is queued, not yet taken (no Wake row). The
+    next ticks must not enqueue one more wake each (the backlog would feed itself); after SWEEP_AFTER
+    with nothing come of it, the sweep tries once more."""
+    from veronica.models import Message
+
+    enqueued = []
+    monkeypatch.setattr(tick, "enqueue_wake", lambda pk, source: enqueued.append(pk))
+    w1 = supervisor.get_member(space, "w1")
+    bus.send(space, "boss", "w1", "its wake waits behind a backlog")
+    Message.objects.update(created_at=timezone.now() - timedelta(minutes=5))
+    assert tick.sweep_unread() == [w1.pk]
+    for _ in range(3):  # the next ticks, the wake still queued
+        assert tick.sweep_unread() == []
+    assert enqueued == [w1.pk]
+    Member.objects.filter(pk=w1.pk).update(wake_queued_at=timezone.now() - tick.SWEEP_AFTER - timedelta(seconds=1))
+    assert tick.sweep_unread() == [w1.pk], "a sweep's wake that never came is tried again"
+
+
 def test_a_due_retention_pass_adds_a_fixed_handful_of_statements_to_an_idle_tick(tmp_path, monkeypatch):
     from django.db import connection
 

@@ -4,10 +4,11 @@ Why threads (and not asyncio, and not one process per run)
 ----------------------------------------------------------
 A run spends seconds waiting on the vendor's HTTP stream and a millisecond or two of CPU per step.
 A django-q2 worker process (~100 MB) held for the whole run made the host's concurrency its worker
-count (4 by default). Here the q2 task only *claims* the slot (the same conditional UPDATE as
-before) and hands the claimed run to a thread of the worker's own run pool, then returns; the worker
-takes the next wake while its runs wait. A waiting thread costs its stack's touched pages and one
-socket (tens of KB), so a process carries hundreds of runs.
+count (4 by default). Here the q2 task only takes a free slot of the worker's own run pool and
+hands the wake to one of its threads, which claims the member (the same conditional UPDATE as
+before) and runs it; the task returns at once and the worker takes the next wake while its runs
+wait. A waiting thread costs its stack's touched pages and one socket (tens of KB), so a process
+carries hundreds of runs.
 
 Threads, not asyncio, because every layer below the run is synchronous and already correct: the
 vendors' official SDK clients (sync, shared per process, cancelled by shutting the thread's socket,
@@ -52,8 +53,11 @@ Back-pressure and q2's semantics
 A worker takes a wake only when its pool has a free slot: the task blocks on the slot first (so a
 wake fetched by a full worker waits, as it did behind a busy worker before) and hands the wake back
 to the broker if no slot frees within a bound well below q2's task timeout. The task returns (and q2
-acks it) once the run has started in its thread: from then on the lease, not q2, is what recovers a
-dead run, as it was already. Run threads are not daemons, so a recycled or stopped worker finishes
+acks it) once the wake is in its thread, before the claim: a worker killed between the two loses the
+wake as one killed with the wake in its queue always did (the wake-queued flag goes stale and the
+tick's sweep rings again, veronica.engine.wakes); from the claim on, the lease, not q2, recovers a
+dead run, as it did already. The claim is still the one conditional UPDATE: two wakes of one member
+on two threads (or hosts) never both claim. Run threads are not daemons, so a recycled or stopped worker finishes
 its runs before it exits (multiprocessing joins them); a killed one leaves expiring leases.
 
 VERONICA_RUNS_PER_WORKER=1 turns the pool off: the task runs the member itself, as before.
@@ -97,27 +101,23 @@ class RunPool:
         # a third of q2's task timeout at most: a task past it gets its worker killed, runs and all
         return self._slots.acquire(timeout=min(SLOT_WAIT_SECONDS, settings.Q_TIMEOUT / 3))
 
-    def unreserve(self) -> None:
-        self._slots.release()
-
-    def start(self, lease, body: Callable[[], object]) -> None:
-        """Run body (the claimed run, to its finish) in a thread of its own; the slot reserved for it
-        is given back when it ends, however it ends."""
-        self.register(lease)
-
+    def start(self, body: Callable[[], object], *, name: str) -> None:
+        """Run body (a wake's claim and its run, to the finish) in a thread of its own; the slot
+        reserved for it is given back when it ends, however it ends."""
         def target() -> None:
             try:
                 body()
             except BaseException:  # the run's own handler logs its errors; this is the last resort
-                log.exception("run thread of member %s ended with an error", lease.member.pk)
+                log.exception("run thread %s ended with an error", name)
             finally:
-                with self._lock:
-                    if self._leases.get(lease.member.pk) is lease:
-                        del self._leases[lease.member.pk]
                 connections.close_all()
                 self._slots.release()
 
-        threading.Thread(target=target, name=f"run-{lease.member.pk}").start()  # not a daemon: see the docstring
+        try:
+            threading.Thread(target=target, name=name).start()  # not a daemon: see the docstring
+        except BaseException:
+            self._slots.release()
+            raise
 
     def idle(self) -> None:
         """A run of this pool is about to wait (a model call, a long tool step): its connection goes back."""
@@ -133,6 +133,12 @@ class RunPool:
         lease.beat = self
         with self._lock:
             self._leases[lease.member.pk] = lease
+
+    def unregister(self, lease) -> None:
+        """The run of this lease has ended: the heartbeat leaves it."""
+        with self._lock:
+            if self._leases.get(lease.member.pk) is lease:
+                del self._leases[lease.member.pk]
 
     def running(self) -> int:
         with self._lock:

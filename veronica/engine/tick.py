@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Now
 
 from veronica.swarm import a2a_calls, audit, bus, events, ledger
 from veronica.engine import alarms, clock, failures, leases, retention, supervisor, watchdogs
@@ -46,7 +47,13 @@ def fire_cron() -> list[int]:
 
 def sweep_unread() -> list[int]:
     """Re-wake every idle active member whose unread mail, or an operator's decision on its held call,
-    no wake has come for (the decision's own wake may be lost too). Coalesces harmlessly."""
+    no wake has come for (the decision's own wake may be lost too). Coalesces harmlessly.
+
+    A wake on its way is left alone: a member whose wake-queued flag was set within SWEEP_AFTER (by
+    a ring, or by this sweep, which sets it for the members it wakes). Without that, a queue backlog
+    longer than SWEEP_AFTER had every tick enqueue one more wake for every member still waiting in
+    it (a Wake row is written only when a wake is taken), so the backlog fed itself: 500 members
+    mailed at once on a busy host took a minute to start, their queue swelling with doorbells."""
     cutoff = clock.now() - SWEEP_AFTER  # the database's clock: mail is stamped by many hosts
     unread = Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True, created_at__lt=cutoff)
     decided = Approval.objects.filter(member=OuterRef("pk"), consumed=False, decided_at__lt=cutoff).exclude(status=ApprovalStatus.PENDING)
@@ -63,7 +70,10 @@ def sweep_unread() -> list[int]:
         Approval.objects.filter(consumed=False, decided_at__lt=cutoff).order_by().values("member_id"),
         Question.objects.filter(consumed=False, answered_at__lt=cutoff).order_by().values("member_id"),
         A2ACall.objects.filter(consumed=False, finished_at__lt=cutoff).order_by().values("member_id")))
-    ids = list(idle.filter(pk__in=owed).filter(work).exclude(Exists(woken_lately)).values_list("pk", flat=True))
+    on_its_way = Q(wake_queued_at__gte=cutoff)
+    ids = list(idle.filter(pk__in=owed).filter(work).exclude(Exists(woken_lately)).exclude(on_its_way).values_list("pk", flat=True))
+    if ids:  # this sweep's wakes are on their way: the next sweeps leave them to arrive (the claim re-stamps it)
+        Member.objects.filter(pk__in=ids, lease_token="").update(wake_queued_at=Now())
     for member_id in ids:
         enqueue_wake(member_id, "message")
     return ids

@@ -52,7 +52,11 @@ def enqueue_wake(member_id: int, source: str, *, front: bool = False, owe: bool 
     # A resume is recovery (a dead run's member, a decided approval, a retry whose backoff ran out):
     # it goes to the head of Redis's list, so the next free worker takes it rather than the
     # doorbells queued behind busy members. So does a wake a worker cut off from the database hands back.
-    options = {"task_name": f"wake-{member_id}-{source}", "broker": wake_broker(front=front or source == "resume")}
+    # save=False: a wake that succeeded leaves no q2 result row (its outcome is the Wake and Run rows).
+    # Saving one cost q2's monitor a transaction per wake that locked its 200 newest results, and in
+    # embedded mode the SQLite write lock the runs' steps wait on (a failed wake is still saved).
+    options = {"task_name": f"wake-{member_id}-{source}", "broker": wake_broker(front=front or source == "resume"),
+               "save": False}
     try:
         async_task("veronica.engine.runner.wake", member_id, source, q_options=options)
     except Exception:

@@ -129,13 +129,25 @@ _CLIENTS: dict[tuple, object] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
+def connection_limits() -> httpx2.Limits:
+    """A streamed call holds its own connection for its whole length, so a process makes as many
+    calls at once as it has runs (veronica.engine.fleet: VERONICA_RUNS_PER_WORKER). httpx's default
+    (100 connections, 20 kept alive) queued the 101st call of a worker inside the pool, where its
+    latency is hidden and a cancel cannot reach it, and reconnected all but 20 after every call."""
+    from django.conf import settings
+
+    runs = getattr(settings, "RUNS_PER_WORKER", 1)
+    return httpx2.Limits(max_connections=None, max_keepalive_connections=max(20, runs))
+
+
 def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
     """One SDK client per process and endpoint, over an HTTP client whose sockets can be aborted."""
     full_key = (os.getpid(), timeout, *key)  # a forked worker never shares its parent's sockets
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(full_key)
         if client is None:
-            http = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)), follow_redirects=True)
+            http = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)), follow_redirects=True,
+                                 limits=connection_limits())
             track_sockets(http)
             client = _CLIENTS[full_key] = make(http)
         return client

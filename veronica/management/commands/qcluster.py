@@ -8,7 +8,9 @@
   pusher, the workers and the ticker share it;
 * SIGTERM / SIGINT stop q2 gracefully, bounded by VERONICA_Q_STOP_GRACE: past it (a worker stuck
   on a database it cannot reach, a run that does not end) the whole process tree is SIGKILLed,
-  which is always safe (runs hold leases that expire and are re-woken elsewhere).
+  which is always safe (runs hold leases that expire and are re-woken elsewhere);
+* q2's sentinel is GuardedSentinel (veronica.engine.qguard): a worker SIGKILLed while it waits for
+  a task no longer stalls the cluster's task queue for good.
 """
 from __future__ import annotations
 
@@ -20,10 +22,12 @@ import threading
 
 from django.conf import settings
 from django.db import DatabaseError, connections
+import django_q.cluster
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as Q2Command
 
 from veronica.engine import outage
+from veronica.engine.qguard import GuardedSentinel
 from veronica.engine.ticker import Ticker
 from veronica.portable.startup import ensure_schedules
 
@@ -97,6 +101,7 @@ class Command(Q2Command):
         settings.SECRET_KEY  # q2 signs tasks with it: fail now, not in a worker
         if options.get("cluster_name"):
             os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
+        django_q.cluster.Sentinel = GuardedSentinel  # what Cluster.start forks (q2 takes no sentinel class)
         cluster = Cluster()
         ticker = Ticker()
         stopping = threading.Event()

@@ -1,0 +1,98 @@
+"""A q2 worker SIGKILLed while it waits for a task (holding the shared task queue's read lock) does
+not stall its cluster for good: the sentinel's queue guard gives the dead worker's lock back
+(veronica.engine.qguard). Both modes, on the real cluster."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from django.db import close_old_connections
+
+from tests.engine.test_fleet import answered, fleet_space, mail_all
+from tests.harness import isolate_queue, qcluster, wait_for
+from tests.vendors.mock_openai import MockOpenAI
+from veronica.management.commands.qcluster import descendants
+
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def own_queue():
+    isolate_queue()
+    yield
+    close_old_connections()
+
+
+def waiting_reader(root: int) -> int | None:
+    """The worker holding the task queue's read lock: the one whose main thread is blocked in read()
+    on the queue's pipe (the others wait for the lock, in futex). Workers are the cluster's processes
+    with a run pool (more than one thread) whose main thread reads; the monitor reads too, alone."""
+    found = []
+    for pid in descendants(root):
+        try:
+            syscall = Path(f"/proc/{pid}/syscall").read_text().split()
+            threads = len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+        if syscall and syscall[0] == "0" and threads > 1:
+            found.append(pid)
+    return found[0] if len(found) == 1 else None
+
+
+def test_a_worker_killed_while_it_waits_for_a_task_does_not_stall_its_cluster(tmp_path):
+    members = fleet_space(tmp_path, 4)
+    log = tmp_path / "cluster.log"
+    with MockOpenAI(api_key="sk-fleet") as mock:
+        mock.configure(latency=0.1, steps=1)
+        with qcluster(workers=2, log_path=log, OPENAI_BASE_URL=mock.base_url, OPENAI_API_KEY="sk-fleet") as proc:
+            holder = wait_for(lambda: waiting_reader(proc.pid), 30, interval=0.2, message="a worker waiting for a task")
+            os.kill(holder, signal.SIGKILL)
+            mail_all(members)
+            wait_for(lambda: answered(members), 60, interval=0.5, message="every member answered after the kill")
+    assert "released it for the dead worker" in log.read_text()
+
+
+class FakeWorker:
+    def __init__(self, alive: bool = True, timer: float = -1) -> None:
+        import multiprocessing
+
+        self.alive, self.pid = alive, os.getpid()
+        self.timer = multiprocessing.Value("f", timer)
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+class FakeSentinel:
+    def __init__(self, workers) -> None:
+        from django_q.queues import Queue
+
+        self.task_queue, self.pool = Queue(maxsize=1), list(workers)
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("died_idle, stopped", [(True, False), (False, False), (True, True)])
+def test_the_guard_gives_back_only_a_dead_idle_workers_lock_behind_which_a_task_waits(died_idle, stopped, monkeypatch):
+    from veronica.engine import qguard
+
+    now = [0.0]
+    dead, live = FakeWorker(alive=False, timer=-1 if died_idle else 30), FakeWorker()
+    sentinel = FakeSentinel([live])
+    guard = qguard.QueueGuard(sentinel, clock=lambda: now[0])
+    monkeypatch.setattr(qguard, "stopped", lambda pid: stopped)
+    sentinel.task_queue._rlock.acquire()  # as the dead worker did, waiting for a task
+    guard.worker_died(dead)
+    sentinel.task_queue.put("wake")
+    wait_for(lambda: sentinel.task_queue.qsize() == 1, 5, interval=0.01, message="the task queued")
+    assert not guard.look()
+    now[0] = qguard.STALL_SECONDS - 0.1
+    assert not guard.look(), "released before the stall lasted STALL_SECONDS"
+    now[0] = qguard.STALL_SECONDS + 0.1
+    released = guard.look()
+    assert released == (died_idle and not stopped)
+    assert sentinel.task_queue._rlock.acquire(block=False) == released
+    if released:
+        sentinel.task_queue._rlock.release()
+        assert sentinel.task_queue.get(timeout=5) == "wake", "a live worker reads the queue again"

@@ -1,0 +1,111 @@
+"""A django-q2 cluster that survives a worker SIGKILLed while it waits for a task.
+
+q2's workers share one multiprocessing task queue, and the worker waiting for the next task holds
+the queue's read lock (a POSIX semaphore) for as long as it waits. SIGKILL it there (the OOM
+killer's pick: a worker with a run pool is the cluster's largest process, and it waits there most
+of the time) and the lock is never released: the sentinel forks a new worker, but it and every
+other worker queue behind the dead one's lock, the pusher blocks on the full queue, and the cluster
+takes no wake again while it still looks alive (the runs already in flight finish).
+
+GuardedSentinel is q2's sentinel (the process that owns the queues and forks the workers) with a
+thread that notices that state and releases the lock on the dead worker's behalf. It acts only when
+all of these hold: a worker died while idle (waiting for a task) since the last release; a task has
+waited in the queue for STALL_SECONDS while a live worker was idle the whole time; the lock is held;
+and no live worker is stopped (SIGSTOP: a frozen reader, which must not find a second one beside it
+when it goes on). A live idle worker takes a waiting task within milliseconds, so the only holder
+left is the dead one, and nobody alive is reading the queue's pipe when the lock is given back.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from django_q.cluster import Sentinel
+
+log = logging.getLogger("veronica.qguard")
+
+STALL_SECONDS = 5.0
+LOOK_EVERY = 0.5
+IDLE = -1  # q2's worker timer: -1 idle (waiting for a task), > 0 running one, 0 timed out, -2 recycled
+
+
+def raw(value) -> float:
+    """A multiprocessing Value read without its lock (a dead process may hold that lock too)."""
+    return value.get_obj().value
+
+
+def stopped(pid: int | None) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+class QueueGuard:
+    """The stall check, on the sentinel's queue and worker pool (kept apart from q2's class to be tested)."""
+
+    def __init__(self, sentinel, clock=time.monotonic) -> None:
+        self.sentinel, self.clock = sentinel, clock
+        self.idle_deaths = 0  # workers that died while idle, counted by the sentinel
+        self.handled = 0  # ... of which a release has answered
+        self.stalled_since: float | None = None
+        self.releases = 0
+
+    def worker_died(self, process) -> None:
+        """The sentinel is about to replace a dead worker: note it if it died waiting for a task."""
+        if not process.is_alive() and raw(process.timer) == IDLE:
+            self.idle_deaths += 1
+
+    def stalled(self) -> bool:
+        """A task waits in the queue while a live worker is idle (and none is stopped)."""
+        queue = self.sentinel.task_queue
+        workers = [p for p in list(self.sentinel.pool) if p.is_alive()]
+        waiting = raw(queue.size.count) > 0
+        idle = any(raw(p.timer) == IDLE for p in workers)
+        return waiting and idle and not any(stopped(p.pid) for p in workers)
+
+    def look(self) -> bool:
+        """One look; True when it released the lock."""
+        if self.idle_deaths <= self.handled or not self.stalled():
+            self.stalled_since = None
+            return False
+        now = self.clock()
+        if self.stalled_since is None:
+            self.stalled_since = now
+            return False
+        if now - self.stalled_since < STALL_SECONDS:
+            return False
+        self.stalled_since = None
+        self.handled = self.idle_deaths
+        lock = self.sentinel.task_queue._rlock
+        if lock._semlock._get_value() != 0:
+            return False  # not held: the stall is something else (a starved host); nothing to give back
+        lock.release()  # a non-recursive SemLock: any process may post it
+        self.releases += 1
+        log.critical("the task queue stalled %.0fs behind a read lock held by a worker that died waiting for a task; "
+                     "released it for the dead worker", STALL_SECONDS)
+        return True
+
+    def run(self) -> None:
+        while True:
+            time.sleep(LOOK_EVERY)
+            try:
+                self.look()
+            except Exception:  # the guard must never take the sentinel down
+                log.warning("queue guard look failed", exc_info=True)
+
+
+class GuardedSentinel(Sentinel):
+    """q2's sentinel with the QueueGuard beside its guard loop (see the module docstring)."""
+
+    def start(self):
+        self.queue_guard = QueueGuard(self)
+        threading.Thread(target=self.queue_guard.run, name="queue-guard", daemon=True).start()
+        super().start()
+
+    def reincarnate(self, process):
+        if process in self.pool:
+            self.queue_guard.worker_died(process)
+        super().reincarnate(process)
