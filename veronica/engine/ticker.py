@@ -93,8 +93,8 @@ class Ticker(threading.Thread):
                 if self.leading:
                     log.warning("engine ticker %s lost the role to another process", self.holder)
                 self.leading = False
+                self._recovered()  # the role's statement got through: this host reaches its database
                 self._follow()
-                self._recovered()
                 return None
             if not self.leading:
                 log.info("engine ticker %s is the active ticker", self.holder)
