@@ -3,8 +3,8 @@
 Every worker host runs one (started by `manage.py qcluster`, no set-up step). Each beat, every
 ticker tries to hold the `engine-ticker` role (one conditional UPDATE on the database's clock);
 the holder runs `tick()`, the others only renew their claim attempt and watch the soonest run lease
-end, expiring it themselves when it runs out (so recovery never waits on a hand-over of the role). A holder that dies stops
-renewing, and a follower takes the role over within `role_ttl()` seconds. So a killed worker's
+end, expiring it themselves when it runs out (so recovery never waits on a hand-over of the role).
+A holder that dies stops renewing, and a follower takes the role over within `role_ttl()` seconds. So a killed worker's
 member is running again within its run lease + about one tick period, and an idle deployment costs
 a handful of indexed statements per period, none per member.
 
