@@ -208,7 +208,10 @@ def child(args) -> dict:
             # wake's row is written after its claim, so the one that started the run is a moment after it
             rung = Wake.objects.filter(member_id=member_id, created_at__gte=expired.ended_at,
                                        created_at__lte=rerun.started_at + timedelta(seconds=1))
-            slowest.append((recoveries[-1], detections[-1], pickups[-1], rung.count(), rung.filter(claimed=False).count(), rerun.source))
+            timeline = " ".join(f"{(at - expired.ended_at).total_seconds():+.1f}s {source}{'' if claimed else ' (unclaimed)'}"
+                                for at, source, claimed in rung.order_by("created_at").values_list("created_at", "source", "claimed"))
+            slowest.append((recoveries[-1], detections[-1], pickups[-1], rung.count(), rung.filter(claimed=False).count(), rerun.source,
+                            timeline))
     stuck = set(Member.objects.filter(space=space).exclude(lease_token="").values_list("pk", flat=True))
     stuck |= set(Member.objects.filter(space=space, run_status="busy").values_list("pk", flat=True))
     stuck |= set(Message.objects.filter(space=space, read_at__isnull=True, recipient__isnull=False).values_list("recipient_id", flat=True))
@@ -367,9 +370,10 @@ def main() -> None:
               f"max {fmt(r['max'])}   (goal <= lease + 5 = {r['lease'] + 5}s)  {load}")
         print(f"    of which kill -> lease expired by the ticker  p50 {fmt(r['detect_p50'])}  max {fmt(r['detect_max'])};"
               f"  lease expired -> running again  p50 {fmt(r['pickup_p50'])}  p99 {fmt(r['pickup_p99'])}  {load}")
-        for total, detect, pickup, wakes, refused, source in r["slowest"]:
+        for total, detect, pickup, wakes, refused, source, timeline in r["slowest"]:
             print(f"    slow: {total:5.1f}s = expiry {detect:5.1f}s + pickup {pickup:5.1f}s ({wakes} wakes received, {refused} unclaimed;"
                   f" the run came from a {source} wake)")
+            print(f"          wakes after the expiry (written after their claim): {timeline or 'none'}")
         cut = r.get("partition")
         if cut:
             print(f"  partition: one host cut from PostgreSQL for {cut['seconds']:.0f}s, {cut['mails']} mails: wait p50 {fmt(cut['p50'])}"

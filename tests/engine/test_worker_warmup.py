@@ -33,3 +33,43 @@ def test_a_failed_warm_up_leaves_the_worker_to_start(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="veronica.engine.warm"):
         warm.warm_worker(proc_name="Process-1")
     assert "warm-up failed" in caplog.text
+
+
+def test_a_hosts_pusher_fetches_no_wake_before_one_of_its_workers_is_warm(tmp_path, monkeypatch):
+    """q2 forks the pusher last and it is ready at once, while a worker's warm-up took 7.5 s at load 8:
+    wakes it fetched meanwhile (a resume pushed to the head of the list among them) waited on the
+    warming workers, or died with the host. The pusher now waits for the host's ready note."""
+    from veronica.engine import qbroker
+
+    monkeypatch.setenv(warm.READY_ENV, str(tmp_path / "ready"))
+    monkeypatch.setattr(warm, "READY_PAUSE", 0)
+    fetched = []
+    monkeypatch.setattr(qbroker.Redis, "dequeue", lambda self: fetched.append(1) or [("ack", "task")])
+    pusher = qbroker.GatedRedis.__new__(qbroker.GatedRedis)
+    assert pusher.dequeue() is None and not fetched, "no worker of this host is warm: the wake stays in Redis"
+    warm.warm_worker(proc_name="Process-1")
+    assert pusher.dequeue() == [("ack", "task")], "a warm worker lets the pusher fetch"
+    warm.clear_ready()  # (what the qcluster does at its start and its stop)
+    assert pusher.dequeue() is None
+
+
+def test_a_worker_whose_warm_up_failed_still_opens_the_door(tmp_path, monkeypatch):
+    monkeypatch.setenv(warm.READY_ENV, str(tmp_path / "ready"))
+    monkeypatch.setattr(slot, "claim", lambda *a, **k: (_ for _ in ()).throw(OperationalError("the database is down")))
+    warm.warm_worker(proc_name="Process-1")
+    assert warm.is_ready(), "its first wake pays the warm-up, as before the note: the host must not stop fetching for good"
+
+
+def test_the_embedded_pusher_waits_for_a_warm_worker_too(tmp_path, monkeypatch):
+    from veronica.engine import qbroker
+
+    monkeypatch.setenv(warm.READY_ENV, str(tmp_path / "ready"))
+    monkeypatch.setattr(warm, "READY_PAUSE", 0)
+    pusher = qbroker.DoorbellORM.__new__(qbroker.DoorbellORM)
+    monkeypatch.setattr(qbroker.DoorbellORM, "get_connection", lambda self: (_ for _ in ()).throw(AssertionError("fetched")))
+    assert pusher.dequeue() is None
+
+
+def test_without_a_qcluster_there_is_no_door_to_hold(monkeypatch):
+    monkeypatch.delenv(warm.READY_ENV, raising=False)
+    assert warm.is_ready() and warm.wait_until_ready()

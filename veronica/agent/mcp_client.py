@@ -15,16 +15,19 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
-
-from mcp import Client, MCPError, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CONNECTION_CLOSED, CallToolResult
-from mcp.types import Tool as McpToolInfo
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from veronica.agent.runctx import stop_requested
 from veronica.agent.tools.sandbox import Capped
+
+if TYPE_CHECKING:
+    from mcp import Client
+    from mcp.types import CallToolResult
+    from mcp.types import Tool as McpToolInfo
+
+# The MCP SDK is imported on first use, not with this module: its protocol types are ~1 CPU-s of
+# pydantic models, which every worker paid at start-up (and a host at load 8 paid for seconds) though
+# most members never reach an MCP server.
 
 log = logging.getLogger(__name__)
 STDERR_TAIL = 600  # characters of a failed server's stderr shown in its error
@@ -66,6 +69,8 @@ async def _guarded_http(url: str):
 
     from veronica.ops import outbound
 
+    from mcp.client.streamable_http import streamable_http_client
+
     async with outbound.async_client_factory(outbound.MCP)(httpx2.Timeout(30, read=300)) as http:
         async with streamable_http_client(url, http_client=http) as streams:
             yield streams
@@ -74,6 +79,9 @@ async def _guarded_http(url: str):
 def connection_lost(exc: BaseException) -> bool:
     if isinstance(exc, McpCancelled):
         return False  # the run stopped it: never retried on a new connection
+    from mcp import MCPError
+    from mcp.types import CONNECTION_CLOSED
+
     return not isinstance(exc, MCPError) or exc.error.code == CONNECTION_CLOSED
 
 
@@ -124,6 +132,9 @@ class _Connection:
     def _server(self):
         if self.spec.transport == "http":
             return _guarded_http(self.spec.url)
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
         params = StdioServerParameters(command=self.spec.argv[0], args=list(self.spec.argv[1:]), env=dict(self.spec.env),
                                        cwd=self.spec.cwd or None)
         return stdio_client(params, errlog=self.errlog)
@@ -131,6 +142,8 @@ class _Connection:
     async def _serve(self) -> None:
         if self.err_read is not None:
             self.loop.add_reader(self.err_read, self._drain_stderr)
+        from mcp import Client
+
         try:
             async with Client(self._server(), read_timeout_seconds=self.spec.timeout, cache=None) as client:
                 self._spawned()

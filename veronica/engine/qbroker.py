@@ -24,7 +24,7 @@ from django_q.brokers.redis_broker import Redis
 from django_q.conf import Conf
 
 from veronica.plumbing import doorbell
-from veronica.engine import outage
+from veronica.engine import outage, warm
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class DoorbellORM(ORM):
         return pk
 
     def dequeue(self):
+        if not warm.wait_until_ready():  # no worker of this host is warm yet: leave the wakes to one that is
+            return None
         tasks = self.get_connection().filter(key=self.list_key, lock__lt=self._now())[0:Conf.BULK]
         if tasks:
             taken = []
@@ -72,12 +74,15 @@ class DoorbellORM(ORM):
 
 class GatedRedis(Redis):
     """Hosted mode's broker: django-q2's Redis broker whose pusher fetches nothing while this host is
-    cut off from the database (veronica.engine.outage): the wakes stay in Redis for a host that can
-    run them, instead of each being fetched here, tried and handed back."""
+    cut off from the database (veronica.engine.outage), or before any of its workers is warm
+    (veronica.engine.warm): the wakes stay in Redis for a host that can run them now, instead of each
+    being fetched here, tried and handed back, or held until the workers are ready."""
 
     def dequeue(self):
         if outage.is_down():
             time.sleep(GATE_PAUSE)
+            return None
+        if not warm.wait_until_ready():  # no worker of this host is warm yet: leave the wakes to one that is
             return None
         return super().dequeue()
 

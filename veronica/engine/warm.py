@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import time
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,48 @@ MODULES = (
 )
 NO_MEMBER = 0  # ids start at 1: the claim compiles, runs and matches no row
 
+# The host's "a worker is ready" note, shared by its qcluster's processes like the outage note
+# (veronica.engine.outage): `manage.py qcluster` names a file here before q2 forks, a worker writes it
+# once warm, and the pusher fetches no wake before it stands. q2 forks the pusher last and it is
+# ready at once, while each worker still imports the agent stack and the vendors' SDKs: 7.5 s at
+# load 8 on two cores, during which the pusher held wakes nobody here could take (a resume pushed
+# to the head of Redis's list among them), lost with the host if it died meanwhile. Without the
+# variable (no qcluster: tests, a shell) there is no pusher to hold back.
+READY_ENV = "VERONICA_WORKER_READY_MARK"
+READY_PAUSE = 0.1  # how often a pusher waiting on its workers looks again
+
+
+def mark_ready() -> None:
+    path = os.environ.get(READY_ENV, "")
+    if path and not os.path.exists(path):
+        try:
+            open(path, "a").close()
+        except OSError:  # an unwritable temp dir: fetch at once, as before the note
+            os.environ.pop(READY_ENV, None)
+
+
+def clear_ready() -> None:
+    path = os.environ.get(READY_ENV, "")
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def is_ready() -> bool:
+    path = os.environ.get(READY_ENV, "")
+    return not path or os.path.exists(path)
+
+
+def wait_until_ready() -> bool:
+    """The pusher's gate (veronica.engine.qbroker): False, after a short pause, while no worker of
+    this host is warm, so the caller fetches nothing yet."""
+    if is_ready():
+        return True
+    time.sleep(READY_PAUSE)
+    return False
+
 
 def warm_worker(**_) -> None:
     """post_spawn receiver: the worker's run pool (veronica.engine.fleet), then the warm-up. Best effort: a worker that cannot warm up (the database down at spawn)
@@ -31,6 +75,7 @@ def warm_worker(**_) -> None:
 
     from veronica.engine import fleet
 
+    started = time.monotonic()
     fleet.enable()  # this worker's run pool (and its connection pool), before it reads a task
     try:
         for name in MODULES:
@@ -40,6 +85,8 @@ def warm_worker(**_) -> None:
 
         for source in MAIL_SOURCES[:1] + ("timer",):
             slot.claim(NO_MEMBER, source, gates=("breaker", "mail") if source in MAIL_SOURCES else ("breaker",))
+        log.info("worker warmed up in %.2fs", time.monotonic() - started)
     except Exception:
         log.warning("worker warm-up failed; its first wake will warm it", exc_info=True)
         connections.close_all()  # a broken connection is not handed to the first task
+    mark_ready()  # warm or not, this worker takes wakes now

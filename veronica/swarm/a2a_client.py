@@ -12,14 +12,26 @@ import uuid
 from dataclasses import dataclass
 
 import httpx
-from a2a import types as t
 from pydantic import ValidationError
 
 from veronica.ops import outbound
 from veronica.plumbing.errors import VeronicaError
 
-TERMINAL = {t.TaskState.completed, t.TaskState.failed, t.TaskState.canceled, t.TaskState.rejected}
-WAITS_ON_US = {t.TaskState.input_required, t.TaskState.auth_required}
+
+class _A2ATypes:
+    """a2a-sdk's models, imported on first use rather than with this module: they are ~0.5 CPU-s of
+    pydantic classes that every worker paid at start-up, though most members never call an agent."""
+
+    def __getattr__(self, name: str):
+        from a2a import types
+
+        return getattr(types, name)
+
+
+t = _A2ATypes()
+# TaskState values (a str enum: its members compare equal to these)
+TERMINAL = {"completed", "failed", "canceled", "rejected"}
+WAITS_ON_US = {"input-required", "auth-required"}
 POLL_EVERY = 0.5
 MAX_ANSWER_BYTES = 1024 * 1024
 
@@ -165,7 +177,8 @@ class Outcome:
 
 
 def ended(task: t.Task) -> bool:
-    return task.status.state in TERMINAL | WAITS_ON_US
+    state = task.status.state
+    return getattr(state, "value", state) in TERMINAL | WAITS_ON_US
 
 
 def cancel_quietly(endpoint: str, token: str, task_id: str) -> None:

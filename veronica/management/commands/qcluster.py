@@ -26,7 +26,7 @@ import django_q.cluster
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as Q2Command
 
-from veronica.engine import outage
+from veronica.engine import outage, warm
 from veronica.engine.qguard import GuardedSentinel
 from veronica.engine.ticker import Ticker
 from veronica.portable.startup import ensure_schedules
@@ -132,6 +132,8 @@ class Command(Q2Command):
         connections.close_all()  # never hand our socket to the forked sentinel and workers
         os.environ[outage.MARK_ENV] = os.path.join(tempfile.gettempdir(), f"veronica-db-outage-{os.getpid()}")
         outage.mark_up()  # (a note a recycled pid left behind)
+        os.environ[warm.READY_ENV] = os.path.join(tempfile.gettempdir(), f"veronica-worker-ready-{os.getpid()}")
+        warm.clear_ready()  # (the same) the pusher fetches once a worker of this cluster says it is warm
         cluster.start()
         if options.get("run_once", False) or stopping.is_set():
             cluster.stop()
@@ -145,3 +147,4 @@ class Command(Q2Command):
             cluster.sentinel.join()
         ticker.join(timeout=2)  # hands the role back, so a follower takes over at its next beat
         outage.mark_up()
+        warm.clear_ready()
