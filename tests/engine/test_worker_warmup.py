@@ -73,3 +73,19 @@ def test_the_embedded_pusher_waits_for_a_warm_worker_too(tmp_path, monkeypatch):
 def test_without_a_qcluster_there_is_no_door_to_hold(monkeypatch):
     monkeypatch.delenv(warm.READY_ENV, raising=False)
     assert warm.is_ready() and warm.wait_until_ready()
+
+
+def test_a_worker_host_starts_without_the_sdks_few_members_use():
+    """A fresh worker host's start-up is what a kill's recovery waits on under load (bench/recovery.py:
+    at load 8 a qcluster took ~18 s to take wakes). What every worker imports stays lean: the MCP
+    SDK, a2a-sdk and daphne's Twisted load on first use, in the processes that use them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, django; django.setup(); from veronica.engine import warm; import importlib;"
+            "[importlib.import_module(m) for m in warm.MODULES];"
+            "print(sorted(n for n in ('mcp', 'mcp_types', 'a2a', 'twisted', 'autobahn') if n in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "veronica.settings"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"a worker's start-up imports {out.stdout.strip()}"
