@@ -33,13 +33,10 @@ def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False
     ``keys``, when given, receives per segment (with ``messages``) a key that changes whenever the
     segment does: its session, first and last seq and length (rows are never changed, only added
     or trimmed)."""
-    by_session: dict[str, list[tuple[int, Call | None]]] = {}
     held = held or space_window(space_key, cfg.mine_window)  # (held between sweeps: only new rows read)
-    for session, seq, call, _ in held.rows.values():
-        by_session.setdefault(session, []).append((seq, call))
+    by_session = _by_session(held)
     segments = []
-    for session in sorted(by_session):
-        items = sorted(by_session[session], key=lambda t: t[0])
+    for session, items in by_session.items():
         if messages:
             segments.append([c for _, c in items])
             if keys is not None:
@@ -57,6 +54,21 @@ def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False
             if episodes is not None:
                 episodes.append(marks)
     return segments
+
+
+def _by_session(held) -> dict[str, list[tuple[int, Call | None]]]:
+    """The window's rows by session (sessions sorted, each in seq order), grouped once per state of
+    the window: a sweep's two miners (calls, messages and calls) read the same grouping."""
+    state = (held.anchor, len(held.rows), next(iter(held.rows), None))
+    got = held.grouped
+    if got is not None and got[0] == state:
+        return got[1]
+    by_session: dict[str, list[tuple[int, Call | None]]] = {}
+    for session, seq, call, _ in held.rows.values():
+        by_session.setdefault(session, []).append((seq, call))
+    out = {session: sorted(by_session[session], key=lambda t: t[0]) for session in sorted(by_session)}
+    held.grouped = (state, out)
+    return out
 
 
 def promotable(cand: Candidate, index: TraceIndex, cfg: WaggleConfig) -> Route | None:
