@@ -6,18 +6,22 @@ may leave no trace in its text or calls (a *silent read*), and then looks exactl
 not need. Booking every silent step unused makes the ledger systematically stricter than the truth,
 by the share of its reads the model keeps quiet about.
 
-That share is measured, not assumed: after a replay fired, each read-only call the model then makes
-itself (a *witness*: the model asked for it, so it wanted its output) whose output brought specific
-values of its own is watched the same way; a later reply that draws on it *spoke*. Over a space's
-runs, ``spoke / witnesses`` is the share of its reads the model names, ``s``. When a run ends with
-``D`` replayed steps drawn on, about ``D * (1 - s) / s`` more of its replayed steps were used in
-silence; those already inferred otherwise (a list walked past, a walk continued) count towards it,
-and the rest is booked on the run's silent steps that had something to show, earliest first. A run
-whose replays were never drawn on (``D = 0``) gets no credit: a route that misses is still demoted.
-No credit either until ``MIN_WITNESSES`` reads were watched, or when the model named none of them.
+That share is measured, not assumed, per space and per tool (a list the model skims is named less
+often than a record it acts on): once a replay fired in a run, each read-only call the model then
+makes itself (a *witness*: it asked for it, so it wanted its output) whose output brought specific
+values of its own is watched the same way; a later reply that draws on it *spoke*; ``s_T`` is
+``spoke / witnesses`` for tool T. When a run ends, a route whose replayed steps of tool T were drawn
+on ``D_T`` times is owed ``sum D_T * (1 - s_T) / s_T`` steps used in silence; those already inferred
+otherwise (a list walked past, a walk continued) count towards it, and the rest is booked on the
+route's silent steps of the run that had something to show, earliest first (the rounding remainder
+is carried to the route's next runs, at most ``MAX_CARRY`` steps). Credit never crosses routes, and
+a route none of whose steps is drawn on earns none: a route that misses is still demoted. A tool
+with fewer than ``MIN_WITNESSES`` watched reads, or none named, earns nothing (silence stays unused).
 
-Kept per process (a run's replies are judged in the process that holds its slot): a new process
-starts without a measure and books silence as unused until it has one.
+Limits: witnesses are read from the ring, which keeps a JSON output's leaves but not a plain-text
+output's words, so a tool that answers in plain text is not measured (its silence stays unused:
+the ledger errs strict). Kept per process (a run's replies are judged in the process that holds its
+slot): a new process starts without a measure.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from waggle import evidence
+from waggle.inbound import is_message
 from waggle.recorder import Recorder
 from waggle.trace import Call, decode_value
 
@@ -39,6 +44,7 @@ MAX_CARRY = 3              # silent steps a route's drawn steps may owe to its l
 
 @dataclass
 class _Session:
+    started: bool = False                           # the ring was read once (what came before is known)
     upto: int = 0                                   # last ring seq examined for witnesses
     known: set = field(default_factory=set)         # every value the session held up to ``upto``
     watching: list = field(default_factory=list)    # (tool, evidence values) of witnesses not yet drawn on
@@ -78,7 +84,8 @@ def watch(space_key: str, session_key: str, ring: Recorder, since: int | None, r
     st = _session(space_key, session_key)
     calls = ring.recent()
     first = ring.last_seq - len(calls) + 1  # seq of calls[0]
-    if st.upto == 0:
+    if not st.started:
+        st.started = True
         st.upto = first - 1 if since is None else min(since, ring.last_seq)
         for c in calls[: max(0, st.upto - first + 1)]:
             st.known |= evidence.values_of(c)
@@ -101,7 +108,7 @@ def watch(space_key: str, session_key: str, ring: Recorder, since: int | None, r
 
 
 def _own_read(c: Call, replayed: set) -> bool:
-    return not c.barrier and not c.tool.startswith("(") and c.invocation() not in replayed
+    return not c.barrier and not is_message(c) and c.invocation() not in replayed
 
 
 def _evidence_of(c: Call, known: set[str]) -> list[str]:
