@@ -9,7 +9,10 @@
 3. Steady-state sweep cost (``service.sweep`` on a throw-away SQLite database): a space whose
    2,000-call window is full gets ``mine_period`` (8) new calls between two sweeps, as a live
    space does; median and max over 20 sweeps, for mixed calls (tools and values of a coding
-   agent) and for 2,000 identical calls. Goal: <= 50 ms. Printed with the load average.
+   agent), for 2,000 identical calls, for a support agent's calls among the user messages that
+   woke it (``messages``: the inbound routes' miner reads these) and, when the file is here, for
+   τ-bench airline's real trajectories cycled (``tau``). Goal: <= 50 ms. Printed with the load
+   average.
 
 The traces: a background of random calls over a few dozen read-only tools, planted routines (a 2-3
 step trigger, then 1-6 steps determined by the trigger's arguments), decoy routines sharing a
@@ -21,6 +24,7 @@ stretch of the timeline, so the replay phase uses values never seen while mining
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -321,9 +325,50 @@ def bench_replay(n_calls: int, seed: int, cfg: MineConfig, min_prefix: int, min_
           f"false: {dict(sorted(st.false_by_kind.items()))}")
 
 
-def bench_sweep(window: int = 2_000, sweeps: int = 20, seed: int = 7) -> None:
+def _message_events(seed: int):
+    """An endless stream of (session, kind, payload) events of a support agent woken by messages:
+    each session opens with a user's message naming their id and an order (values never seen
+    before), the agent looks the user up (90 %), then the order (80 %), among background calls."""
+    rng = random.Random(seed)
+    names = ["mia", "noah", "ava", "liam", "zoe", "omar", "ines", "yuki", "sara", "ivan"]
+    s = 0
+    while True:
+        s += 1
+        session, user = f"m{s}", f"{rng.choice(names)}_{rng.choice(names)}_{rng.randint(1000, 9999)}"
+        order = "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6))
+        yield session, "message", f"Hi, I am {user}. Where is my order {order}? Thanks."
+        if rng.random() < 0.9:
+            yield session, "call", ("get_user", {"user_id": user}, json.dumps({"orders": [order, "ZZ" + order[:4]]}))
+        if rng.random() < 0.8:
+            yield session, "call", ("get_order", {"order_id": order}, json.dumps({"id": order, "n": rng.randint(0, 99)}))
+        for _ in range(rng.randint(2, 12)):
+            call = background_call(rng, s // 50)
+            yield session, "call", (call.tool, dict(call.args), json.dumps({"id": f"ID{rng.randint(0, 999)}"}))
+        if rng.random() < 0.5:
+            yield session, "message", f"Also, can you check {rng.choice(names)} {rng.randint(1, 9)}?"
+
+
+def _tau_events(path: Path):
+    """τ-bench airline's real trajectories as one endless stream (each pass through the file gets
+    fresh session names): the user messages and every tool call with its recorded output."""
+    from replay_eval import events_of, load, tool_kinds  # (the eval's reader: the same events)
+
+    trajs = load(path)
+    mutating = tool_kinds(path, [])
+    n = 0
+    while True:
+        for t in trajs:
+            n += 1
+            for kind, call, out in events_of(t):
+                if kind == "user":
+                    yield f"t{n}", "message", call
+                else:
+                    yield f"t{n}", "call", (call["name"], call["args"] if isinstance(call["args"], dict) else {},
+                                            out, call["name"] in mutating)
+
+
+def bench_sweep(window: int = 2_000, sweeps: int = 20, seed: int = 7, modes: tuple = ()) -> None:
     """Steady-state ``service.sweep`` over a full window (see the module docstring, 3.)."""
-    import json
     import os
     import tempfile
     from dataclasses import replace
@@ -346,15 +391,28 @@ def bench_sweep(window: int = 2_000, sweeps: int = 20, seed: int = 7) -> None:
 
     cfg = replace(default_config(), mine_period=10 ** 9, mine_window=window, retention_calls=window, sweep_async=False)
     period = default_config().mine_period
-    for mode in ("mixed", "identical"):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from replay_eval import DEFAULT_TRACES
+
+    tau = DEFAULT_TRACES if DEFAULT_TRACES.exists() else None  # (the "tau" window, when the file is here)
+    modes = modes or ("mixed", "identical", "messages") + (("tau",) if tau else ())
+    for mode in modes:
         rng = random.Random(seed)
         space = f"sweep-{mode}"
         n = 0
+        stream = _message_events(seed) if mode == "messages" else _tau_events(tau) if mode == "tau" else None
 
         def one() -> None:
             nonlocal n
             session = f"s{n // 40}"
-            if mode == "identical":
+            if stream is not None:  # messages and calls: the inbound routes' miner has work too
+                session, kind, ev = next(stream)
+                if kind == "message":
+                    service.inbound(space, session, "m", ev, None, config=cfg)
+                else:
+                    tool, args, out, *mut = ev
+                    service.observe(space, session, "m", tool, args, bool(mut and mut[0]), out, config=cfg)
+            elif mode == "identical":
                 service.observe(space, session, "m", "read_file", {"path": "a.py"}, False, "same", config=cfg)
             else:
                 call = background_call(rng, n // 500) if rng.random() < 0.8 else mutating_call(rng, n // 500)
@@ -378,7 +436,7 @@ def bench_sweep(window: int = 2_000, sweeps: int = 20, seed: int = 7) -> None:
         # CPU time beside wall time: on a loaded host the wall clock mostly measures the queue
         print(f"steady sweep, {window}-call window, {mode:9s}: median {statistics.median(times):6.1f} ms "
               f"(CPU {statistics.median(cpu):5.1f} ms), max {max(times):6.1f} ms (CPU {max(cpu):5.1f} ms) over "
-              f"{sweeps} sweeps of {period} new calls (goal <= 50 ms; load {load})")
+              f"{sweeps} sweeps of {period} new events (goal <= 50 ms; load {load})")
 
 
 def main() -> None:
@@ -389,9 +447,11 @@ def main() -> None:
     ap.add_argument("--replay-calls", type=int, default=40_000)
     ap.add_argument("--min-confidence", type=float, default=0.8)
     ap.add_argument("--sweep-only", action="store_true", help="only the steady-state sweep figure (3.)")
+    ap.add_argument("--sweep-mode", action="append", choices=["mixed", "identical", "messages", "tau"],
+                    help="only this kind of window in the sweep figure (repeatable; default: all)")
     opts = ap.parse_args()
     if opts.sweep_only:
-        bench_sweep(seed=opts.seed)
+        bench_sweep(seed=opts.seed, modes=tuple(opts.sweep_mode or ()))
         return
     cfg = MineConfig(min_len=2, max_len=8, k=3)
     sizes = [200, 2_000, 20_000] + ([] if opts.quick else [200_000])

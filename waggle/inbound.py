@@ -196,41 +196,162 @@ def concrete(tool: str, key: str, literals: Sequence[tuple[str, str]], token: st
     return (tool, tuple(sorted(list(literals) + [(key, flatten_value(token))])))
 
 
-def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, min_confidence: float,
-               z: float, wilson) -> list[Heard]:
-    """Inbound routes in ``segments`` (one per session: messages and calls in order; None entries
-    are calls that may not be mined, e.g. a replay's), best first (most contexts used). Linear in
-    the number of events times the shapes learned (a handful)."""
-    # 1. sightings: an argument value that is a token of an earlier message of the session
+class HeardMemo:
+    """What :func:`mine_heard` found in each session, kept between sweeps (a sweep then reads only
+    the sessions that changed: a steady-state sweep stays cheap). Keyed by a caller's key that
+    changes whenever a session's events do (its first and last seq and its length); the second
+    pass's result also by the shapes, rivals and sources it was computed with. Entries of sessions
+    not passed in are dropped at each call."""
+
+    def __init__(self) -> None:
+        self.sightings: dict = {}  # key -> the session's sightings (pass 1)
+        self.evidence: dict = {}   # key -> (model, the session's evidence) (pass 2)
+
+
+def _sightings(seg: Sequence[Call | None]) -> tuple[dict, dict, dict]:
+    """Pass 1 on one session: each argument value that is a token of an earlier message of the
+    session and still pending there, by (tool, key), by (tool, key, other literals), and by the
+    output places that also held it."""
     values: dict[tuple[str, str], set[str]] = {}
     groups: dict[tuple[str, str, tuple], set[str]] = {}
     found: dict[tuple[str, str, tuple], dict[Source, set[str]]] = {}  # ... that an earlier output also held
-    for seg in segments:
-        heard: set[str] = set()
-        used: set[str] = set()
-        places = _Places(seg)
-        for j, c in enumerate(seg):
-            if c is None:
+    heard: set[str] = set()
+    used: set[str] = set()
+    places = _Places(seg)
+    for j, c in enumerate(seg):
+        if c is None:
+            continue
+        if is_message(c):
+            heard.update(message_tokens(c))
+            continue
+        before = set(used)
+        used |= used_values([c])
+        if not c.barrier:
+            for key, v in c.args:
+                d = decode_value(v)
+                if isinstance(d, str) and d in heard and d not in before:  # (a value still pending)
+                    values.setdefault((c.tool, key), set()).add(d)
+                    lits = tuple((k, x) for k, x in c.args if k != key)
+                    groups.setdefault((c.tool, key, lits), set()).add(d)
+                    for src in places.sources(v, j):
+                        found.setdefault((c.tool, key, lits), {}).setdefault(src, set()).add(d)
+    return values, groups, found
+
+
+def _evidence(seg: Sequence[Call | None], cands: list, shapes: Mapping, rivals: tuple,
+              sources: Mapping[int, Source]) -> tuple[dict, dict, dict]:
+    """Pass 2 on one session: replay the rule at each message (what :func:`choose` computes there,
+    kept up to date in one pass). Per candidate index, per distinct value: [sightings, followed by
+    the call]; the same for the joined rule; the first value each candidate was seen on."""
+    seen: dict[int, dict[str, list[int]]] = {}
+    joined: dict[int, dict[str, list[int]]] = {}
+    examples: dict[int, str] = {}
+    allshapes = list(shapes.values()) + list(rivals)
+    following: list = [False] * (len(seg) + 1)  # the next event that is a call (or a replay's None)
+    for at in range(len(seg) - 1, -1, -1):
+        x = seg[at]
+        following[at] = x if (x is None or not is_message(x)) else following[at + 1]
+    used: set[str] = set()
+    made: set = set()
+    said: set[str] = set()      # tokens of the messages so far that fit a shape
+    waiting: set[str] = set()   # ... and that no call has used yet
+    listed: dict[Source, set[str]] = {src: set() for src in set(sources.values())}  # (as JSON texts)
+    for at, c in enumerate(seg):
+        if c is None:
+            continue
+        if not is_message(c):
+            values = used_values([c])
+            used |= values
+            waiting -= values
+            made.add(c.invocation())
+            for src, texts in listed.items():
+                texts |= _at(c, src)
+            continue
+        toks = message_tokens(c)
+        for t in toks:
+            if t not in said and any(sh.fits(t) for sh in allshapes):
+                said.add(t)
+                if t not in used:
+                    waiting.add(t)
+        nxt = following[at + 1]
+        if nxt is None:
+            continue  # a replay stood there (not mining input): no evidence either way
+        for i, src in sources.items():  # the joined rule: a value of its shape no output listed is no candidate
+            shape = shapes[cands[i]]
+            left = [t for t in waiting if not (shape.fits(t) and flatten_value(t) not in listed[src])]
+            if len(left) != 1 or left[0] not in toks or not shape.fits(left[0]):
                 continue
-            if is_message(c):
-                heard.update(message_tokens(c))
+            tool, key, lits = cands[i]
+            step = concrete(tool, key, lits, left[0])
+            if step not in made:
+                t = joined.setdefault(i, {}).setdefault(left[0], [0, 0])
+                t[0] += 1
+                t[1] += nxt is not False and nxt.invocation() == step
+        if len(waiting) != 1:
+            continue
+        (token,) = waiting
+        if token not in toks:
+            continue
+        for i, cand in enumerate(cands):  # each candidate judged as if it were the only route of its shape
+            if not shapes[cand].fits(token):
                 continue
-            before = set(used)
-            used |= used_values([c])
-            if not c.barrier:
-                for key, v in c.args:
-                    d = decode_value(v)
-                    if isinstance(d, str) and d in heard and d not in before:  # (a value still pending)
-                        values.setdefault((c.tool, key), set()).add(d)
-                        lits = tuple((k, x) for k, x in c.args if k != key)
-                        groups.setdefault((c.tool, key, lits), set()).add(d)
-                        for src in places.sources(v, j):
-                            found.setdefault((c.tool, key, lits), {}).setdefault(src, set()).add(d)
+            tool, key, lits = cand
+            step = concrete(tool, key, lits, token)
+            if step in made:
+                continue
+            t = seen.setdefault(i, {}).setdefault(token, [0, 0])
+            t[0] += 1  # the session ending without the call is a miss
+            t[1] += nxt is not False and nxt.invocation() == step
+            examples.setdefault(i, token)
+    return seen, joined, examples
+
+
+def _cached(memo: "HeardMemo | None", keys: Sequence | None, table: str, segments: Sequence, compute,
+            model: Any = None) -> list:
+    """Each segment's result of ``compute`` (from ``memo``'s ``table`` when its key and ``model``
+    match; entries of keys not passed in are dropped)."""
+    if memo is None or keys is None:
+        return [compute(seg) for seg in segments]
+    old, fresh, out = getattr(memo, table), {}, []
+    for key, seg in zip(keys, segments):
+        got = old.get(key)
+        if got is None or got[0] != model:
+            got = (model, compute(seg))
+        fresh[key] = got
+        out.append(got[1])
+    setattr(memo, table, fresh)
+    return out
+
+
+def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, min_confidence: float,
+               z: float, wilson, keys: Sequence | None = None, memo: HeardMemo | None = None) -> list[Heard]:
+    """Inbound routes in ``segments`` (one per session: messages and calls in order; None entries
+    are calls that may not be mined, e.g. a replay's), best first (most contexts used). Linear in
+    the number of events times the shapes learned (a handful). With ``keys`` (one per segment,
+    changing whenever its segment does) and a ``memo`` kept between calls, a session already read
+    is not read again (the same result: tests compare)."""
+    if keys is not None and len(keys) != len(segments):
+        raise ValueError("mine_heard: one key per segment")
+    # 1. sightings: an argument value that is a token of an earlier message of the session
+    values: dict[tuple[str, str], set[str]] = {}
+    groups: dict[tuple[str, str, tuple], set[str]] = {}
+    found: dict[tuple[str, str, tuple], dict[Source, set[str]]] = {}
+    for v1, g1, f1 in _cached(memo, keys, "sightings", segments, _sightings):
+        for arg, vals in v1.items():
+            values.setdefault(arg, set()).update(vals)
+        for g, vals in g1.items():
+            groups.setdefault(g, set()).update(vals)
+        for g, by_src in f1.items():
+            mine = found.setdefault(g, {})
+            for src, vals in by_src.items():
+                mine.setdefault(src, set()).update(vals)
     shapes_by_arg = {arg: TokenShape.learn(sorted(vals)) for arg, vals in values.items()
                      if len(vals) >= max(1, min_contexts)}
     shapes_by_arg = {arg: s for arg, s in shapes_by_arg.items() if s is not None}
     cands = [g for g, vals in groups.items() if len(vals) >= max(1, min_contexts) and (g[0], g[1]) in shapes_by_arg]
     if not cands:
+        if memo is not None and keys is not None:
+            memo.evidence = {}
         return []
     cands.sort()
     shapes = {g: shapes_by_arg[(g[0], g[1])] for g in cands}
@@ -245,68 +366,22 @@ def mine_heard(segments: Sequence[Sequence[Call | None]], *, min_contexts: int, 
             sources[i] = max(held, key=lambda t: (t[0], repr(t[1])))[1]
     # 2. evidence: replay the rule on every message; the unit is the distinct value (near-copies of
     # one task count once, by the share of their sightings that were followed by the call)
-    # (one pass per session: what :func:`choose` computes at each message, kept up to date)
+    model = (tuple(cands), tuple(shapes[g] for g in cands), rivals, tuple(sorted(sources.items())))
     seen: dict[int, dict[str, list[int]]] = {i: {} for i in range(len(cands))}
     joined: dict[int, dict[str, list[int]]] = {i: {} for i in sources}  # the joined rule's sightings
     examples: dict[int, str] = {}
-    allshapes = list(shapes.values()) + list(rivals)
-    for seg in segments:
-        following: list = [False] * (len(seg) + 1)  # the next event that is a call (or a replay's None)
-        for at in range(len(seg) - 1, -1, -1):
-            x = seg[at]
-            following[at] = x if (x is None or not is_message(x)) else following[at + 1]
-        used: set[str] = set()
-        made: set = set()
-        said: set[str] = set()      # tokens of the messages so far that fit a shape
-        waiting: set[str] = set()   # ... and that no call has used yet
-        listed: dict[Source, set[str]] = {src: set() for src in set(sources.values())}  # (as JSON texts)
-        for at, c in enumerate(seg):
-            if c is None:
-                continue
-            if not is_message(c):
-                values = used_values([c])
-                used |= values
-                waiting -= values
-                made.add(c.invocation())
-                for src, texts in listed.items():
-                    texts |= _at(c, src)
-                continue
-            toks = message_tokens(c)
-            for t in toks:
-                if t not in said and any(sh.fits(t) for sh in allshapes):
-                    said.add(t)
-                    if t not in used:
-                        waiting.add(t)
-            nxt = following[at + 1]
-            if nxt is None:
-                continue  # a replay stood there (not mining input): no evidence either way
-            for i, src in sources.items():  # the joined rule: a value of its shape no output listed is no candidate
-                shape = shapes[cands[i]]
-                left = [t for t in waiting if not (shape.fits(t) and flatten_value(t) not in listed[src])]
-                if len(left) != 1 or left[0] not in toks or not shape.fits(left[0]):
-                    continue
-                tool, key, lits = cands[i]
-                step = concrete(tool, key, lits, left[0])
-                if step not in made:
-                    t = joined[i].setdefault(left[0], [0, 0])
-                    t[0] += 1
-                    t[1] += nxt is not False and nxt.invocation() == step
-            if len(waiting) != 1:
-                continue
-            (token,) = waiting
-            if token not in toks:
-                continue
-            for i, cand in enumerate(cands):  # each candidate judged as if it were the only route of its shape
-                if not shapes[cand].fits(token):
-                    continue
-                tool, key, lits = cand
-                step = concrete(tool, key, lits, token)
-                if step in made:
-                    continue
-                t = seen[i].setdefault(token, [0, 0])
-                t[0] += 1  # the session ending without the call is a miss
-                t[1] += nxt is not False and nxt.invocation() == step
-                examples.setdefault(i, token)
+    per_session = _cached(memo, keys, "evidence", segments,
+                          lambda seg: _evidence(seg, cands, shapes, rivals, sources), model)
+    for s1, j1, e1 in per_session:
+        for into, part in ((seen, s1), (joined, j1)):
+            for i, by_token in part.items():
+                mine = into[i]
+                for token, (k, u) in by_token.items():
+                    t = mine.setdefault(token, [0, 0])
+                    t[0] += k
+                    t[1] += u
+        for i, token in e1.items():
+            examples.setdefault(i, token)
     out = []
     for i, (tool, key, lits) in enumerate(cands):
         source: Source = ()

@@ -18,7 +18,7 @@ from waggle.recorder import Recorder
 from waggle.route import Route, wilson_upper
 from waggle.trace import Call, flatten_args
 from waggle.common import log
-from waggle import recording, sweeping
+from waggle import recording, speech, sweeping
 
 
 def _setting_keys(route: Route, matched: int, tool: str) -> list[str]:
@@ -131,6 +131,11 @@ def _previous_element(a: list, b: list, lists: list[list[str]]) -> bool:
     return any(x in vals and y in vals and vals.index(y) == vals.index(x) + 1 for vals in lists)
 
 
+def _silent(step: list) -> bool:
+    """Undecided, and its output had something a reply could have named."""
+    return _verdict(step) is None and len(step) > 6 and bool(step[6])
+
+
 def _verdict(step: list) -> str | None:
     return step[7] if len(step) > 7 else None
 
@@ -171,18 +176,27 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
     replays were settled. Never raises."""
     try:
         pending = _pending(space_key, session_key)
-        if not pending:
+        if not pending and not speech.watching(space_key, session_key):
             return 0
         cfg = (config or default_config()).normalized()
         issued = [(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])]
         said = evidence.reply_text(text if isinstance(text, str) else "", calls or [])
+        if not pending:  # a replay fired earlier in this run: the model's reads still tell how much it names
+            speech.watch(space_key, session_key, recording._ring(space_key, session_key, cfg), None, set(), said)
+            return 0
         ring = recording._ring(space_key, session_key, cfg)
+        tails = [[list(step) for step in fired.tail] for fired in pending]
+        every = {(str(s[0]), tuple(sorted((s[1] or {}).items()))) for tail in tails for s in tail}
+        first = min((int(s[8]) for tail in tails for s in tail if len(s) > 8 and s[8] is not None), default=None)
+        if first is not None:  # the model's own reads since the replay: how often it names what it read
+            speech.watch(space_key, session_key, ring, first, every, said)
         settled = 0
         lists, done = None, set()
-        for fired in pending:
-            tail = [list(step) for step in fired.tail]
+        for fired, tail in zip(pending, tails):
             replayed = {(str(s[0]), tuple(sorted((s[1] or {}).items()))) for s in tail}  # (args kept as JSON texts)
             changed, since = False, None
+            drawn: dict[str, int] = {}
+            inferred = 0
             for step in tail:
                 if _verdict(step) is not None:
                     continue
@@ -191,17 +205,24 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
                     if lists is None:
                         lists, done = _lists(ring), {c.invocation() for c in ring.recent()}
                     verdict = "used" if _continued(step, issued, lists, done) else None
+                    inferred += verdict == "used"
                 if verdict is None and len(step) > 8 and step[6]:
                     if since is None:
                         since = _learned_since(ring, int(step[8]), replayed)
                     verdict = "used" if evidence.drawn(step[6], said, since) else None
+                    if verdict:
+                        drawn[str(step[0])] = drawn.get(str(step[0]), 0) + 1
                 if verdict is not None:
                     step.extend([None] * (8 - len(step)))  # (a row written before verdicts were kept)
                     step[7], changed = verdict, True
             if len(tail) > 1 and any(_verdict(step) == "used" for step in tail[1:]):
                 if lists is None:
                     lists, done = _lists(ring), {c.invocation() for c in ring.recent()}
+                before = sum(_verdict(step) == "used" for step in tail)
                 changed = _walked_past(tail, lists) or changed
+                inferred += sum(_verdict(step) == "used" for step in tail) - before
+            if drawn or inferred:
+                speech.booked(space_key, session_key, fired.name, drawn=drawn, inferred=inferred)
             if all(_verdict(step) is not None for step in tail):
                 _close(space_key, session_key, fired, tail, cfg)
                 settled += 1
@@ -215,16 +236,29 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
 
 def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = None) -> int:
     """Call when a member's run ends (its last reply given, stopped, failed or waiting): every
-    replayed step of the session no reply drew on is booked unused, and its replays settled. A
-    session that ends books nothing as used. Returns how many replays were settled. Never raises."""
+    replayed step of the session no reply drew on is booked unused, and its replays settled,
+    except as many silent steps (with something to show, earliest first) as the model's measured
+    silence about its own reads accounts for (:mod:`waggle.speech`: none when no replayed step
+    was drawn on). Returns how many replays were settled. Never raises."""
     try:
         pin = recording._pins.get((space_key, session_key))
         if pin is not None and not pin.maybe_pending:
             return 0  # nothing fired and nothing was found waiting under this pin: no query
         pending = _pending(space_key, session_key)
         cfg = (config or default_config()).normalized()
-        for fired in pending:
-            _close(space_key, session_key, fired, [list(step) for step in fired.tail], cfg)
+        tails = [[list(step) for step in fired.tail] for fired in pending]
+        silent: dict[str, int] = {}
+        for fired, tail in zip(pending, tails):
+            silent[fired.name] = silent.get(fired.name, 0) + sum(1 for step in tail if _silent(step))
+        quiet = speech.credit(space_key, session_key, silent)  # used in silence, by the model's measured speech
+        for fired, tail in zip(pending, tails):
+            for step in tail:
+                if quiet.get(fired.name, 0) > 0 and _silent(step):
+                    step.extend([None] * (8 - len(step)))
+                    step[7] = "used"
+                    quiet[fired.name] -= 1
+        for fired, tail in zip(pending, tails):
+            _close(space_key, session_key, fired, tail, cfg)
         if pin is not None:
             pin.none_pending, pin.maybe_pending = True, False
         return len(pending)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from waggle.config import WaggleConfig, default_config
 from waggle import evidence
 from waggle.miner import Candidate, mine, segments_to_trace
-from waggle.inbound import is_message, mine_heard, route_of
+from waggle.inbound import HeardMemo, is_message, mine_heard, route_of
 from waggle.models import ForageCall, Waggle
 from waggle.route import Route, TraceIndex, choose_trigger, render_script, wilson_lower, wilson_upper
 from waggle.window import window as space_window
@@ -24,21 +24,23 @@ from waggle.common import log
 
 
 def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False,
-                    episodes: list | None = None, held=None) -> list[list[Call | None]]:
+                    episodes: list | None = None, held=None, keys: list | None = None) -> list[list[Call | None]]:
     """The space's newest calls, one segment per session in call order. A call a replay made is
     never mining input: it stands as a barrier (no route spans the place where the model relied
     on a replay). Inbound messages are left out, unless ``messages`` (inbound routes are mined
     from messages and calls together). ``episodes``, when given, receives per segment the episode
-    of each call: a fingerprint of the inbound message that started it (what the wake brought)."""
-    by_session: dict[str, list[tuple[int, Call | None]]] = {}
+    of each call: a fingerprint of the inbound message that started it (what the wake brought).
+    ``keys``, when given, receives per segment (with ``messages``) a key that changes whenever the
+    segment does: its session, first and last seq and length (rows are never changed, only added
+    or trimmed)."""
     held = held or space_window(space_key, cfg.mine_window)  # (held between sweeps: only new rows read)
-    for session, seq, call, _ in held.rows.values():
-        by_session.setdefault(session, []).append((seq, call))
+    by_session = _by_session(held)
     segments = []
-    for session in sorted(by_session):
-        items = sorted(by_session[session], key=lambda t: t[0])
+    for session, items in by_session.items():
         if messages:
             segments.append([c for _, c in items])
+            if keys is not None:
+                keys.append((session, items[0][0], items[-1][0], len(items)))
             continue
         seg, marks, episode = [], [], ""
         for _, c in items:
@@ -52,6 +54,21 @@ def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False
             if episodes is not None:
                 episodes.append(marks)
     return segments
+
+
+def _by_session(held) -> dict[str, list[tuple[int, Call | None]]]:
+    """The window's rows by session (sessions sorted, each in seq order), grouped once per state of
+    the window: a sweep's two miners (calls, messages and calls) read the same grouping."""
+    state = (held.anchor, len(held.rows), next(iter(held.rows), None))
+    got = held.grouped
+    if got is not None and got[0] == state:
+        return got[1]
+    by_session: dict[str, list[tuple[int, Call | None]]] = {}
+    for session, seq, call, _ in held.rows.values():
+        by_session.setdefault(session, []).append((seq, call))
+    out = {session: sorted(by_session[session], key=lambda t: t[0]) for session in sorted(by_session)}
+    held.grouped = (state, out)
+    return out
 
 
 def promotable(cand: Candidate, index: TraceIndex, cfg: WaggleConfig) -> Route | None:
@@ -232,8 +249,13 @@ def _promote_heard(space_key: str, cfg: WaggleConfig, held=None) -> Waggle | Non
     """Mine inbound routes (calls bound to the message that woke the member: waggle.inbound) and
     store the best new one. A stored one whose learned shape or rivals changed is updated; one the
     larger sample no longer vouches for is disabled."""
-    heard = mine_heard(_space_segments(space_key, cfg, messages=True, held=held), min_contexts=cfg.min_contexts,
-                       min_confidence=cfg.min_confidence, z=cfg.confidence_z, wilson=wilson_lower)
+    held = held or space_window(space_key, cfg.mine_window)
+    keys: list = []
+    segments = _space_segments(space_key, cfg, messages=True, held=held, keys=keys)
+    if held.heard is None:
+        held.heard = HeardMemo()  # (kept with the window: a sweep reads only the sessions that changed)
+    heard = mine_heard(segments, min_contexts=cfg.min_contexts, min_confidence=cfg.min_confidence,
+                       z=cfg.confidence_z, wilson=wilson_lower, keys=keys, memo=held.heard)
     own = {name: (disabled, data) for name, disabled, data in Waggle.objects.filter(
         scope=Waggle.SCOPE_SPACE, space_key=space_key, name__startswith="heard.").values_list("name", "disabled", "route")}
     passing = set()

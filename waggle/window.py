@@ -48,6 +48,8 @@ class Window:
         self.anchor: tuple | None = None  # (id, session, seq, out_hash) of the newest row held
         self.gaps: dict[int, int] = {}  # skipped id -> refreshes left
         self.verdicts = None  # the sweep's memo of judged shapes (waggle.service), dropped with the rows
+        self.heard = None  # the inbound miner's per-session memo (waggle.inbound.HeardMemo), likewise
+        self.grouped = None  # (state, rows by session): the sweep's grouping (waggle.sweeping._by_session)
         self.rows_read = 0  # rows fetched from the database over this window's life (tests count them)
 
     def _add(self, rid: int, session: str, seq: int, replayed: bool, row: tuple) -> None:
@@ -60,6 +62,8 @@ class Window:
         self.rows.clear()
         self.gaps.clear()
         self.verdicts = None
+        self.heard = None
+        self.grouped = None
         for rid, session, seq, replayed, *row in reversed(got):
             self._add(rid, session, seq, replayed, row)
         self._set_anchor()

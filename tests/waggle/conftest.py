@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from waggle import recording, service, window
+from waggle import recording, service, speech, window
 from waggle.config import WaggleConfig
 from waggle_helpers import FakeExec  # tests/waggle is on sys.path (no __init__.py layout)
 
@@ -24,6 +24,8 @@ def _fresh_rings():
     """Each test starts with an empty per-process ring cache (as a new worker process would)."""
     recording._rings.clear()
     window.forget()
+    speech.forget()
     yield
     recording._rings.clear()
     window.forget()
+    speech.forget()

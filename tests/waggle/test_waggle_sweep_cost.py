@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from waggle import service, sweeping, window
 from waggle.config import WaggleConfig
-from waggle.models import ForageCall
+from waggle.models import ForageCall, Waggle
 from waggle_helpers import feed, noise, routine
 
 pytestmark = pytest.mark.django_db
@@ -106,3 +106,89 @@ def test_a_judged_shape_is_not_judged_again_until_its_count_grows(monkeypatch):
     window.forget()  # a new process: it judges them once
     service.sweep("1", config=cfg)
     assert judged
+
+
+# --- the inbound miner (messages and calls) reads only the sessions that changed ------------------
+USERS = ["mia_li_3668", "noah_smith_1234", "ava_kim_2020", "liam_wu_7781", "emma_roy_4410", "omar_haddad_9001",
+         "zoe_park_5150", "ivan_ross_6262"]
+
+
+def support_session(i: int) -> list:
+    """A user says who they are and names a reservation their record lists; the agent looks both up."""
+    import json
+
+    from waggle.inbound import message_call
+    from waggle.trace import Call
+
+    user, res = USERS[i % len(USERS)] + ("" if i < len(USERS) else str(i)), f"R{i:03d}XZ"
+    return [message_call(f"I am {user}."),
+            Call.make("get_user_details", {"user_id": user}, output=json.dumps({"reservations": ["ZZ9ZZ9", res]})),
+            message_call(f"Please check reservation {res}."),
+            Call.make("get_reservation_details", {"reservation_id": res}, output=json.dumps({"id": res}))]
+
+
+def count_reads(monkeypatch) -> list:
+    from waggle import inbound
+
+    read = []
+    real = inbound._sightings
+    monkeypatch.setattr(inbound, "_sightings", lambda seg: read.append(len(seg)) or real(seg))
+    return read
+
+
+def test_the_inbound_miner_with_a_memo_mines_what_a_fresh_read_mines_and_reads_only_changed_sessions(monkeypatch):
+    from waggle.inbound import HeardMemo, mine_heard
+    from waggle.route import wilson_lower
+
+    read = count_reads(monkeypatch)
+    memo = HeardMemo()
+    sessions = {i: support_session(i) for i in range(10)}
+
+    def both():
+        keys = sorted(sessions)
+        segs = [sessions[k] for k in keys]
+        fresh = mine_heard(segs, min_contexts=3, min_confidence=0.5, z=1.0, wilson=wilson_lower)
+        read.clear()
+        kept = mine_heard(segs, min_contexts=3, min_confidence=0.5, z=1.0, wilson=wilson_lower,
+                          keys=[(k, len(sessions[k])) for k in keys], memo=memo)
+        assert kept == fresh and fresh
+        return len(read)
+
+    assert both() == 10  # the first sweep reads every session
+    assert both() == 0   # nothing changed: nothing read
+    sessions[10] = support_session(10)
+    assert both() == 1   # a new session: only it
+    sessions[3] = sessions[3][:2]  # a session that changed (fewer events: the window trimmed it)
+    del sessions[0]
+    assert both() == 1
+    assert set(memo.sightings) == {(k, len(v)) for k, v in sessions.items()}  # (gone sessions are dropped)
+    with pytest.raises(ValueError):
+        mine_heard([[]], min_contexts=3, min_confidence=0.5, z=1.0, wilson=wilson_lower, keys=[], memo=memo)
+
+
+def test_a_steady_state_sweep_mines_inbound_routes_from_the_new_sessions_only(monkeypatch):
+    from waggle.trace import decode_value
+
+    cfg = big_cfg(min_contexts=3)
+    n = 0
+
+    def add(count):
+        nonlocal n
+        for _ in range(count):
+            for c in support_session(n):
+                if c.tool == "(inbound message)":
+                    service.inbound("1", f"u{n}", "m", " ".join(str(decode_value(v)) for _, v in c.refs), None,
+                                    config=cfg)
+                else:
+                    service.observe("1", f"u{n}", "m", c.tool, {k: decode_value(v) for k, v in c.args}, False,
+                                    '{"reservations": ["ZZ9ZZ9", "R%03dXZ"]}' % n, config=cfg)
+            n += 1
+
+    add(12)
+    while service.sweep("1", config=cfg) is not None:
+        pass
+    assert Waggle.objects.filter(space_key="1", name__startswith="heard.").exists()
+    read = count_reads(monkeypatch)
+    add(1)
+    service.sweep("1", config=cfg)
+    assert read == [4]  # the one new session (its 4 events), not the window's 13

@@ -1,0 +1,91 @@
+"""Issue 24 point 1, silent reads: the judge books as many silent replayed steps used as the
+model's measured silence about its own reads accounts for (waggle.speech), per route and per
+tool, and never for a replay nothing was drawn on."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from waggle import service, speech
+from waggle.config import WaggleConfig
+from waggle.models import LedgerEntry, Waggle
+from waggle_helpers import FakeExec, feed, noise, routine
+
+pytestmark = pytest.mark.django_db
+
+QUIET = WaggleConfig(mine_period=10_000)
+
+
+@pytest.fixture
+def cfg():
+    # a lenient bar (a third of the steps used keeps a route): these runs leave two of three steps silent
+    return WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2, min_confidence=0.2)
+ANSWERS = {"read_file": "Body1 of the file", "git_log": "commit Log22", "blackboard_read": "note Board333"}
+
+
+def teach(cfg):
+    for i, m in enumerate(("m1", "m2", "m3")):
+        feed("1", f"teach-{m}", routine(m) + noise(i), QUIET)
+    w = service.sweep("1", config=cfg)
+    assert w is not None
+    return w
+
+
+def run(cfg, n, *, named_own: int, own: int = 2, reply: str = "Body1 it is") -> LedgerEntry:
+    """One run: the replay fires (read_file, git_log, blackboard_read), the model makes ``own``
+    reads of its own and names ``named_own`` of them, its reply draws on what ``reply`` names."""
+    session = f"run{n}"
+    feed("1", session, routine(f"x{n}")[:2], cfg)
+    assert service.follow("1", session, FakeExec(answers=ANSWERS), config=cfg) is not None
+    service.judge_reply("1", session, [], text="looking", config=cfg)
+    for k in range(own):
+        service.observe("1", session, "m", "read_file", {"path": f"own{n}_{k}"}, False, json.dumps({"body": f"Secret{n}x{k}Q"}), config=cfg)
+    said = " ".join(f"Secret{n}x{k}Q" for k in range(named_own))
+    service.judge_reply("1", session, [], text=f"{reply} {said}", config=cfg)
+    service.end_run("1", session, config=cfg)
+    return LedgerEntry.objects.filter(session_key=session).get()
+
+
+def test_a_model_that_names_half_its_reads_gets_a_silent_step_booked_for_each_one_it_named(cfg):
+    teach(cfg)
+    first = [run(cfg, n, named_own=1) for n in range(2)]  # 4 reads of its own watched, 2 named
+    assert [e.used_steps for e in first] == [1, 1]  # (too few watched for a measure: silence is unused)
+    assert speech.rate("1", "read_file") == (4, 2)
+    later = run(cfg, 2, named_own=1)  # its own 2 reads make 6 watched, 3 named: half
+    assert speech.rate("1", "read_file") == (6, 3)
+    assert later.used_steps == 2  # read_file drawn on; one silent step (git_log) booked used with it
+    assert "1 not drawn on" in later.detail
+
+
+def test_a_model_that_names_every_read_gets_no_credit_for_silence(cfg):
+    teach(cfg)
+    entries = [run(cfg, n, named_own=2) for n in range(5)]
+    assert [e.used_steps for e in entries] == [1] * 5
+
+
+def test_a_replay_nothing_was_drawn_on_gets_no_credit_and_its_route_is_still_demoted(cfg):
+    w = teach(cfg)
+    for n in range(3):
+        run(cfg, n, named_own=1)
+    misses = []
+    for n in range(3, 12):
+        if Waggle.objects.get(name=w.name).disabled:
+            break
+        misses.append(run(cfg, n, named_own=1, reply="no idea"))
+    assert misses and all(e.used_steps == 0 and e.fail for e in misses)  # (the run's measure lends it nothing)
+    assert Waggle.objects.get(name=w.name).disabled
+
+
+def test_credit_stays_within_the_route_whose_steps_were_drawn_on():
+    speech.forget()
+    for n in range(3):  # read_file: 6 watched, 2 named
+        st = speech._session("s", f"w{n}")
+        st.heard["read_file"] = [2, 1 if n < 2 else 0]
+        assert speech.credit("s", f"w{n}", {}) == {}
+    assert speech.rate("s", "read_file") == (6, 2)
+    speech.booked("s", "run", "A", drawn={"read_file": 1})
+    got = speech.credit("s", "run", {"A": 5, "B": 5})
+    assert got == {"A": 2}  # 1 drawn / (2 of 6 named): 2 more used in silence, on A only
+    speech.booked("s", "run2", "A", drawn={"git_log": 3})  # a tool never watched: no measure, no credit
+    assert speech.credit("s", "run2", {"A": 5}) == {}
