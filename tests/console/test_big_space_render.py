@@ -2,13 +2,27 @@
 
 The chat panel renders 30 messages as markdown on every refresh: one Markdown converter per thread,
 reset between texts, not one built per text (building one loads four extensions and ~40 processors,
-two thirds of a short message's cost); a reset converter renders each text as a fresh one would."""
+two thirds of a short message's cost); a reset converter renders each text as a fresh one would.
+The board reads its cards in one statement on PostgreSQL (one per non-empty column before), as plain
+rows; the space page's panels render numbers without a locale lookup each and link members without a
+reverse each."""
 from __future__ import annotations
 
+import re
 import threading
+from datetime import timedelta
 
 import markdown as md
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import formats, timezone
 
+from veronica.api import selectors as sel
+from veronica.engine import supervisor
+from veronica.swarm import bus
+from veronica.models import Task, TaskStatus, VerifyPolicy
 from veronica.plumbing import markdown as vmd
 
 TEXTS = [
@@ -48,3 +62,67 @@ def test_thirty_messages_build_one_converter_per_thread(monkeypatch):
     other.start()
     other.join()
     assert len(built) == 2 and len(set(built)) == 2, f"converters built: {len(built)} (one per thread expected)"
+
+
+# --- the board -----------------------------------------------------------------------------------------------
+
+def _board_world(space) -> None:
+    """Tasks in every status, their updated_at shuffled against their ids (the card order is by updated_at)."""
+    w1 = supervisor.get_member(space, "w1")
+    now = timezone.now()
+    rows = [Task(space=space, title=f"{status} {i}", creator_name="boss", status=status, assignee=w1 if i % 2 else None,
+                 verify_policy=VerifyPolicy.CHECKS if i % 3 == 0 else VerifyPolicy.AUTO)
+            for status in TaskStatus.values for i in range(7)]
+    Task.objects.bulk_create(rows)
+    for n, task in enumerate(Task.objects.filter(space=space).order_by("id")):
+        Task.objects.filter(pk=task.pk).update(updated_at=now - timedelta(minutes=(n * 37) % 11))
+
+
+@pytest.mark.django_db
+def test_the_board_shows_each_columns_newest_cards_in_one_statement_on_postgresql(world):
+    _board_world(world.space)
+    with CaptureQueriesContext(connection) as queries:
+        board = sel.task_board(world.space, per_column=5)
+    columns = len(sel.BOARD_ORDER)
+    assert len(queries) == (2 if connection.vendor == "postgresql" else 1 + columns), [q["sql"][:80] for q in queries]
+    for col in board:
+        expected = Task.objects.filter(space=world.space, status=col["status"]).select_related("assignee").order_by("-updated_at", "-id")[:5]
+        assert [c["id"] for c in col["tasks"]] == [t.pk for t in expected], col["status"]
+        for card, task in zip(col["tasks"], expected):
+            assert card == {"id": task.pk, "title": task.title, "status": task.status, "creator": "boss",
+                            "assignee": task.assignee.name if task.assignee_id else None,
+                            "checking": task.status == TaskStatus.VERIFYING and task.verify_policy == VerifyPolicy.CHECKS,
+                            "check_evidence": task.check_evidence, "status_reason": task.status_reason}
+
+
+# --- the space page's panels ------------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("panel", ["tasks", "roster", "usage", "messages"])
+def test_the_space_pages_row_panels_render_numbers_without_a_locale_lookup_each(world, monkeypatch, panel):
+    _board_world(world.space)
+    for i in range(3):
+        bus.send(world.space, bus.OPERATOR, "w1", f"note {i}")
+    looked_up = []
+    real = formats.number_format
+    def counting(value, *args, **kwargs):
+        if not kwargs.get("force_grouping"):  # intcomma's own thousands separators are meant
+            looked_up.append(value)
+        return real(value, *args, **kwargs)
+
+    monkeypatch.setattr(formats, "number_format", counting)
+    response = world.client(world.viewer).get(f"/spaces/alpha/panels/{panel}/")
+    assert response.status_code == 200
+    assert looked_up == [], f"numbers localized one by one: {looked_up}"
+    html = world.client(world.viewer).get("/spaces/alpha/").content.decode()
+    first = Task.objects.filter(space=world.space).order_by("-updated_at", "-id").first()
+    assert f'data-task="{first.pk}"' in html and f'href="/spaces/alpha/tasks/{first.pk}/"' in html
+
+
+@pytest.mark.django_db
+def test_the_roster_links_each_member_to_its_page(world):
+    html = world.client(world.viewer).get("/spaces/alpha/panels/roster/").content.decode()
+    linked = re.findall(r'<td><a href="([^"]+)">([^<]+)</a>', html)
+    names = set(world.space.members.filter(removed_at__isnull=True).values_list("name", flat=True))
+    assert {name for _, name in linked} == names and len(names) > 1
+    assert all(href == reverse("console:member", args=["alpha", name]) for href, name in linked)
