@@ -126,3 +126,17 @@ def test_the_roster_links_each_member_to_its_page(world):
     names = set(world.space.members.filter(removed_at__isnull=True).values_list("name", flat=True))
     assert {name for _, name in linked} == names and len(names) > 1
     assert all(href == reverse("console:member", args=["alpha", name]) for href, name in linked)
+
+
+@pytest.mark.django_db
+def test_the_roster_reads_no_prompt_text_tool_lists_or_task_bodies_and_still_fills_each_row(world):
+    w1 = supervisor.get_member(world.space, "w1")
+    task = Task.objects.create(space=world.space, title="the current one", creator_name="boss", spec="x" * 5000, status="running")
+    type(w1).objects.filter(pk=w1.pk).update(persona="p" * 5000, current_task=task, error_reason="it broke")
+    with CaptureQueriesContext(connection) as queries:
+        rows = {row["name"]: row for row in sel.roster(world.space)}
+    assert len(queries) == 2, [q["sql"][:80] for q in queries]  # usage, then members: nothing read per row
+    sql = queries[-1]["sql"]
+    assert all(f'"{column}"' not in sql for column in ("persona", "when_to_use", "tools", "spec", "result")), sql
+    assert rows["w1"]["current_task"] == {"id": task.pk, "title": "the current one", "status": "running"}
+    assert rows["w1"]["error_reason"] == "it broke" and rows["w1"]["display_phase"]

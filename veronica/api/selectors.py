@@ -118,10 +118,16 @@ def live_members(space: Space) -> QuerySet[Member]:
     return with_session_usage(Member.objects.filter(space=space, removed_at__isnull=True).select_related("current_task"))
 
 
+# what member_row never reads: a member's prompt text and tool lists (kilobytes each, five JSON fields decoded
+# per row), its current task's spec, result and evidence; a 50-member roster read them all on each refresh
+ROSTER_UNREAD = ("persona", "when_to_use", "fallback", "rule_domains", "tools", "deferred_tools", "runtime_fields",
+                 "current_task__spec", "current_task__result", "current_task__check_evidence", "current_task__status_reason")
+
+
 def roster(space: Space) -> list[dict]:
     usage = _usage_by_member(space)
     rows = []
-    for member in live_members(space).order_by("role", "name"):
+    for member in live_members(space).defer(*ROSTER_UNREAD).order_by("role", "name"):
         member.space = space  # effective_budget reads the space default; no query per row
         rows.append(member_row(member, usage.get(member.pk)))
     return rows
