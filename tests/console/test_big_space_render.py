@@ -140,3 +140,29 @@ def test_the_roster_reads_no_prompt_text_tool_lists_or_task_bodies_and_still_fil
     assert all(f'"{column}"' not in sql for column in ("persona", "when_to_use", "tools", "spec", "result")), sql
     assert rows["w1"]["current_task"] == {"id": task.pk, "title": "the current one", "status": "running"}
     assert rows["w1"]["error_reason"] == "it broke" and rows["w1"]["display_phase"]
+
+
+@pytest.mark.django_db
+def test_approvals_questions_and_rules_read_only_what_their_rows_show_in_one_statement_each(world):
+    from tests.console.helpers import open_question, pending_approval
+    from veronica.engine import approvals
+
+    for member in ("w1", "w2"):
+        pending_approval(world.space, member, "write_file", path="a.txt")
+        open_question(world.space, member, f"which branch, {member}?")
+        approvals.allow_always(supervisor.get_member(world.space, member), "run_command", user=world.operator)
+    decided = pending_approval(world.space, "w1", "run_command", command="ls")
+    approvals.decide(decided, approve=False, user=world.operator, reason="no")
+    approvals.revoke_rule(approvals.get_rule(world.space, approvals.rules_of(world.space)[0]["id"]), user=world.owner)
+    reads = {"pending": lambda: sel.approvals(world.space), "all": lambda: sel.approvals(world.space, status=None),
+             "questions": lambda: sel.questions(world.space), "rules": lambda: approvals.rules_of(world.space, live_only=False)}
+    for name, read in reads.items():
+        with CaptureQueriesContext(connection) as queries:
+            rows = read()
+        assert len(queries) == 1, (name, [q["sql"][:80] for q in queries])
+        assert '"persona"' not in queries[0]["sql"] and '"password"' not in queries[0]["sql"], name
+        assert len(rows) >= 2 and all(row["member"] in ("w1", "w2") for row in rows), (name, rows)
+    assert {row["decided_by"] for row in sel.approvals(world.space, status=None)} == {"operator", None}
+    assert {row["revoked_by"] for row in approvals.rules_of(world.space, live_only=False)} == {"owner", None}
+    assert all(row["created_by"] == "operator" for row in approvals.rules_of(world.space, live_only=False))
+    assert [row["text"] for row in sel.questions(world.space)] == ["which branch, w1?", "which branch, w2?"]
