@@ -64,6 +64,20 @@ def test_thirty_messages_build_one_converter_per_thread(monkeypatch):
     assert len(built) == 2 and len(set(built)) == 2, f"converters built: {len(built)} (one per thread expected)"
 
 
+
+def test_a_text_rendered_again_is_not_converted_again_and_a_long_one_is_not_kept(monkeypatch):
+    converted = []
+    real = vmd._render
+    monkeypatch.setattr(vmd, "_render", lambda text: converted.append(text) or real(text))
+    vmd._cached_render.cache_clear()
+    short, long = "a **short** note, again", "x" * (vmd.CACHED_TEXT_MAX + 1)
+    first = vmd.render_markdown(short)
+    assert vmd.render_markdown(short) == first == real(short) and converted == [short]
+    vmd.render_markdown(long)
+    vmd.render_markdown(long)
+    assert converted == [short, long, long], "a text past CACHED_TEXT_MAX renders each time (the cache stays small)"
+    assert vmd._cached_render.cache_info().maxsize == vmd.RENDER_CACHE
+
 # --- the board -----------------------------------------------------------------------------------------------
 
 def _board_world(space) -> None:

@@ -7,6 +7,7 @@ not bold. A line break inside a paragraph is kept (nl2br): a 3-line goal shows a
 """
 from __future__ import annotations
 
+import functools
 import re
 import threading
 
@@ -65,8 +66,26 @@ def _converter() -> md.Markdown:
     return converter.reset()
 
 
+# A live page re-renders the same texts on each refresh (the chat panel's 30 messages on every message, a
+# member's transcript on each of its events): a text's HTML is a pure function of the text, so the recent
+# ones are kept. Bounded: RENDER_CACHE texts of up to CACHED_TEXT_MAX characters (a few MB at most); a longer
+# text renders each time.
+RENDER_CACHE = 512
+CACHED_TEXT_MAX = 4000
+
+
 def render_markdown(text: str) -> SafeString:
-    html = _converter().convert(agent_text(text or ""))
+    text = text or ""
+    return _cached_render(text) if len(text) <= CACHED_TEXT_MAX else _render(text)
+
+
+@functools.lru_cache(maxsize=RENDER_CACHE)
+def _cached_render(text: str) -> SafeString:
+    return _render(text)
+
+
+def _render(text: str) -> SafeString:
+    html = _converter().convert(agent_text(text))
     clean = nh3.clean(html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES, url_schemes={"http", "https", "mailto"},
                       link_rel="noopener noreferrer nofollow")
     return mark_safe(clean)  # noqa: S308 - nh3 output with an allow-list
