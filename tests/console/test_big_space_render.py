@@ -180,3 +180,16 @@ def test_approvals_questions_and_rules_read_only_what_their_rows_show_in_one_sta
     assert {row["revoked_by"] for row in approvals.rules_of(world.space, live_only=False)} == {"owner", None}
     assert all(row["created_by"] == "operator" for row in approvals.rules_of(world.space, live_only=False))
     assert [row["text"] for row in sel.questions(world.space)] == ["which branch, w1?", "which branch, w2?"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url", ["/spaces/alpha/", "/spaces/alpha/members/w1/", "/spaces/alpha/panels/tasks/"])
+def test_a_page_reads_its_space_and_the_users_grant_in_one_statement_and_its_seq_with_them(world, url):
+    with CaptureQueriesContext(connection) as queries:
+        html = world.client(world.viewer).get(url).content.decode()
+    space_reads = [q["sql"] for q in queries if 'FROM "veronica_space"' in q["sql"]]
+    assert len(space_reads) == 1 and "veronica_spaceaccess" in space_reads[0], space_reads
+    assert not [q for q in queries if q["sql"].startswith('SELECT "veronica_spaceaccess"')]
+    if "panels" not in url:
+        world.space.refresh_from_db()
+        assert f'data-seq="{world.space.event_seq}"' in html

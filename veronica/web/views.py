@@ -84,8 +84,9 @@ def _transcript_with_runs(member) -> dict:
 
 
 def _current_seq(space: Space) -> int:
-    # read before rendering: an event that lands mid-render is > seq, so the socket replays it
-    return Space.objects.filter(pk=space.pk).values_list("event_seq", flat=True).get()
+    # read before rendering (with the space itself, by access.space_for, just before the panels are read): an
+    # event that lands mid-render is > seq, so the socket replays it; no second read of the same column
+    return space.event_seq
 
 
 # --- pages ------------------------------------------------------------------------------------------------
