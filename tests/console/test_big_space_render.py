@@ -193,3 +193,21 @@ def test_a_page_reads_its_space_and_the_users_grant_in_one_statement_and_its_seq
     if "panels" not in url:
         world.space.refresh_from_db()
         assert f'data-seq="{world.space.event_seq}"' in html
+
+
+@pytest.mark.django_db
+def test_the_member_page_reads_its_member_skills_and_memory_once_and_shows_them(world):
+    from veronica.models import MemoryFile
+    from veronica.swarm import skills
+
+    w1 = supervisor.get_member(world.space, "w1")
+    skills.add_skill(world.space, "own-skill", "do it **well**", member=w1, description="mine")
+    skills.add_skill(world.space, "shared-skill", "share it", description="everyone's")
+    MemoryFile.objects.create(member=w1, name="MEMORY.md", content="remember *this*")
+    with CaptureQueriesContext(connection) as queries:
+        html = world.client(world.viewer).get("/spaces/alpha/members/w1/").content.decode()
+    sqls = [q["sql"] for q in queries]
+    assert len([q for q in sqls if q.startswith('SELECT "veronica_member"."id"') and '"veronica_member"."name" =' in q]) == 1
+    assert len([q for q in sqls if 'FROM "veronica_skill"' in q]) == 2  # own, then shared ones not overridden
+    assert len([q for q in sqls if 'FROM "veronica_memoryfile"' in q]) == 1
+    assert "own-skill" in html and "shared-skill" in html and "MEMORY.md" in html and "<em>this</em>" in html

@@ -187,7 +187,9 @@ def waggle_saved(space: Space) -> list[dict] | None:
 
 # --- members -----------------------------------------------------------------------------------------
 
-def member_detail(member: Member) -> dict:
+def member_detail(member: Member, *, skills: list[dict] | None = None, memory: list[dict] | None = None) -> dict:
+    """skills / memory: skills_of / memory_of already read for this member (the member page shows them in
+    panels of their own too: read once)."""
     usage = UsageDay.objects.filter(member=member, day=budget.today()).first()
     if not hasattr(member, "session_tokens"):
         numbers = with_session_usage(Member.objects.filter(pk=member.pk)).values("session_tokens", "last_turn_input").get()
@@ -199,8 +201,8 @@ def member_detail(member: Member) -> dict:
         "schedule": schedule_of(member),
         "rule_domains": member.rule_domains,
         "spawned_from": member.spawned_from.name if member.spawned_from_id else None,
-        "skills": skills_of(member),
-        "memory": memory_of(member),
+        "skills": skills_of(member) if skills is None else skills,
+        "memory": memory_of(member) if memory is None else memory,
     })
     return out
 
