@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/fleet_scale.py [--mode embedded|hosted|both] [--spaces 1000] [--members 10]
         [--events 1000000] [--tasks 100000] [--messages-per-member 10000] [--big-members 50] [--reps 30]
+        [--reuse-db NAME]   (hosted, --only big: build the big space once into database NAME, measure it on each run)
 
 idle_figures(mode): SPACES spaces of MEMBERS members each, created through `register` (a manifest
 folder per space; half the members carry a cron schedule that does not fire within the day), then
@@ -32,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import REPO, django_setup, isolated_env, pct  # noqa: E402
+from bench._setup import PG, REPO, django_setup, isolated_env, pct  # noqa: E402
 
 GOALS = {
     "idle_members": "10,000",
@@ -56,6 +57,8 @@ NEVER_TODAY = "0 0 29 2 *"  # Feb 29th: armed, never due within the bench's day
 
 def _child(mode: str, what: str, params: dict) -> dict:
     with isolated_env(mode, f"bench_scale_{what}") as env:
+        if params.get("reuse_db"):  # a kept database: the big space is built once, then measured run after run
+            env["DATABASE_URL"] = f"{PG}/{params['reuse_db']}"
         proc = subprocess.run([sys.executable, __file__, "--child", what, "--params", json.dumps(params)], cwd=REPO, env=env,
                               capture_output=True, text=True)
     if proc.returncode != 0:
@@ -67,8 +70,10 @@ def idle_figures(mode: str, **sizes) -> dict:
     return _child(mode, "idle", {**IDLE_DEFAULTS, **sizes})
 
 
-def big_space_figures(mode: str, **sizes) -> dict:
-    return _child(mode, "big", {**BIG_DEFAULTS, **sizes})
+def big_space_figures(mode: str, reuse_db: str = "", **sizes) -> dict:
+    if reuse_db and mode != "hosted":
+        raise SystemExit("--reuse-db names a PostgreSQL database: it goes with --mode hosted")
+    return _child(mode, "big", {**BIG_DEFAULTS, **sizes, "reuse_db": reuse_db})
 
 
 # --- the child side --------------------------------------------------------------------------------------
@@ -284,14 +289,16 @@ def measure_pages(client, pages: dict, reps: int) -> dict:
         status = getattr(response, "status_code", 200)
         if status != 200:
             raise RuntimeError(f"{name}: HTTP {status}")
+        slowest = dict(SLOWEST)
         times, cpu = [], []
-        for _ in range(reps):
-            started = time.process_time()
-            times.append(_statements(once)[1])
+        for _ in range(reps):  # timed as served: without the capture's debug cursor (it renders each statement's SQL)
+            started, wall = time.process_time(), time.perf_counter()
+            once()
+            times.append((time.perf_counter() - wall) * 1000)
             cpu.append((time.process_time() - started) * 1000)
         out[name] = {"queries": queries}
         if times:
-            out[name]["slowest_query"] = dict(SLOWEST)
+            out[name]["slowest_query"] = slowest
             out[name].update(p50_ms=round(pct(times, 50), 1), p99_ms=round(pct(times, 99), 1), cpu_ms_p50=round(pct(cpu, 50), 1),
                              db_exec_ms=db_exec_ms(once))
     return out
@@ -320,41 +327,70 @@ def db_exec_ms(request) -> float | None:
     return round(total, 2)
 
 
-def child_big(p: dict) -> dict:
+def _build_space(slug: str, p: dict, sizes: dict):
+    """A space of p["big_members"] members (20 ended runs each) seeded up to `sizes`; with p["reuse_db"], one
+    already there at those sizes is taken as it is (seeded once, measured run after run)."""
     import tempfile
 
+    from django.conf import settings
+    from django.utils import timezone
+
+    from veronica.engine import supervisor
+    from veronica.models import Member, Role, Run, Space
+
+    space = Space.objects.filter(slug=slug).first()
+    if space is not None and p.get("reuse_db"):
+        members = list(Member.objects.filter(space=space).order_by("id"))
+        if len(members) == p["big_members"] and space.event_seq >= sizes["events"]:
+            return space, members, sizes
+        raise SystemExit(f"--reuse-db: space {slug!r} there is not of these sizes; drop the database to build it anew")
+    workdir = tempfile.mkdtemp(dir=settings.DATA_DIR)  # gone with the run's data dir: a kept space keeps its own
+    if p.get("reuse_db"):
+        workdir = REPO / "data" / "bench-reuse" / p["reuse_db"] / slug
+        workdir.mkdir(parents=True, exist_ok=True)
+    space = Space.objects.create(name=slug.title(), slug=slug, workdir=str(workdir))
+    members = [supervisor.add_member(space, "lead", role=Role.LEADER, actor="bench")]
+    members += [supervisor.add_member(space, f"m{i}", actor="bench") for i in range(1, p["big_members"])]
+    now = timezone.now()
+    Run.objects.bulk_create([Run(member=m, source="message", lease_token="t", started_at=now, ended_at=now, outcome="done",
+                                 steps=3) for m in members for _ in range(20)])
+    have = {"events": Space.objects.get(pk=space.pk).event_seq, "tasks": 0, "messages_per_member": 0}
+    return space, members, seed_big(space, members, sizes["events"], sizes["tasks"], sizes["messages_per_member"], have)
+
+
+def _pages_for(space, members):
+    from veronica.models import Run, Task
+
+    space.refresh_from_db()
+    task = Task.objects.filter(space=space).order_by("id").first()
+    run = Run.objects.filter(member=members[1]).order_by("id").first()
+    return pages_of(space, members[1], task, run)
+
+
+def child_big(p: dict) -> dict:
     _migrate()
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.test import Client
-    from django.utils import timezone
-
-    from veronica.engine import supervisor
-    from veronica.models import Role, Run, Space, Task
 
     settings.ALLOWED_HOSTS = ["*"]
-    space = Space.objects.create(name="Big", slug="big", workdir=tempfile.mkdtemp(dir=settings.DATA_DIR))
-    members = [supervisor.add_member(space, "lead", role=Role.LEADER, actor="bench")]
-    members += [supervisor.add_member(space, f"m{i}", actor="bench") for i in range(1, p["big_members"])]
-    now = timezone.now()
-    runs = [Run(member=m, source="message", lease_token="t", started_at=now, ended_at=now, outcome="done", steps=3)
-            for m in members for _ in range(20)]
-    Run.objects.bulk_create(runs)
-    user = get_user_model().objects.create_superuser("bench", "bench@example.com", "x")
+    User = get_user_model()
+    user = User.objects.filter(username="bench").first() or User.objects.create_superuser("bench", "bench@example.com", "x")
     client = Client()
     client.force_login(user)
-    have = {"events": Space.objects.get(pk=space.pk).event_seq, "tasks": 0, "messages_per_member": 0}
-    small = {k: max(1, v // 100) for k, v in p.items() if k in ("events", "tasks", "messages_per_member")}
+    full = {k: p[k] for k in ("events", "tasks", "messages_per_member")}
+    small = {k: max(1, v // 100) for k, v in full.items()}
     t0 = time.perf_counter()
-    have = seed_big(space, members, small["events"], small["tasks"], small["messages_per_member"], have)
-    space.refresh_from_db()
-    task = Task.objects.filter(space=space).order_by("id").first()
-    run = Run.objects.filter(member=members[1]).first()
-    pages = pages_of(space, members[1], task, run)
-    at_small = measure_pages(client, pages, 2)
-    have = seed_big(space, members, p["events"], p["tasks"], p["messages_per_member"], have)
+    if p.get("reuse_db"):  # two spaces side by side (the 1% one and the full one), both kept for the next run
+        small_space, small_members, _ = _build_space("small", p, small)
+        at_small = measure_pages(client, _pages_for(small_space, small_members), 2)
+        space, members, have = _build_space("big", p, full)
+    else:  # one space measured at 1%, then grown to full size
+        space, members, have = _build_space("big", p, small)
+        at_small = measure_pages(client, _pages_for(space, members), 2)
+        have = seed_big(space, members, full["events"], full["tasks"], full["messages_per_member"], have)
     seed_s = time.perf_counter() - t0
-    space.refresh_from_db()
+    pages = _pages_for(space, members)
     _analyze()
     at_full = measure_pages(client, pages, p["reps"])
     fixed = {name: at_small[name]["queries"] == at_full[name]["queries"] for name in pages}
@@ -364,7 +400,7 @@ def child_big(p: dict) -> dict:
         "pages": {name: {**at_full[name], "queries_at_1pct": at_small[name]["queries"]} for name in pages},
         "page_queries_fixed": all(fixed.values()),
         "page_p99_ms_big_space": max(v["p99_ms"] for v in at_full.values()),
-        **retention_month(),
+        **({} if p.get("reuse_db") else retention_month()),  # a kept database keeps no steady month
     }
 
 
@@ -420,6 +456,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["idle", "big", "both"], default="both")
     for key, value in {**IDLE_DEFAULTS, **BIG_DEFAULTS}.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=value)
+    parser.add_argument("--reuse-db", default="", help="hosted, big space only: build the big space once into this "
+                        "PostgreSQL database (kept) and measure it there on each later run")
     parser.add_argument("--child")
     parser.add_argument("--params")
     args = parser.parse_args()
@@ -435,7 +473,7 @@ def main() -> None:
         if args.only in ("idle", "both"):
             figures.update(idle_figures(mode, **{k: sizes[k] for k in IDLE_DEFAULTS}))
         if args.only in ("big", "both"):
-            figures.update(big_space_figures(mode, **{k: sizes[k] for k in BIG_DEFAULTS}))
+            figures.update(big_space_figures(mode, reuse_db=args.reuse_db, **{k: sizes[k] for k in BIG_DEFAULTS}))
         for key, value in figures.items():
             if key == "pages":
                 for page, row in value.items():

@@ -118,10 +118,16 @@ def live_members(space: Space) -> QuerySet[Member]:
     return with_session_usage(Member.objects.filter(space=space, removed_at__isnull=True).select_related("current_task"))
 
 
+# what member_row never reads: a member's prompt text and tool lists (kilobytes each, five JSON fields decoded
+# per row), its current task's spec, result and evidence; a 50-member roster read them all on each refresh
+ROSTER_UNREAD = ("persona", "when_to_use", "fallback", "rule_domains", "tools", "deferred_tools", "runtime_fields",
+                 "current_task__spec", "current_task__result", "current_task__check_evidence", "current_task__status_reason")
+
+
 def roster(space: Space) -> list[dict]:
     usage = _usage_by_member(space)
     rows = []
-    for member in live_members(space).order_by("role", "name"):
+    for member in live_members(space).defer(*ROSTER_UNREAD).order_by("role", "name"):
         member.space = space  # effective_budget reads the space default; no query per row
         rows.append(member_row(member, usage.get(member.pk)))
     return rows
@@ -181,7 +187,9 @@ def waggle_saved(space: Space) -> list[dict] | None:
 
 # --- members -----------------------------------------------------------------------------------------
 
-def member_detail(member: Member) -> dict:
+def member_detail(member: Member, *, skills: list[dict] | None = None, memory: list[dict] | None = None) -> dict:
+    """skills / memory: skills_of / memory_of already read for this member (the member page shows them in
+    panels of their own too: read once)."""
     usage = UsageDay.objects.filter(member=member, day=budget.today()).first()
     if not hasattr(member, "session_tokens"):
         numbers = with_session_usage(Member.objects.filter(pk=member.pk)).values("session_tokens", "last_turn_input").get()
@@ -193,8 +201,8 @@ def member_detail(member: Member) -> dict:
         "schedule": schedule_of(member),
         "rule_domains": member.rule_domains,
         "spawned_from": member.spawned_from.name if member.spawned_from_id else None,
-        "skills": skills_of(member),
-        "memory": memory_of(member),
+        "skills": skills_of(member) if skills is None else skills,
+        "memory": memory_of(member) if memory is None else memory,
     })
     return out
 
@@ -319,25 +327,44 @@ def capped_status_counts(space: Space, cap: int) -> dict[str, int]:
         return dict(zip((s.value for s in BOARD_ORDER), cur.fetchone()))
 
 
-CARD_FIELDS = ("id", "title", "status", "creator_name", "verify_policy", "check_evidence", "status_reason", "updated_at",
-               "assignee__name")
+CARD_FIELDS = ("id", "title", "status", "creator_name", "verify_policy", "check_evidence", "status_reason", "assignee__name")
 
 
-def task_card(task: Task) -> dict:
-    """What a board card shows: no spec or result (a column of 50 read each whole, and each assignee's persona)."""
-    return {"id": task.pk, "title": task.title, "status": task.status, "assignee": task.assignee.name if task.assignee_id else None,
-            "creator": task.creator_name, "checking": checks.pending(task), "check_evidence": task.check_evidence,
-            "status_reason": task.status_reason}
+def task_card(row: dict) -> dict:
+    """What a board card shows, from a row of CARD_FIELDS: no spec or result (a column of 50 read each whole,
+    and each assignee's persona)."""
+    return {"id": row["id"], "title": row["title"], "status": row["status"], "assignee": row["assignee__name"],
+            "creator": row["creator_name"], "checking": checks.status_pending(row["status"], row["verify_policy"]),
+            "check_evidence": row["check_evidence"], "status_reason": row["status_reason"]}
+
+
+def board_cards(space: Space, statuses: list[str], per_column: int) -> dict[str, list[dict]]:
+    """The newest per_column cards of each status, newest first, as plain rows (no model per card). On
+    PostgreSQL one statement, a UNION ALL of one index range per column (it was one statement per
+    non-empty column, each compiled and sent on its own); SQLite cannot limit the parts of a compound
+    statement, so there it stays one statement per column."""
+    recent = Task.objects.filter(space=space).order_by("-updated_at", "-id").values(*CARD_FIELDS, "updated_at")
+    parts = [recent.filter(status=s)[:per_column] for s in statuses]
+    if not parts:
+        return {}
+    if connection.features.supports_slicing_ordering_in_compound:
+        rows = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])
+    else:
+        rows = [row for part in parts for row in part]
+    rows.sort(key=lambda r: (r["updated_at"], r["id"]), reverse=True)  # a union's order is the database's own
+    cards: dict[str, list[dict]] = {s: [] for s in statuses}
+    for row in rows:
+        cards[row["status"]].append(task_card(row))
+    return cards
 
 
 def task_board(space: Space, per_column: int = 50) -> list[dict]:
     """Columns in lifecycle order; each shows its most recent tasks and its count, "1,000+" past the cap."""
     cap = BOARD_COUNT_CAP
     counts = capped_status_counts(space, cap)
-    recent = Task.objects.filter(space=space).select_related("assignee").only(*CARD_FIELDS).order_by("-updated_at", "-id")
+    cards = board_cards(space, [s.value for s in BOARD_ORDER if counts[s.value]], per_column)
     return [{"status": s.value, "count": min(counts[s.value], cap), "more": counts[s.value] > cap,
-             "tasks": [task_card(t) for t in recent.filter(status=s.value)[:per_column]] if counts[s.value] else []}
-            for s in BOARD_ORDER]
+             "tasks": cards.get(s.value, [])} for s in BOARD_ORDER]
 
 
 def messages(space: Space, *, member: str | None = None, before: int | None = None, limit: int = 50) -> dict:
@@ -369,6 +396,13 @@ def events_after(space: Space, after: int, limit: int = 200) -> dict:
 
 # --- approvals and questions ---------------------------------------------------------------------------
 
+# what approval_row and question_row read: selecting the whole member and user rows they join (50 columns)
+# cost more to compile and decode than the rows themselves (the space page asks on every refresh, mostly for none)
+APPROVAL_READ = ("id", "tool_name", "tool_args", "status", "reason", "decided_at", "created_at", "member__name",
+                 "decided_by__username")
+QUESTION_READ = ("id", "text", "answer", "answered_at", "created_at", "member__name", "answered_by__username")
+
+
 def approval_row(a: Approval) -> dict:
     return {"id": a.pk, "member": a.member.name, "tool": a.tool_name, "args": a.tool_args, "status": a.status,
             "reason": a.reason, "decided_by": a.decided_by.get_username() if a.decided_by_id else None,
@@ -376,7 +410,7 @@ def approval_row(a: Approval) -> dict:
 
 
 def approvals(space: Space, *, status: str | None = ApprovalStatus.PENDING, limit: int = 100) -> list[dict]:
-    qs = Approval.objects.filter(space=space).select_related("member", "decided_by")
+    qs = Approval.objects.filter(space=space).select_related("member", "decided_by").only(*APPROVAL_READ)
     if status:
         qs = qs.filter(status=status)
     return [approval_row(a) for a in qs.order_by("id" if status == ApprovalStatus.PENDING else "-id")[:limit]]
@@ -389,7 +423,7 @@ def question_row(q: Question) -> dict:
 
 
 def questions(space: Space, *, open_only: bool = True, limit: int = 100) -> list[dict]:
-    qs = Question.objects.filter(space=space).select_related("member", "answered_by")
+    qs = Question.objects.filter(space=space).select_related("member", "answered_by").only(*QUESTION_READ)
     if open_only:
         qs = qs.filter(answered_at__isnull=True)
     return [question_row(q) for q in qs.order_by("id" if open_only else "-id")[:limit]]

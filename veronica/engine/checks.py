@@ -119,7 +119,12 @@ def recover() -> int:
 
 def pending(task: Task) -> bool:
     """The board's 'checking' chip: queued or executing (evidence lands only when a run finishes)."""
-    return task.status == TaskStatus.VERIFYING and task.verify_policy == VerifyPolicy.CHECKS
+    return status_pending(task.status, task.verify_policy)
+
+
+def status_pending(status: str, verify_policy: str) -> bool:
+    """pending() from the two columns it reads (the board reads its cards as plain rows, not Tasks)."""
+    return status == TaskStatus.VERIFYING and verify_policy == VerifyPolicy.CHECKS
 
 
 # --- running --------------------------------------------------------------------------------------

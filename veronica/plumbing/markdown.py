@@ -7,7 +7,9 @@ not bold. A line break inside a paragraph is kept (nl2br): a 3-line goal shows a
 """
 from __future__ import annotations
 
+import functools
 import re
+import threading
 
 import markdown as md
 import nh3
@@ -51,8 +53,39 @@ def agent_text(text: str) -> str:
     return "\n".join(lines)
 
 
+EXTENSIONS = ["fenced_code", "tables", "sane_lists", "nl2br"]
+_local = threading.local()  # a Markdown instance is not thread-safe: one per thread
+
+
+def _converter() -> md.Markdown:
+    """This thread's Markdown instance, reset before each use. Building one loads its extensions and
+    registers ~40 processors: two thirds of the cost of a short message (the chat panel renders 30)."""
+    converter = getattr(_local, "converter", None)
+    if converter is None:
+        converter = _local.converter = md.Markdown(extensions=EXTENSIONS)
+    return converter.reset()
+
+
+# A live page re-renders the same texts on each refresh (the chat panel's 30 messages on every message, a
+# member's transcript on each of its events): a text's HTML is a pure function of the text, so the recent
+# ones are kept. Bounded: RENDER_CACHE texts of up to CACHED_TEXT_MAX characters (a few MB at most); a longer
+# text renders each time.
+RENDER_CACHE = 512
+CACHED_TEXT_MAX = 4000
+
+
 def render_markdown(text: str) -> SafeString:
-    html = md.markdown(agent_text(text or ""), extensions=["fenced_code", "tables", "sane_lists", "nl2br"])
+    text = text or ""
+    return _cached_render(text) if len(text) <= CACHED_TEXT_MAX else _render(text)
+
+
+@functools.lru_cache(maxsize=RENDER_CACHE)
+def _cached_render(text: str) -> SafeString:
+    return _render(text)
+
+
+def _render(text: str) -> SafeString:
+    html = _converter().convert(agent_text(text))
     clean = nh3.clean(html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES, url_schemes={"http", "https", "mailto"},
                       link_rel="noopener noreferrer nofollow")
     return mark_safe(clean)  # noqa: S308 - nh3 output with an allow-list

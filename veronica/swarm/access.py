@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import Http404
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
@@ -100,8 +100,11 @@ def space_permission_query(user_ref) -> QuerySet:
 
 def space_for(user, slug: str, need: str = VIEWER) -> tuple[Space, str]:
     """The space and the user's role; Http404 if they cannot see it, PermissionDenied if too low."""
-    space = Space.objects.filter(slug=slug).first()
-    role = role_in(user, space) if space is not None else None
+    space = None
+    if _active(user):  # the space and the user's grant in one statement (every page of a space starts here)
+        granted = SpaceAccess.objects.filter(user=user, space=OuterRef("pk")).values("role")[:1]  # unique per (user, space)
+        space = Space.objects.filter(slug=slug).annotate(granted_role=Subquery(granted)).first()
+    role = higher(space.granted_role, staff_role(user)) if space is not None else None  # as role_in reads it
     if role is None:
         raise Http404("no such space")
     if not allows(role, need):

@@ -59,19 +59,22 @@ def _bars(days: list[dict] | None, height: int = 40, step: int = 10) -> dict | N
     return {"days": bars, "width": len(days) * step, "height": height, "total": sum(d["tokens"] for d in days)}
 
 
-def _member_panels(space: Space, name: str) -> dict[str, Callable[[], dict]]:
+def _member_panels(space: Space, name: str, found=None) -> dict[str, Callable[[], dict]]:
+    """found: the member when the caller has read it already (the page checked it exists)."""
     @functools.cache
     def member():  # read once per request (each panel asked for it again: ten reads of one row, and of its space)
-        found = supervisor.get_member(space, name)
-        found.space = space
-        return found
+        got = found if found is not None else supervisor.get_member(space, name)
+        got.space = space
+        return got
 
+    skills = functools.cache(lambda: sel.skills_of(member()))  # the header and its own panel show them: read once
+    memory = functools.cache(lambda: sel.memory_of(member()))
     return {
-        "header": lambda: {"member": sel.member_detail(member())},
+        "header": lambda: {"member": sel.member_detail(member(), skills=skills(), memory=memory())},
         "transcript": lambda: {"transcript": _transcript_with_runs(member())},
         "runs": lambda: {"runs": run_trace.recent_runs(member())},
-        "skills": lambda: {"skills": sel.skills_of(member())},
-        "memory": lambda: {"memory": sel.memory_of(member())},
+        "skills": lambda: {"skills": skills()},
+        "memory": lambda: {"memory": memory()},
         "schedule": lambda: {"schedule": sel.schedule_of(member())},
         **views_steer.member_panels(member),
     }
@@ -84,8 +87,9 @@ def _transcript_with_runs(member) -> dict:
 
 
 def _current_seq(space: Space) -> int:
-    # read before rendering: an event that lands mid-render is > seq, so the socket replays it
-    return Space.objects.filter(pk=space.pk).values_list("event_seq", flat=True).get()
+    # read before rendering (with the space itself, by access.space_for, just before the panels are read): an
+    # event that lands mid-render is > seq, so the socket replays it; no second read of the same column
+    return space.event_seq
 
 
 # --- pages ------------------------------------------------------------------------------------------------
@@ -130,7 +134,7 @@ def member_page(request: HttpRequest, slug: str, name: str) -> HttpResponse:
     space, role = access.space_for(request.user, slug)
     member = _member_or_404(space, name)
     seq = _current_seq(space)
-    panels = {key: build() for key, build in _member_panels(space, name).items()}
+    panels = {key: build() for key, build in _member_panels(space, name, found=member).items()}
     return render(request, "console/member.html", _context(
         space, role, seq=seq, panels=panels, member_name=member.name, page="member",
         permission_modes=PermissionMode.values))
