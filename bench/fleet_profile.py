@@ -41,21 +41,31 @@ def cpu_of(pids: list[int]) -> float:
 
 
 def child(args) -> dict:
-    import cProfile
-    import pstats
-
     from bench._setup import django_setup
 
     django_setup()
     from django.core.management import call_command
-    from django.db import connection
 
     call_command("migrate", verbosity=0)
-    from bench.fleet import Mock, drained, mail_all, setup_members
-    from veronica.engine import fleet, runner
+    from bench.fleet import Mock, setup_members
 
     members = setup_members(args.members, args.steps + 4)
-    mock = Mock(args.latency, args.steps)
+    mock = Mock(args.latency, args.steps)  # in a session of its own: stopped on every way out
+    try:
+        return measure(args, members, mock)
+    finally:
+        mock.stop()
+
+
+def measure(args, members: list, mock) -> dict:
+    import cProfile
+    import pstats
+
+    from django.db import connection
+
+    from bench.fleet import drained, mail_all, setup_members
+    from veronica.engine import fleet, runner
+
     from django.conf import settings
 
     settings.OPENAI_BASE_URL = mock.root + "/v1"
@@ -102,13 +112,12 @@ def child(args) -> dict:
     for m in members:
         pool.reserve()
         pool.start(lambda pk=m.pk: runner.claim_and_run(pool, pk, "message"), name=f"wake-{m.pk}")
-    while not drained(members) and time.monotonic() - t0 < 150:
+    while not drained(members) and time.monotonic() - t0 < 150:  # a run that never drains is reported, not waited on
         seen_pg |= set(backends())
         time.sleep(0.5)
     elapsed = time.monotonic() - t0
     me, mock_cpu, pg = time.process_time() - me0, cpu_of([mock.proc.pid]) - mock0, cpu_of(list(seen_pg)) - pg0
     calls = mock.served() - served0
-    mock.stop()
     out = {"mode": "hosted" if hosted else "embedded", "members": args.members, "calls": calls, "elapsed": round(elapsed, 2),
            "ideal": args.steps * args.latency, "worker_ms_per_call": round(me * 1000 / calls, 2),
            "mock_ms_per_call": round(mock_cpu * 1000 / calls, 2), "postgres_ms_per_call": round(pg * 1000 / calls, 2),
