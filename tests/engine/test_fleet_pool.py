@@ -81,3 +81,48 @@ def test_the_beat_does_not_renew_a_run_whose_thread_shows_no_life(space, setting
     pool.beat_once()
     assert Member.objects.get(pk=alive.member.pk).lease_expires_at > soon
     assert Member.objects.get(pk=hung.member.pk).lease_expires_at == soon
+
+
+def test_a_pooled_model_call_polls_rarely_and_a_stop_the_beat_hears_aborts_it_at_once(space):
+    """A run of a run pool waits on its model call with should_stop polled every half second, not 40
+    times a second (a tenth of a pooled worker's CPU): the heartbeat pushes a stop it hears into the
+    call's wait (sdk.interrupt), so the cancel still ends the call at once, not at the next poll."""
+    import threading
+    import time
+
+    from veronica.agent.providers import sdk
+    from veronica.agent.providers.base import Cancelled as CallCancelled
+
+    pool = fleet.RunPool(8, heartbeat=False)
+    (lease,) = claimed(space, "w1")
+    polls, ended = [0], {}
+
+    def should_stop() -> bool:
+        polls[0] += 1
+        return lease.should_stop()
+
+    def run() -> None:
+        pool.register(lease)
+        try:
+            sdk.run_attempt(lambda emit, aborted: aborted.wait(30) and "late", should_stop=should_stop, on_event=None,
+                            streamed=[0])
+        except CallCancelled:
+            ended["at"] = time.monotonic()
+        finally:
+            pool.unregister(lease)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while lease.thread is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pool.beat_once()  # the lease is beating: the run's should_stop is a memory read from now on
+    polls[0] = 0
+    time.sleep(1.0)
+    assert polls[0] <= 4, f"the waiting call polled should_stop {polls[0]} times in ~1 s"
+    Member.objects.filter(pk=lease.member.pk).update(cancel_requested=True)
+    asked = time.monotonic()
+    pool.beat_once()
+    thread.join(timeout=5)
+    assert "at" in ended, "the model call was not aborted"
+    assert ended["at"] - asked < 0.3, f"the abort took {ended['at'] - asked:.2f} s after the beat heard the stop"

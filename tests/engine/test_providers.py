@@ -333,3 +333,26 @@ def test_the_offline_worker_does_not_count_a_refused_task_done_as_reported():
         {"role": "tool", "tool_call_id": "c2", "content": "task #7 done"},
     ])
     assert work(brief, trace, set()) == "Reported 1 task(s)."
+
+
+def test_openai_stream_chunks_are_read_as_the_json_they_came_in():
+    """Streamed chat-completion chunks are folded from their JSON objects (no SDK model per chunk): text,
+    tool-call deltas by index across chunks, the finish reason and the usage with cached tokens; a chunk
+    of the wrong shape is a malformed reply (retried), never a crash."""
+    from veronica.agent.providers import sdk
+    from veronica.agent.providers.openai_compat import StreamedReply
+
+    acc = StreamedReply()
+    assert acc.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]}) == "Hel"
+    assert acc.add({"choices": [{"index": 0, "delta": {"content": "lo", "tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "list_dir", "arguments": "{\"pa"}}]}}]}) == "lo"
+    acc.add({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "th\": \".\"}"}}]},
+                          "finish_reason": "tool_calls"}]})
+    acc.add({"choices": [], "usage": {"prompt_tokens": 2000, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 1024}}})
+    reply = acc.reply(10)
+    assert reply.text == "Hello" and reply.finish_reason == "tool_calls"
+    assert [(c.id, c.name, c.args) for c in reply.tool_calls] == [("call_1", "list_dir", {"path": "."})]
+    assert (reply.usage.input, reply.usage.output, reply.usage.cache_read, reply.usage.estimated) == (976, 7, 1024, False)
+    for bad in (["not", "an", "object"], {"choices": "x"}, {"choices": [{"delta": {"tool_calls": [7]}}]}, {"usage": 3}):
+        with pytest.raises(sdk.Malformed):
+            StreamedReply().add(bad)

@@ -75,6 +75,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
+from veronica.agent.providers import sdk
 from veronica.engine.slot import lease_delta
 from veronica.models import Member
 
@@ -129,13 +130,18 @@ class RunPool:
             release_connection()
 
     def register(self, lease) -> None:
-        """The heartbeat renews this lease from now on."""
+        """The heartbeat renews this lease from now on (called on the run's thread) and pushes a stop it
+        hears to the model call the run waits on, which then polls rarely (veronica.agent.providers.sdk)."""
         lease.beat = self
+        lease.thread = threading.get_ident()
+        sdk.interruptible(True)
         with self._lock:
             self._leases[lease.member.pk] = lease
 
     def unregister(self, lease) -> None:
         """The run of this lease has ended: the heartbeat leaves it."""
+        sdk.interruptible(False)
+        lease.thread = None
         with self._lock:
             if self._leases.get(lease.member.pk) is lease:
                 del self._leases[lease.member.pk]

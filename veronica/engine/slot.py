@@ -37,6 +37,7 @@ from django.db.models.sql import UpdateQuery
 
 from veronica.swarm import events
 from veronica.plumbing.returning import compiled, update_returning, update_then
+from veronica.agent.providers import sdk
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
 from veronica.engine import budget, failures
 from veronica.engine import wakes
@@ -124,6 +125,7 @@ class RunLease:
         self._metered = None  # its row, for metering.record
         self.system_prompt = ""  # the run's system prompt (agent.loop sets it), kept on the Run row by finish()
         self.permission_mode = member.permission_mode  # as of the latest fence
+        self.thread: int | None = None  # the run's thread, while a run pool's heartbeat renews the lease
         self.beat = None  # the worker's run pool (veronica.engine.fleet) when its heartbeat renews this lease
         self._last_beat = 0.0
         self.touched = time.monotonic()  # the run's thread last showed it is alive (the heartbeat renews only then)
@@ -196,10 +198,12 @@ class RunLease:
         if not held:
             if not isinstance(self._stop, LeaseLost):
                 self._stop = LeaseLost(f"the lease {self.token[:8]} of member {self.member.pk} is gone")
+                sdk.interrupt(self.thread)  # a model call it waits on ends now, not at its next poll
             return
         self._last_beat = self._last_check = time.monotonic()
         if cancel and self._stop is None:
             self._stop = Cancelled("the run was asked to stop")
+            sdk.interrupt(self.thread)
 
     def beating(self) -> bool:
         """The process's heartbeat has renewed this lease lately (else the run renews it itself)."""

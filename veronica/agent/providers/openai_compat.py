@@ -85,11 +85,17 @@ class OpenAIProvider:
         # a call's CPU in the SDK (bench/fleet.py: 500 runs in two workers were CPU-bound) for a body
         # that is plain JSON already. The JSON sent is the same.
         wire = {"model": body["model"], "messages": [], "extra_body": {k: v for k, v in body.items() if k != "model"}}
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
 
         def attempt(emit, aborted: threading.Event) -> Reply:
             if not self.cfg.stream:
                 return self.parse(client.chat.completions.create(**wire), estimate)
-            stream = client.chat.completions.create(**wire, stream=True, stream_options={"include_usage": True})
+            # Streamed through the SDK's own post, SSE decoder and error mapping (HTTP errors, an error
+            # event inside the 200 stream, transport errors), but each chunk stays the dict it was parsed
+            # into: Stream[ChatCompletionChunk] built a model object per chunk (construct_type, a fifth of
+            # a pooled worker's CPU per call in bench/fleet_profile.py) only to be read once here.
+            stream = client.post("/chat/completions", body=streamed, cast_to=object, options=STREAM_OPTIONS, stream=True,
+                                 stream_cls=openai_stream())
             acc = StreamedReply()
             with stream:  # leaving the block closes the response (and, unread, its connection)
                 for chunk in stream:
@@ -115,8 +121,18 @@ class OpenAIProvider:
                      usage=usage_of(completion.usage, estimate, text, calls))
 
 
+STREAM_OPTIONS = {"security": {"bearer_auth": True}}  # what chat.completions.create sends with its request
+
+
+def openai_stream():
+    import openai
+
+    return openai.Stream[object]
+
+
 class StreamedReply:
-    """Chat-completion chunks folded into one reply: text, tool calls by index, finish reason, usage."""
+    """Chat-completion chunks (the JSON objects of the SSE stream) folded into one reply: text, tool
+    calls by index, finish reason, usage. A field of the wrong type is a malformed chunk (retried)."""
 
     def __init__(self) -> None:
         self.text: list[str] = []
@@ -126,28 +142,38 @@ class StreamedReply:
         self.chunks = 0
 
     def add(self, chunk) -> str:
+        if not isinstance(chunk, dict):
+            raise sdk.Malformed(f"a stream chunk that is not an object: {str(chunk)[:200]}")
         self.chunks += 1
-        if getattr(chunk, "usage", None) is not None:
-            self.usage = chunk.usage
-        choices = getattr(chunk, "choices", None) or []
+        try:
+            return self._add(chunk)
+        except (AttributeError, TypeError, KeyError) as exc:
+            raise sdk.Malformed(f"a stream chunk of an unexpected shape ({exc}): {str(chunk)[:200]}") from None
+
+    def _add(self, chunk: dict) -> str:
+        if chunk.get("usage") is not None:
+            self.usage = Fields(chunk["usage"])
+        choices = chunk.get("choices") or []
         if not choices:
             return ""
         choice = choices[0]
-        if choice.finish_reason:
-            self.finish = choice.finish_reason
-        delta = choice.delta
+        if choice.get("finish_reason"):
+            self.finish = choice["finish_reason"]
+        delta = choice.get("delta")
         if delta is None:
             return ""
-        for part in delta.tool_calls or []:
-            slot = self.calls.setdefault(part.index if part.index is not None else len(self.calls),
-                                         {"id": "", "name": "", "arguments": ""})
-            slot["id"] = part.id or slot["id"]
-            if part.function is not None:
-                slot["name"] = part.function.name or slot["name"]
-                slot["arguments"] += part.function.arguments or ""
-        if delta.content:
-            self.text.append(delta.content)
-            return delta.content
+        for part in delta.get("tool_calls") or []:
+            index = part.get("index")
+            slot = self.calls.setdefault(index if index is not None else len(self.calls), {"id": "", "name": "", "arguments": ""})
+            slot["id"] = part.get("id") or slot["id"]
+            function = part.get("function")
+            if function is not None:
+                slot["name"] = function.get("name") or slot["name"]
+                slot["arguments"] += function.get("arguments") or ""
+        content = delta.get("content")
+        if content:
+            self.text.append(content)
+            return content
         return ""
 
     def reply(self, estimate: int) -> Reply:
@@ -159,6 +185,19 @@ class StreamedReply:
         text = "".join(self.text)
         return Reply(text=text, tool_calls=calls, finish_reason=FINISH.get(self.finish, ""),
                      usage=usage_of(self.usage, estimate, text, calls))
+
+
+class Fields:
+    """A JSON object read like the SDK's model of it (usage_of reads attributes): a missing key is None."""
+
+    def __init__(self, data) -> None:
+        if not isinstance(data, dict):
+            raise TypeError(f"usage is a {type(data).__name__}, not an object")
+        self._data = data
+
+    def __getattr__(self, name: str):
+        value = self._data.get(name)
+        return Fields(value) if isinstance(value, dict) else value
 
 
 def tool_call(call_id: str | None, name: str | None, arguments: str | None) -> ToolCall:

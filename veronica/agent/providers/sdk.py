@@ -30,6 +30,10 @@ import httpx2
 from veronica.agent.providers.base import CancelCheck, Cancelled, EventSink, ProviderError, Reply, Usage
 
 POLL_SECONDS = 0.05
+# A run of a worker's run pool (veronica.engine.fleet) learns of a stop from the process's heartbeat,
+# which pushes it into the waiting call's inbox (interrupt): its wait wakes only this often, to show
+# the heartbeat it is alive. 40 wake-ups a second per waiting call were a tenth of a pooled worker's CPU.
+INTERRUPTIBLE_POLL_SECONDS = 0.5
 MAX_INLINE_WAIT = 60.0  # a longer Retry-After is handed to the engine's re-wake backoff instead
 RETRYABLE_STATUSES = {408, 409, 429}
 
@@ -158,9 +162,27 @@ def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
 Attempt = Callable[[Callable[[str], None], threading.Event], object]
 
 
+_WAITING: dict[int, queue.Queue] = {}  # caller thread -> the inbox its model call waits on
+_local = threading.local()
+
+
+def interruptible(on: bool) -> None:
+    """This thread's stops are pushed to it (interrupt), so its model calls poll should_stop rarely."""
+    _local.interruptible = on
+
+
+def interrupt(thread_id: int | None) -> None:
+    """Wake the model call `thread_id` waits on (its should_stop now says stop): it aborts at once."""
+    inbox = _WAITING.get(thread_id) if thread_id is not None else None
+    if inbox is not None:
+        inbox.put(("stop", None))
+
+
 def run_attempt(attempt: Attempt, *, should_stop: CancelCheck, on_event: EventSink | None, streamed: list[int]):
     """Run `attempt(emit, aborted)` on a worker thread; relay its text, abort it on cancel."""
     inbox: queue.Queue = queue.Queue()
+    me = threading.get_ident()
+    poll = INTERRUPTIBLE_POLL_SECONDS if getattr(_local, "interruptible", False) else POLL_SECONDS
     aborted = threading.Event()
 
     def work() -> None:
@@ -173,24 +195,28 @@ def run_attempt(attempt: Attempt, *, should_stop: CancelCheck, on_event: EventSi
                 _IN_USE.pop(threading.get_ident(), None)
 
     worker = threading.Thread(target=work, name="model-call", daemon=True)
-    worker.start()
-    while True:
-        try:
-            kind, value = inbox.get(timeout=POLL_SECONDS)
-        except queue.Empty:
-            kind, value = "", None
-        if kind == "done":
-            return value
-        if kind == "error":
-            raise value
-        if kind == "text" and value:
-            streamed[0] += len(value)
-            if on_event is not None:
-                on_event({"type": "text", "delta": value})
-        if should_stop():
-            aborted.set()
-            abort_thread_socket(worker.ident)
-            raise Cancelled("model call aborted; the connection was closed")
+    _WAITING[me] = inbox
+    try:
+        worker.start()
+        while True:
+            try:
+                kind, value = inbox.get(timeout=poll)
+            except queue.Empty:
+                kind, value = "", None
+            if kind == "done":
+                return value
+            if kind == "error":
+                raise value
+            if kind == "text" and value:
+                streamed[0] += len(value)
+                if on_event is not None:
+                    on_event({"type": "text", "delta": value})
+            if should_stop():
+                aborted.set()
+                abort_thread_socket(worker.ident)
+                raise Cancelled("model call aborted; the connection was closed")
+    finally:
+        _WAITING.pop(me, None)
 
 
 # --- errors -------------------------------------------------------------------------------------------
