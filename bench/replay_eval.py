@@ -150,13 +150,24 @@ class Harness:
         # is what a miss costs)
         self.typical = {tool: sorted(outs, key=len)[len(outs) // 2] for tool, outs in by_tool.items()}
         self.exec_log: list[tuple[str, dict]] = []
+        self.own: dict[str, str] = {}  # the walked trajectory's own outputs (see exec)
         self.verbose = False
         self.deaf = False  # --deaf: leave the user messages out (the call-only figures)
         self.truth_ledger = False  # --truth-ledger: book the harness's truth, not the host's judge
 
     def exec(self, tool: str, args: dict) -> str:
+        """A replayed call's output: what the trajectory being walked got for that call when it made
+        it (the same call can return other things in another task's state: BFCL's long-context
+        copies pad the outputs of the same calls), else what any trajectory got, else typical."""
         self.exec_log.append((tool, dict(args)))
-        return self.outputs.get(lookup_key(tool, args)) or self.typical.get(tool) or "{}"
+        key = lookup_key(tool, args)
+        return self.own.get(key) or self.outputs.get(key) or self.typical.get(tool) or "{}"
+
+    def walking(self, traj: dict) -> None:
+        """The trajectory ``exec`` answers from first (see :meth:`exec`)."""
+        self.own = {}
+        for call, out in calls_of(traj):
+            self.own.setdefault(lookup_key(call["name"], call["args"]), out)
 
     def run_seed(self, seed: int, train_frac: float, folds: int = 0) -> Tally:
         """One held-out evaluation: with ``folds`` (k-fold by task), fold ``seed`` is held out and
@@ -203,6 +214,7 @@ class Harness:
 
     def walk(self, space: str, session: str, traj: dict, cfg, tally: Tally) -> None:
         svc = self.service
+        self.walking(traj)
         msgs = traj["messages"]
         results = results_of(msgs)
         removed: set[int] = set()
