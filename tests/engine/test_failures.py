@@ -164,3 +164,29 @@ def test_the_roster_shows_why_a_member_is_parked(space, scripted):
 def test_an_idle_retry_duty_costs_one_statement(space, django_assert_num_queries):
     with django_assert_num_queries(1):
         assert failures.due_retries() == []
+
+
+@pytest.mark.django_db(transaction=True)  # (the retry closes the connection: no test transaction around it)
+def test_a_finish_that_meets_a_dead_connection_finishes_on_a_new_one(space, scripted, monkeypatch):
+    """After a database outage a worker's pooled connections are dead until used: a run crashed on one
+    and its finish met the same one, so the member stayed leased (its mail unread) for the whole run
+    lease. The finish now closes the dead connection and fences again on a new one."""
+    from django.db import OperationalError
+
+    from veronica.engine import slot
+
+    real_finish, calls = slot.finish, []
+
+    def finish(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("consuming input failed: server closed the connection unexpectedly")
+        return real_finish(*args, **kwargs)
+
+    monkeypatch.setattr(slot, "finish", finish)
+    scripted("done")
+    bus.send(space, "boss", "w1", "x")
+    assert runner.wake(w1_of(space).pk, "message") == "done"
+    w1 = w1_of(space)
+    assert len(calls) == 2 and w1.lease_token == "" and w1.run_status == "idle", "the lease was released"
+    assert Run.objects.get(member=w1).ended_at is not None

@@ -132,7 +132,7 @@ def run_claimed(lease: slot.RunLease, source: str) -> str:
         outcome, error = RunOutcome.ERROR, f"{type(exc).__name__}: {exc}"
     error = storable(error)  # a vendor's error text with a NUL or a lone surrogate in it is still recorded
     try:
-        slot.finish(lease, outcome, error, permanent=permanent, retry_after=retry_after)
+        finish_on_a_live_connection(lease, outcome, error, permanent=permanent, retry_after=retry_after)
     except LeaseLost:
         log.warning("run of %s lost its lease before it finished; the watchdog ended it", member.name)
         outcome = "lease-lost"
@@ -141,6 +141,29 @@ def run_claimed(lease: slot.RunLease, source: str) -> str:
 
 
 NOTHING_TO_DO = "nothing-to-do"
+FINISH_ATTEMPTS = 3
+
+
+def finish_on_a_live_connection(lease: slot.RunLease, outcome: str, error: str, **how) -> None:
+    """slot.finish, on a fresh connection when the one it got was dead. After a database outage the
+    connections a worker's pool kept were closed by the server, each found dead only when used: a run
+    that met one crashed, then its finish met the same one and failed too, and the member stayed
+    leased, its mail unread, for the whole run lease (60 s by default). Each retry closes the dead
+    connection (the pool discards it) and fences again; a finish whose commit did go through before
+    its connection died finds its lease gone on the retry (LeaseLost), so nothing is written twice."""
+    conn = connections[Member.objects.db]
+    for attempt in range(1, FINISH_ATTEMPTS + 1):
+        try:
+            slot.finish(lease, outcome, error, **how)
+            return
+        except (OperationalError, InterfaceError) as exc:
+            if attempt == FINISH_ATTEMPTS or conn.in_atomic_block:
+                raise
+            log.warning("finish of %s met a dead connection (%s); again on a new one", lease.member.name, str(exc).strip()[:200])
+            try:
+                conn.close()
+            except Exception:
+                pass
 
 
 # A worker that cannot reach the database hands its wakes back to the broker (at its head, for a
