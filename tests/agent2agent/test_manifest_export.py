@@ -51,7 +51,18 @@ def test_register_sets_serving_members_and_remotes_and_export_scrubs_the_secrets
     assert A2ARemote.objects.get(space=space).token == "s3cret"
 
 
+def test_a_token_given_as_a_secret_reference_travels_as_the_reference(db, manifest):
+    text = (manifest / "space.toml").read_text().replace('token = "s3cret"', 'token = "${secret:PEER_TOKEN}"')
+    (manifest / "space.toml").write_text(text)
+    space = register(manifest)
+    assert A2ARemote.objects.get(space=space).token == "${secret:PEER_TOKEN}"  # no value stored with the remote
+    assert a2a_settings.status(space)["remotes"][0]["token_secret"] == "PEER_TOKEN"
+    table = tomllib.loads(export_files(space)["space.toml"])["a2a"]
+    assert table["remotes"][0]["token"] == "${secret:PEER_TOKEN}"  # a reference is no secret: it is exported
+
+
 @pytest.mark.parametrize("text, field", [
+    ('\n[a2a]\nremotes = [{ name = "x", card_url = "http://h/", token = "Bearer ${secret:X}" }]\n', "a2a.remotes.x.token"),
     ('\n[a2a]\nenabled = "yes"\n', "a2a.enabled"),
     ('\n[a2a]\nport = 1\n', "a2a.port"),
     ('\n[a2a]\nremotes = [{ name = "Bad Name", card_url = "http://h/" }]\n', "a2a.remotes.name"),

@@ -34,6 +34,7 @@ from veronica.agent.tools import ToolContext, tools_for
 from veronica.engine import approvals, runner, supervisor, tick
 from veronica.models import A2ACall, A2ATaskLink, Approval, Event, Turn, Wake
 from veronica.ops.outbound import Refused
+from veronica.plumbing.errors import VeronicaError
 
 PEER = str(Path(__file__).resolve().parent / "peer.py")
 TOKEN = "peer-secret"
@@ -204,6 +205,35 @@ def test_we_call_them_through_the_gated_tool_with_timeout_cancel_and_a_refused_c
         {"name": "echo", "card_url": f"{peer.url}/.well-known/agent-card.json", "token": "wrong"}), actor="test")
     result = run_tool(tools_for(w1)["a2a__echo"], ctx, {"message": "hi"})
     assert "refused our credential (HTTP 401)" in result
+
+
+def test_a_token_kept_as_a_space_secret_is_sent_and_never_stored_with_the_remote(peer, tmp_path, settings):
+    from cryptography.fernet import Fernet
+
+    from veronica.swarm import secrets
+    from veronica.models import A2ARemote
+
+    settings.SECRETS_KEYS = [Fernet.generate_key().decode()]
+    space = make_space(tmp_path, "sigma")
+    card = f"{peer.url}/.well-known/agent-card.json"
+    with pytest.raises(VeronicaError, match="names secret PEER_TOKEN, which is not set") as refused:
+        a2a_settings.add_remote(space, a2a_settings.check_remote(
+            {"name": "echo", "card_url": card, "token": "${secret:PEER_TOKEN}"}), actor="test")
+    assert refused.value.field == "a2a.remotes.echo.token" and not A2ARemote.objects.exists()
+    secrets.set_secret(space, "PEER_TOKEN", TOKEN, actor="test")
+    a2a_settings.add_remote(space, a2a_settings.check_remote(
+        {"name": "echo", "card_url": card, "token": "${secret:PEER_TOKEN}", "timeout": 20}), actor="test")
+    assert TOKEN not in str(A2ARemote.objects.values_list().get())
+    w1 = supervisor.get_member(space, "w1")
+    ctx = ToolContext(member=w1, space=space)
+    assert run_tool(tools_for(w1)["a2a__echo"], ctx, {"message": "hi"}) == "echo: hi"  # the peer took the bearer
+    # the member's own secret of the name shadows the space's: a wrong one is refused by the peer
+    secrets.set_secret(space, "PEER_TOKEN", "wrong-token-value", member=w1, actor="test")
+    assert "refused our credential (HTTP 401)" in run_tool(tools_for(w1)["a2a__echo"], ctx, {"message": "hi"})
+    secrets.delete_secret(space, "PEER_TOKEN", member=w1, actor="test")
+    secrets.delete_secret(space, "PEER_TOKEN", actor="test")
+    result = run_tool(tools_for(w1)["a2a__echo"], ctx, {"message": "hi"})
+    assert result.startswith("error:") and "names secret PEER_TOKEN, which is not set for w1 or the space" in result
 
 
 def test_a_long_remote_task_parks_the_run_and_its_end_wakes_the_member(peer, tmp_path, script, settings, monkeypatch):

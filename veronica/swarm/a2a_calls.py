@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from veronica.swarm import a2a_client, events
+from veronica.swarm import a2a_client, a2a_settings, events
 from veronica.engine import clock
 from veronica.engine.wakes import wake_on_commit
 from veronica.plumbing.errors import VeronicaError, storable
@@ -45,8 +45,10 @@ def poll_parked() -> int:
             _finish(call, "failed", f"error: the remote agent '{call.remote_name}' was removed while its task ran")
             finished += 1
             continue
+        token = ""  # a secret gone since the call started: the poll fails (logged) and the deadline ends it
         try:
-            task = a2a_client.get_task(remote.endpoint, remote.token, call.remote_task_id, timeout=10)
+            token = a2a_settings.bearer(remote, call.member)
+            task = a2a_client.get_task(remote.endpoint, token, call.remote_task_id, timeout=10)
         except VeronicaError as exc:
             log.warning("a2a poll of %s/%s failed: %s", call.remote_name, call.remote_task_id, exc)
             task = None
@@ -54,7 +56,7 @@ def poll_parked() -> int:
             _finish(call, task.status.state.value, a2a_client.answer_text(task))
             finished += 1
         elif now >= call.deadline:
-            a2a_client.cancel_quietly(remote.endpoint, remote.token, call.remote_task_id)
+            a2a_client.cancel_quietly(remote.endpoint, token, call.remote_task_id)
             _finish(call, "failed", f"error: the remote task {call.remote_task_id} did not finish within {remote.timeout} s (cancelled)")
             finished += 1
     return finished

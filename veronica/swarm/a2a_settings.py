@@ -3,7 +3,10 @@ off, which members besides the leader are agents, the callers' bearer credential
 their SHA-256 kept), and the remote agents members may call (a2a__<name>).
 
 Remote agents are declared by their card URL; the internal-address guard (veronica.ops.outbound, A2A
-purpose) applies when saved and again on every request."""
+purpose) applies when saved and again on every request. A remote's token is best given as
+`${secret:NAME}`: the value then stays encrypted at rest with the space's other secrets, is resolved
+at each request (the calling member's own secret over the space's) and masked in transcripts, and
+the reference travels in an export; a literal token is kept as given and scrubbed from exports."""
 from __future__ import annotations
 
 import re
@@ -16,6 +19,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from veronica.swarm import access, audit, events
+from veronica.swarm import secrets as space_secrets
 from veronica.ops import outbound
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text, text_problem
 from veronica.models import A2AConfig, A2ACredential, A2ARemote, Member, Role, Space
@@ -159,7 +163,27 @@ def check_remote(cfg: object) -> RemoteConfig:
     token = cfg.get("token", "")
     if not isinstance(token, str) or len(token) > column_limit(A2ARemote, "token") or text_problem(token):
         raise VeronicaError("must be a string of at most 500 characters", field=f"a2a.remotes.{name}.token")
+    if "${secret:" in token and not space_secrets.REFERENCE_RE.fullmatch(token):
+        raise VeronicaError("a secret is named as the whole token: ${secret:NAME}, NAME in A-Z, 0-9 and '_'",
+                            field=f"a2a.remotes.{name}.token")
     return RemoteConfig(name=name, card_url=url, timeout=timeout, token=token)
+
+
+def _bearer_of(token: str, name: str, space_id: int, member: Member | None) -> str:
+    reference = space_secrets.REFERENCE_RE.fullmatch(token)
+    if reference is None:
+        return token
+    known = space_secrets.values_for(space_id, member)
+    if reference.group(1) not in known:
+        raise VeronicaError(f"names secret {reference.group(1)}, which is not set for "
+                            f"{member.name + ' or ' if member else ''}the space", field=f"a2a.remotes.{name}.token")
+    return known[reference.group(1)][0]
+
+
+def bearer(remote: A2ARemote, member: Member | None = None) -> str:
+    """The token a request to `remote` carries: a `${secret:NAME}` reference resolved now, or the
+    literal token (VeronicaError naming the field when the secret is not set)."""
+    return _bearer_of(remote.token, remote.name, remote.space_id, member)
 
 
 def check_remote_list(entries: object) -> list[RemoteConfig]:
@@ -184,7 +208,8 @@ def add_remote(space: Space, cfg: RemoteConfig, *, actor: str, from_manifest: bo
         raise Conflict(f"a remote A2A agent named '{cfg.name}' is already declared here", field="name")
     endpoint, description = "", ""
     if fetch_card:
-        card = a2a_client.fetch_card(cfg.card_url, token=cfg.token, timeout=min(cfg.timeout, 30))
+        token = _bearer_of(cfg.token, cfg.name, space.pk, None)
+        card = a2a_client.fetch_card(cfg.card_url, token=token, timeout=min(cfg.timeout, 30))
         endpoint, description = card.endpoint, card.description
     with transaction.atomic():
         remote = A2ARemote.objects.create(space=space, name=cfg.name, card_url=cfg.card_url, endpoint=endpoint,
@@ -245,16 +270,21 @@ def check_manifest_table(table: object) -> dict:
             "remotes": check_remote_list(table.get("remotes", []))}
 
 
+def _exported_token(token: str) -> str:
+    return token if space_secrets.REFERENCE_RE.fullmatch(token) else ""
+
+
 def export_table(space: Space) -> dict | None:
-    """[a2a] as the manifest declares it: credentials are never exported, remote tokens are scrubbed,
-    and so are a card URL's user:password@ and query string (as an MCP server's URL)."""
+    """[a2a] as the manifest declares it: credentials are never exported, literal remote tokens are
+    scrubbed (a `${secret:NAME}` reference is not a secret and stays), and so are a card URL's
+    user:password@ and query string (as an MCP server's URL)."""
     cfg = A2AConfig.objects.filter(space=space).first()
     remotes = list(A2ARemote.objects.filter(space=space).order_by("name"))
     if (cfg is None or not cfg.enabled and not cfg.members) and not remotes:
         return None
     table: dict = {"enabled": bool(cfg and cfg.enabled), "members": list(cfg.members if cfg else [])}
     if remotes:
-        table["remotes"] = [{"name": r.name, "card_url": outbound.scrub_url(r.card_url), "timeout": r.timeout, **({"token": ""} if r.token else {})}
+        table["remotes"] = [{"name": r.name, "card_url": outbound.scrub_url(r.card_url), "timeout": r.timeout, **({"token": _exported_token(r.token)} if r.token else {})}
                             for r in remotes]
     return table
 
@@ -270,5 +300,6 @@ def status(space: Space) -> dict:
                          "last_used_at": c.last_used_at.isoformat() if c.last_used_at else None,
                          "revoked": c.revoked_at is not None} for c in A2ACredential.objects.filter(space=space)],
         "remotes": [{"name": r.name, "card_url": outbound.scrub_url(r.card_url), "endpoint": outbound.scrub_url(r.endpoint), "timeout": r.timeout,
-                     "token_set": bool(r.token), "tool": f"a2a__{r.name}"} for r in A2ARemote.objects.filter(space=space)],
+                     "token_set": bool(r.token),
+                     "token_secret": (m.group(1) if (m := space_secrets.REFERENCE_RE.fullmatch(r.token)) else None), "tool": f"a2a__{r.name}"} for r in A2ARemote.objects.filter(space=space)],
     }

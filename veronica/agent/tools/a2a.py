@@ -64,7 +64,7 @@ def _caller(remote_pk: int, name: str):
     def call(ctx: ToolContext, args: dict) -> str:
         from django.conf import settings
 
-        from veronica.swarm import a2a_client, events
+        from veronica.swarm import a2a_client, a2a_settings, events
         from veronica.plumbing.errors import VeronicaError
         from veronica.models import A2ARemote
 
@@ -74,13 +74,14 @@ def _caller(remote_pk: int, name: str):
             raise ToolError(f"the remote A2A agent '{name}' was removed")
         started = time.monotonic()
         try:
+            token = a2a_settings.bearer(remote, ctx.member)
             if not remote.endpoint:  # declared by a manifest: the card is read at the first call
-                card = a2a_client.fetch_card(remote.card_url, token=remote.token, timeout=min(remote.timeout, 30))
+                card = a2a_client.fetch_card(remote.card_url, token=token, timeout=min(remote.timeout, 30))
                 A2ARemote.objects.filter(pk=remote.pk).update(endpoint=card.endpoint, description=card.description[:2000])
                 remote.endpoint = card.endpoint
             # parking needs the call's id (a run's call always has one; a direct call waits inline)
             inline = settings.A2A_INLINE_SECONDS if args.get("_call_id") else None
-            outcome = a2a_client.call(remote.endpoint, remote.token, text, timeout=remote.timeout, inline=inline)
+            outcome = a2a_client.call(remote.endpoint, token, text, timeout=remote.timeout, inline=inline)
         except VeronicaError as exc:
             events.emit(ctx.space.pk, "a2a.called", member=ctx.member, remote=name, ok=False, error=str(exc)[:300],
                         seconds=round(time.monotonic() - started, 2))
