@@ -128,7 +128,7 @@ def test_the_space_pages_row_panels_render_numbers_without_a_locale_lookup_each(
     response = world.client(world.viewer).get(f"/spaces/alpha/panels/{panel}/")
     assert response.status_code == 200
     assert looked_up == [], f"numbers localized one by one: {looked_up}"
-    html = world.client(world.viewer).get("/spaces/alpha/").content.decode()
+    html = world.client(world.viewer).get("/spaces/alpha/panels/tasks/").content.decode()  # the space page's board
     first = Task.objects.filter(space=world.space).order_by("-updated_at", "-id").first()
     assert f'data-task="{first.pk}"' in html and f'href="/spaces/alpha/tasks/{first.pk}/"' in html
 

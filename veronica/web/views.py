@@ -32,6 +32,12 @@ from veronica.models import AccessRole, PermissionMode, Role, Space
 # --- panels -----------------------------------------------------------------------------------------------
 
 
+# Panels the space page leaves to its script (it fetches each from /panels/<name>/ as soon as it loads): the
+# board is a page of cards of its own (up to 50 per column, 8 columns) that the roster and the approvals, what an
+# operator opens the page for, would otherwise wait on; /panels/tasks/ answers it alone, with the same access check.
+LAZY_SPACE_PANELS = frozenset({"tasks"})
+
+
 def _space_panels(space: Space) -> dict[str, Callable[[], dict]]:
     roster = functools.cache(lambda: sel.roster(space))  # the roster and the usage panel show the same rows: read once
     return {
@@ -105,7 +111,7 @@ def home(request: HttpRequest) -> HttpResponse:
 def space_page(request: HttpRequest, slug: str) -> HttpResponse:
     space, role = access.space_for(request.user, slug)
     seq = _current_seq(space)
-    panels = {name: build() for name, build in _space_panels(space).items()}
+    panels = {name: build() for name, build in _space_panels(space).items() if name not in LAZY_SPACE_PANELS}
     return render(request, "console/space.html", _context(space, role, seq=seq, panels=panels, page="space"))
 
 
