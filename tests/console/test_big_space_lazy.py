@@ -1,9 +1,9 @@
-"""Big spaces stay fast (issue 25.4): the space page leaves its board to its script, and the spaces list
-counts open tasks only up to a cap.
+"""Big spaces stay fast (issue 25.4): the space page leaves its board and usage bars to its script, and the
+spaces list counts open tasks only up to a cap.
 
 The space page rendered up to 50 cards per board column on every load (the board read two statements
 and made a third of the page's HTML); it now serves a placeholder that the page's script fills from
-/panels/tasks/, an endpoint with the same access check as the page. GET /api/spaces/ and the home page
+/panels/tasks/, an endpoint with the same access check as the page (the usage bars likewise). GET /api/spaces/ and the home page
 counted every open task of each space (20,000 index entries in a space of 100,000 tasks); they count up
 to OPEN_TASKS_CAP and say more with open_tasks_more / "1,000+". tests/console/test_browser_lazy_board.py
 loads the board in Chromium."""
@@ -38,6 +38,18 @@ def test_the_space_page_reads_no_task_for_its_board_and_points_its_script_at_the
     assert board.count('class="taskcard"') == 3 and "done card 2" in board
 
 
+def test_the_space_page_leaves_the_usage_bars_to_its_script(world):
+    client = world.client(world.viewer)
+    client.get("/spaces/alpha/")
+    with CaptureQueriesContext(connection) as queries:
+        html = client.get("/spaces/alpha/").content.decode()
+    usage_reads = [q["sql"][:120] for q in queries.captured_queries if "veronica_taskcheck" in q["sql"] or "waggle_" in q["sql"]]
+    assert usage_reads == [], usage_reads
+    assert 'data-panel="usage" data-lazy data-src="/spaces/alpha/panels/usage/"' in html and 'svg class="bar"' not in html
+    panel = client.get("/spaces/alpha/panels/usage/").content.decode()
+    assert panel.count('svg class="bar"') == 3 and 'id="check-counts"' in panel  # boss, w1, w2
+
+
 def test_the_space_pages_statements_do_not_grow_with_the_board(world):
     client = world.client(world.viewer)
     client.get("/spaces/alpha/")
@@ -50,16 +62,17 @@ def test_the_space_pages_statements_do_not_grow_with_the_board(world):
     assert len(full) == len(empty), [q["sql"][:80] for q in full.captured_queries]
 
 
+@pytest.mark.parametrize("panel", ["tasks", "usage"])
 @pytest.mark.parametrize("who", ["stranger", None])
-def test_the_board_the_script_loads_keeps_the_pages_access_check(world, who):
+def test_the_panels_the_script_loads_keep_the_pages_access_check(world, who, panel):
     _tasks(world.space, "pending", 2)
-    response = world.client(getattr(world, who) if who else None).get("/spaces/alpha/panels/tasks/")
+    response = world.client(getattr(world, who) if who else None).get(f"/spaces/alpha/panels/{panel}/")
     if who is None:  # anonymous: to the login page, as the space page itself
         assert response.status_code == 302 and "/login/" in response["Location"]
     else:  # a user with no role in the space: it does not exist for them
         assert response.status_code == 404
-    assert "pending card" not in response.content.decode()
-    assert world.client(world.viewer).get("/spaces/alpha/panels/tasks/").status_code == 200
+    assert "pending card" not in response.content.decode() and 'class="bar"' not in response.content.decode()
+    assert world.client(world.viewer).get(f"/spaces/alpha/panels/{panel}/").status_code == 200
 
 
 def test_the_spaces_list_counts_open_tasks_up_to_its_cap_and_says_more(world, monkeypatch):

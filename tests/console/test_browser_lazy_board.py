@@ -1,4 +1,4 @@
-"""The space page leaves its board to its script (issue 25.4: a big space's cards made the page wait), in
+"""The space page leaves its board (and its usage bars) to its script (issue 25.4: a big space's cards made the page wait), in
 headless Chromium against a real daphne: the board loads after the page, follows task events like any
 panel, and says so when it could not be loaded instead of waiting forever."""
 from __future__ import annotations
@@ -18,7 +18,8 @@ def test_the_board_loads_after_the_space_page_and_follows_task_events(login, liv
     response = page.goto("/spaces/alpha/")
     assert "the first card" not in response.text()  # not in the page's own HTML: the script fetched it
     expect(page.locator(f'.taskcard[data-task="{first.pk}"]')).to_contain_text("the first card")
-    expect(page.locator("[data-panel=tasks] .lazy-wait")).to_have_count(0)
+    expect(page.locator("[data-panel=usage] svg.bar")).to_have_count(3)  # boss, w1, w2: the usage bars load likewise
+    expect(page.locator(".lazy-wait")).to_have_count(0)
     expect(page.locator("#stream-status")).to_have_text("live")
     second = elsewhere(ledger.create_task, live_world.space, "boss", "the second card")
     expect(page.locator(f'.taskcard[data-task="{second.pk}"]')).to_contain_text("the second card")

@@ -203,10 +203,12 @@ def waggle_saved(space: Space) -> list[dict] | None:
 
 # --- members -----------------------------------------------------------------------------------------
 
-def member_detail(member: Member, *, skills: list[dict] | None = None, memory: list[dict] | None = None) -> dict:
-    """skills / memory: skills_of / memory_of already read for this member (the member page shows them in
-    panels of their own too: read once)."""
-    usage = UsageDay.objects.filter(member=member, day=budget.today()).first()
+def member_detail(member: Member, *, skills: list[dict] | None = None, memory: list[dict] | None = None,
+                  usage: UsageDay | None = budget.UNREAD) -> dict:
+    """skills / memory / usage (today's UsageDay row or None): already read for this member (the member page shows
+    them in panels of their own too: read once)."""
+    if usage is budget.UNREAD:
+        usage = UsageDay.objects.filter(member=member, day=budget.today()).first()
     if not hasattr(member, "session_tokens"):
         numbers = with_session_usage(Member.objects.filter(pk=member.pk)).values("session_tokens", "last_turn_input").get()
         member.session_tokens, member.last_turn_input = numbers["session_tokens"], numbers["last_turn_input"]
@@ -229,9 +231,10 @@ def schedule_of(member: Member) -> dict:
 
 
 def skills_of(member: Member) -> list[dict]:
-    own = Skill.objects.filter(member=member)
-    shared = Skill.objects.filter(space_id=member.space_id, member__isnull=True).exclude(name__in=own.values("name"))
-    rows = sorted(list(own) + list(shared), key=lambda s: s.name)
+    """The member's own skills and the space's shared ones it has no own skill of that name for (one statement)."""
+    both = list(Skill.objects.filter(Q(member=member) | Q(member__isnull=True), space_id=member.space_id))
+    own = {s.name for s in both if s.member_id}
+    rows = sorted((s for s in both if s.member_id or s.name not in own), key=lambda s: s.name)
     return [{"name": s.name, "scope": s.scope, "description": s.description, "body": s.body,
              "html": render_markdown(s.body), "updated_at": iso(s.updated_at)} for s in rows]
 
