@@ -266,6 +266,7 @@ def pages_of(space, member, task, run) -> dict:
         "task": f"/spaces/{s}/tasks/{task.pk}/",
         "run": f"/spaces/{s}/runs/{run.pk}/",
         "api_spaces": "/api/spaces/",
+        "api_tasks": f"/api/spaces/{s}/tasks/",  # newest first, whatever their status
         "socket_replay": replay,
     }
 
