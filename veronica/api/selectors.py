@@ -63,7 +63,7 @@ def choice_param(params, name: str, choices: list[str]) -> str | None:
 
 # --- spaces and roster -----------------------------------------------------------------------------
 
-def _count_per_space(qs: QuerySet) -> Coalesce:
+def count_per_space(qs: QuerySet) -> Coalesce:
     """A correlated COUNT(*) of qs's rows in the outer space: one index range per space, so the
     list costs members + tasks + approvals rows, not their product (three JOINs and COUNT DISTINCT)."""
     counted = qs.filter(space=OuterRef("pk")).order_by().values("space").annotate(n=Count("pk")).values("n")
@@ -82,15 +82,20 @@ class CappedCount(Subquery):
 OPEN_TASKS_CAP = 1_000  # the spaces list says "1,000+" past it, like a board column
 
 
+def open_tasks_per_space() -> CappedCount:
+    """The outer space's open tasks, counted up to OPEN_TASKS_CAP + 1 (more than the cap: "1,000+")."""
+    open_statuses = [TaskStatus.PENDING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.VERIFYING, TaskStatus.BLOCKED]
+    open_tasks = Task.objects.filter(space=OuterRef("pk"), status__in=open_statuses).order_by().values("pk")
+    return CappedCount(open_tasks[:OPEN_TASKS_CAP + 1])
+
+
 def space_list(spaces: QuerySet[Space], roles: dict[int, str]) -> list[dict]:
     """open_tasks is exact up to OPEN_TASKS_CAP; past it, open_tasks is the cap and open_tasks_more is true (an exact
     count read every open task of each space on each call: 20,000 index entries for a space of 100,000 tasks)."""
-    open_statuses = [TaskStatus.PENDING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.VERIFYING, TaskStatus.BLOCKED]
-    open_tasks = Task.objects.filter(space=OuterRef("pk"), status__in=open_statuses).order_by().values("pk")
     rows = spaces.only("slug", "name", "description", "event_seq").annotate(  # not each space's settings and JSON
-        member_count=_count_per_space(Member.objects.filter(removed_at__isnull=True)),
-        open_tasks=CappedCount(open_tasks[:OPEN_TASKS_CAP + 1]),
-        pending_approvals=_count_per_space(Approval.objects.filter(status=ApprovalStatus.PENDING)),
+        member_count=count_per_space(Member.objects.filter(removed_at__isnull=True)),
+        open_tasks=open_tasks_per_space(),
+        pending_approvals=count_per_space(Approval.objects.filter(status=ApprovalStatus.PENDING)),
     ).order_by("name")
     return [{"slug": s.slug, "name": s.name, "description": s.description, "role": roles.get(s.pk), "event_seq": s.event_seq,
              "members": s.member_count, "open_tasks": min(s.open_tasks, OPEN_TASKS_CAP),
