@@ -11,7 +11,8 @@ database), wakes and runs started (none: an idle day costs no model call), the s
 day of ticks costs, and register's cost per space early and late (linear: the same) and per member.
 
 big_space_figures(mode): one space with EVENTS events, TASKS tasks, BIG_MEMBERS members and
-MESSAGES_PER_MEMBER messages each (bulk inserts), then each page the console and the API serve:
+MESSAGES_PER_MEMBER messages each (bulk inserts), then each page the console and the API serve (with the
+parts the space page's script loads after it: the board, the usage bars):
 its statements at 1% of the size and at full size (fixed: the same), its p50 / p99 over REPS requests,
 its CPU ms (this process: Django's side) and PostgreSQL's own execution time of its statements
 (db_exec_ms: what the database does for the page, apart from a loaded host's scheduling).
@@ -258,12 +259,14 @@ def pages_of(space, member, task, run) -> dict:
 
     return {
         "space": f"/spaces/{s}/",
-        "board": f"/spaces/{s}/panels/tasks/",
+        "board": f"/spaces/{s}/panels/tasks/",  # the space page's script loads it (and the usage bars) after the page
+        "usage_bars": f"/spaces/{s}/panels/usage/",
         "timeline": lambda: f"/api/spaces/{s}/events/?after={max(0, _head_seq(space) - 200)}&limit=200",
         "member": f"/spaces/{s}/members/{member.name}/",
         "task": f"/spaces/{s}/tasks/{task.pk}/",
         "run": f"/spaces/{s}/runs/{run.pk}/",
         "api_spaces": "/api/spaces/",
+        "api_tasks": f"/api/spaces/{s}/tasks/",  # newest first, whatever their status
         "socket_replay": replay,
     }
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
 from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
@@ -18,6 +17,7 @@ from veronica.swarm import access, blackboard, ledger, mcp_servers, memory, secr
 from veronica.ops import notify, webhooks
 from veronica.swarm import skills as skill_verbs
 from veronica.engine import alarms, checks, retention, supervisor, watchdogs
+from veronica.api import selectors as sel
 from veronica.plumbing.errors import VeronicaError
 from veronica.plumbing.markdown import render_markdown
 from veronica.models import (
@@ -227,10 +227,10 @@ class SpaceAdmin(VerbAdmin):
             self.message_user(request, f"{space.slug}: removed {_purge_line(retention.purge_space(space), space)}", messages.SUCCESS)
 
     def get_queryset(self, request):
+        # a subquery per count, the open tasks counted up to a cap: joining members and tasks counted their product
+        # (50 members x 20,000 open tasks: 3.5 s for the list)
         return super().get_queryset(request).annotate(
-            _members=Count("members", filter=Q(members__removed_at__isnull=True), distinct=True),
-            _open=Count("tasks", filter=Q(tasks__status__in=ledger.OPEN), distinct=True),
-        )
+            _members=sel.count_per_space(Member.objects.filter(removed_at__isnull=True)), _open=sel.open_tasks_per_space())
 
     @admin.display(description="members", ordering="_members")
     def member_count(self, obj):
@@ -238,7 +238,7 @@ class SpaceAdmin(VerbAdmin):
 
     @admin.display(description="open tasks", ordering="_open")
     def open_tasks(self, obj):
-        return obj._open
+        return f"{sel.OPEN_TASKS_CAP:,}+" if obj._open > sel.OPEN_TASKS_CAP else obj._open
 
     @admin.action(description="Halt all members (suspend every member)")
     def halt_all(self, request, queryset):

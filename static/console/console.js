@@ -107,6 +107,15 @@
     }
   }
 
+  // panels the page leaves out (data-lazy: a placeholder) are fetched at once, like a refresh
+  Object.keys(panels).forEach(function (name) {
+    if (!panels[name].el.hasAttribute("data-lazy")) return;
+    load(name).then(function () {
+      const waiting = panels[name].el.querySelector(".lazy-wait");  // still the placeholder: the fetch failed
+      if (waiting) waiting.textContent = "Could not load this panel; it loads again on the next change, or reload the page.";
+    });
+  });
+
   // which panels an event touches
   function panelsFor(ev) {
     const k = ev.kind || "";

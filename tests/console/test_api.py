@@ -248,7 +248,7 @@ def test_usage_and_spaces(world, op):
     assert {m["name"] for m in usage["members"]} == {"boss", "w1", "w2"}
     spaces = op.get("/api/spaces/").json()["spaces"]
     assert spaces == [{"slug": "alpha", "name": "Alpha", "description": "", "role": "operator", "event_seq": seq(world.space),
-                       "members": 3, "open_tasks": 0, "pending_approvals": 0}]
+                       "members": 3, "open_tasks": 0, "open_tasks_more": False, "pending_approvals": 0}]
     assert op.get("/api/me/").json() == {"username": "operator", "is_staff": False, "token": False}
 
 

@@ -128,7 +128,7 @@ def test_the_space_pages_row_panels_render_numbers_without_a_locale_lookup_each(
     response = world.client(world.viewer).get(f"/spaces/alpha/panels/{panel}/")
     assert response.status_code == 200
     assert looked_up == [], f"numbers localized one by one: {looked_up}"
-    html = world.client(world.viewer).get("/spaces/alpha/").content.decode()
+    html = world.client(world.viewer).get("/spaces/alpha/panels/tasks/").content.decode()  # the space page's board
     first = Task.objects.filter(space=world.space).order_by("-updated_at", "-id").first()
     assert f'data-task="{first.pk}"' in html and f'href="/spaces/alpha/tasks/{first.pk}/"' in html
 
@@ -208,6 +208,42 @@ def test_the_member_page_reads_its_member_skills_and_memory_once_and_shows_them(
         html = world.client(world.viewer).get("/spaces/alpha/members/w1/").content.decode()
     sqls = [q["sql"] for q in queries]
     assert len([q for q in sqls if q.startswith('SELECT "veronica_member"."id"') and '"veronica_member"."name" =' in q]) == 1
-    assert len([q for q in sqls if 'FROM "veronica_skill"' in q]) == 2  # own, then shared ones not overridden
+    assert len([q for q in sqls if 'FROM "veronica_skill"' in q]) == 1  # own and shared in one (it was two)
     assert len([q for q in sqls if 'FROM "veronica_memoryfile"' in q]) == 1
     assert "own-skill" in html and "shared-skill" in html and "MEMORY.md" in html and "<em>this</em>" in html
+
+
+@pytest.mark.django_db
+def test_the_member_page_reads_its_member_with_its_session_numbers_and_its_usage_row_once(world):
+    from veronica.engine import budget
+    from veronica.models import Session, Turn, UsageDay
+
+    w1 = supervisor.get_member(world.space, "w1")
+    session = Session.objects.create(member=w1)
+    Turn.objects.create(session=session, seq=1, role="assistant", content="hi", tokens=70, input_tokens=55)
+    UsageDay.objects.create(space=world.space, member=w1, day=budget.today(), input_tokens=1234)
+    client = world.client(world.viewer)
+    client.get("/spaces/alpha/members/w1/")
+    with CaptureQueriesContext(connection) as queries:
+        html = client.get("/spaces/alpha/members/w1/").content.decode()
+    sqls = [q["sql"] for q in queries]
+    member_reads = [q for q in sqls if q.startswith('SELECT "veronica_member"."id"') or 'FROM "veronica_member"' in q.split("WHERE")[0]]
+    assert len(member_reads) == 1, member_reads  # the page's lookup carries the header's session numbers (it was two)
+    assert len([q for q in sqls if 'FROM "veronica_usageday"' in q]) == 1  # the header's and the budget's (two before)
+    assert "70 tokens · last turn input 55" in html  # the header's session numbers, from the page's lookup
+    assert "1,234 tokens" in html  # the budget panel's today, from the header's row
+
+
+@pytest.mark.django_db
+def test_a_members_skills_are_its_own_and_the_spaces_shared_ones_it_does_not_override(world):
+    from veronica.swarm import skills
+
+    w1, w2 = supervisor.get_member(world.space, "w1"), supervisor.get_member(world.space, "w2")
+    skills.add_skill(world.space, "style", "mine", member=w1)
+    skills.add_skill(world.space, "style", "everyone's")
+    skills.add_skill(world.space, "tests", "shared")
+    skills.add_skill(world.space, "secret", "w2's own", member=w2)
+    skills.add_skill(world.other, "elsewhere", "another space's")
+    rows = sel.skills_of(w1)
+    assert [(s["name"], s["scope"], s["body"]) for s in rows] == [("style", "member", "mine"), ("tests", "shared", "shared")]
+    assert [(s["name"], s["scope"]) for s in sel.skills_of(w2)] == [("secret", "member"), ("style", "shared"), ("tests", "shared")]

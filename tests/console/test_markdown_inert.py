@@ -38,7 +38,8 @@ def test_script_in_message_skill_blackboard_and_more_renders_inert(world):
         assert "<script>s()" not in html and "<script>t()" not in html and "<script>a()" not in html and "<script>d()" not in html
     space_page = client.get("/spaces/alpha/").content.decode()
     assert "<strong>bold</strong>" in space_page  # markdown still renders
-    assert "&lt;script&gt;t()&lt;/script&gt;" in space_page  # a title is text, escaped
+    board = client.get("/spaces/alpha/panels/tasks/").content.decode()  # the space page's board, loaded by its script
+    assert "&lt;script&gt;t()&lt;/script&gt;" in board  # a title is text, escaped
     # the API returns the raw text as data, and an `html` twin that is sanitized
     assert_inert(client.get("/api/spaces/alpha/blackboard/").json()["html"])
     assert_inert(client.get("/api/spaces/alpha/messages/").json()["messages"][0]["html"])

@@ -11,6 +11,7 @@ from veronica.swarm import audit, events
 from veronica.swarm.meter import (  # noqa: F401 (re-exported: the meter moved down below the agent)
     METER_COLUMNS,
     TRIP_HELP,
+    UNREAD,
     check_breaker,
     effective_budget,
     is_tripped,
@@ -113,9 +114,11 @@ def reset_day(member: Member, *, actor: str) -> Member:
     return member
 
 
-def budget_state(member: Member) -> dict:
-    """What the member page and the API show: today's use, the cap, whether it is tripped and why."""
-    day = UsageDay.objects.filter(member=member, day=today()).first()
+def budget_state(member: Member, day: UsageDay | None = UNREAD) -> dict:
+    """What the member page and the API show: today's use, the cap, whether it is tripped and why.
+    day: today's usage row (or None) when the caller has read it already (the member page's header shows it too)."""
+    if day is UNREAD:
+        day = UsageDay.objects.filter(member=member, day=today()).first()
     used = day.total_tokens if day else 0
     offset = day.budget_offset if day else 0
     return {"member": member.name, "budget_override": member.budget_override, "space_default": member.space.member_daily_tokens,

@@ -6,6 +6,7 @@ import it."""
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -30,10 +31,11 @@ MAX_DOMAINS = 20
 MAX_ITERATIONS = 200  # the manifest's limit too
 
 
-def get_member(space: Space, name: str) -> Member:
+def get_member(space: Space, name: str, among: QuerySet[Member] | None = None) -> Member:
+    """among: the members to look in (Member.objects by default; a caller's annotations ride along)."""
     # a name that cannot be stored cannot exist; asking the database would be an error on PostgreSQL
     member = None if not isinstance(name, str) or text_problem(name) else (
-        Member.objects.filter(space=space, name=name, removed_at__isnull=True).first())
+        (Member.objects if among is None else among).filter(space=space, name=name, removed_at__isnull=True).first())
     if member is None:
         raise NotFound(f"no member named '{name}' in space {space.slug}", field="member")
     return member

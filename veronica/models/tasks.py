@@ -55,6 +55,8 @@ class Task(models.Model):
             models.Index(fields=["space", "status"]), models.Index(fields=["assignee", "status"]),
             # the board's columns, newest first, however many tasks a column holds
             models.Index(fields=["space", "status", "-updated_at", "-id"], name="task_board_idx"),
+            # the API's task list without a status, newest first (it sorted all of a space's tasks: 110 ms at 100,000)
+            models.Index(fields=["space", "-updated_at", "-id"], name="task_recent_idx"),
             # the engine tick: running tasks not yet reminded, pending ones with a start time, engine-managed open ones
             models.Index(fields=["started_at"], condition=Q(status="running", stale_notified_at__isnull=True), name="task_running_idx"),
             models.Index(fields=["not_before"], condition=Q(status="pending", not_before__isnull=False), name="task_not_before_idx"),

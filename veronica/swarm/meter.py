@@ -15,6 +15,9 @@ from veronica.swarm import bus, events
 from veronica.models import Member, Role, Space, UsageDay
 
 
+UNREAD = object()  # a usage row the caller did not pass (None is a value: no row today)
+
+
 def today() -> date:
     return timezone.now().date()
 

@@ -8,6 +8,7 @@ from django.http import Http404
 from veronica.engine import supervisor
 from veronica.models import Member, Role, Space
 from veronica.plumbing.errors import VeronicaError
+from veronica.swarm.session_usage import with_session_usage
 from veronica.swarm import access
 from veronica.swarm.access import OPERATOR, OWNER
 
@@ -17,9 +18,10 @@ def _context(space: Space, role: str, **extra) -> dict:
             **extra}
 
 
-def _member_or_404(space: Space, name: str):
+def _member_or_404(space: Space, name: str, *, session_usage: bool = False):
+    """session_usage: with its open session's token numbers (member_detail reads them again otherwise)."""
     try:
-        return supervisor.get_member(space, name)
+        return supervisor.get_member(space, name, among=with_session_usage(Member.objects.all()) if session_usage else None)
     except VeronicaError:
         raise Http404("no such member") from None
 

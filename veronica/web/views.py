@@ -25,11 +25,18 @@ from veronica.ops import metrics as metrics_module, notify, webhooks
 from veronica.swarm.access import OPERATOR, OWNER
 from veronica.api import selectors as sel
 from veronica.api.base import Unauthorized, authenticate
-from veronica.engine import checks, retention, supervisor, watchdogs
+from veronica.engine import budget, checks, retention, supervisor, watchdogs
 from veronica.plumbing.errors import VeronicaError, storable, text_problem
-from veronica.models import AccessRole, PermissionMode, Role, Space
+from veronica.models import AccessRole, PermissionMode, Role, Space, UsageDay
 
 # --- panels -----------------------------------------------------------------------------------------------
+
+
+# Panels the space page leaves to its script (it fetches each from /panels/<name>/ as soon as it loads, with the
+# page's access check): the board is a page of cards of its own (up to 50 per column, 8 columns), the usage bars a
+# second copy of the roster with the checks' and waggle's counts; the roster, the approvals and the chat, what an
+# operator opens the page for, would otherwise wait on them.
+LAZY_SPACE_PANELS = frozenset({"tasks", "usage"})
 
 
 def _space_panels(space: Space) -> dict[str, Callable[[], dict]]:
@@ -69,14 +76,15 @@ def _member_panels(space: Space, name: str, found=None) -> dict[str, Callable[[]
 
     skills = functools.cache(lambda: sel.skills_of(member()))  # the header and its own panel show them: read once
     memory = functools.cache(lambda: sel.memory_of(member()))
+    usage = functools.cache(lambda: UsageDay.objects.filter(member=member(), day=budget.today()).first())  # header, budget
     return {
-        "header": lambda: {"member": sel.member_detail(member(), skills=skills(), memory=memory())},
+        "header": lambda: {"member": sel.member_detail(member(), skills=skills(), memory=memory(), usage=usage())},
         "transcript": lambda: {"transcript": _transcript_with_runs(member())},
         "runs": lambda: {"runs": run_trace.recent_runs(member())},
         "skills": lambda: {"skills": skills()},
         "memory": lambda: {"memory": memory()},
         "schedule": lambda: {"schedule": sel.schedule_of(member())},
-        **views_steer.member_panels(member),
+        **views_steer.member_panels(member, usage),
     }
 
 
@@ -105,7 +113,7 @@ def home(request: HttpRequest) -> HttpResponse:
 def space_page(request: HttpRequest, slug: str) -> HttpResponse:
     space, role = access.space_for(request.user, slug)
     seq = _current_seq(space)
-    panels = {name: build() for name, build in _space_panels(space).items()}
+    panels = {name: build() for name, build in _space_panels(space).items() if name not in LAZY_SPACE_PANELS}
     return render(request, "console/space.html", _context(space, role, seq=seq, panels=panels, page="space"))
 
 
@@ -132,7 +140,7 @@ def task_page(request: HttpRequest, slug: str, task_id: int) -> HttpResponse:
 @login_required
 def member_page(request: HttpRequest, slug: str, name: str) -> HttpResponse:
     space, role = access.space_for(request.user, slug)
-    member = _member_or_404(space, name)
+    member = _member_or_404(space, name, session_usage=True)  # the header's numbers in the same read
     seq = _current_seq(space)
     panels = {key: build() for key, build in _member_panels(space, name, found=member).items()}
     return render(request, "console/member.html", _context(

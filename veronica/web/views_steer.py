@@ -15,11 +15,11 @@ from veronica.plumbing.errors import VeronicaError
 from veronica.web.page_parts import _context, _member_or_404
 
 
-def member_panels(member: Callable) -> dict[str, Callable[[], dict]]:
-    """Extra member panels; `member` fetches the member (each refresh reads it fresh)."""
+def member_panels(member: Callable, usage: Callable) -> dict[str, Callable[[], dict]]:
+    """Extra member panels; `member` fetches the member (each refresh reads it fresh), `usage` its usage row today."""
     return {
         "chat": lambda: {"chat": chat.conversation(member(), limit=30)},
-        "budget": lambda: {"budget": budget.budget_state(member())},
+        "budget": lambda: {"budget": budget.budget_state(member(), usage())},
         "approval_rules": lambda: {"approval_rules": approvals.rules_of(member().space, member=member())},
     }
 
