@@ -644,11 +644,54 @@ def context_of(route: Route, window: Sequence[Call], session: int, episode: Any 
     of literals only differs by what its calls returned (their outputs' content) and by the
     episode it served (the inbound message that started it: two tasks orienting in one workspace
     are two contexts). Near-copies of one task (the same message, the same ids, the same outputs)
-    are one context however often, and in however many sessions, they recur. (``session`` is kept
-    for callers; it decides nothing.)"""
+    are one context however often, and in however many sessions, they recur; so are copies whose
+    outputs were only padded (see :class:`Contexts`). (``session`` is kept for callers; it decides
+    nothing.)"""
     values = tuple(window[j].arg_dict.get(k) for j, s in enumerate(route.steps[:len(window)])
                    for k in [k for k, _ in s.binds] + [k for k, _ in s.refs])
     return values if values else ("content", episode) + tuple(c.out_hash for c in window)
+
+
+def _padded_alike(a: frozenset, b: frozenset) -> bool:
+    """One output's values all stand in the other's: the same content, one of them padded (more
+    entries, a longer list, another layout). An output with no values proves nothing alike."""
+    return bool(a) and bool(b) and (a <= b or b <= a)
+
+
+class Contexts:
+    """The distinct contexts among a prefix's sightings (see :func:`context_of`).
+
+    Equal keys are one context. A literal-only prefix is also the context of an earlier sighting
+    of the same episode when each of its calls returned the same values give or take padding (one
+    output's leaf values are a subset of the other's): a task copied with padded outputs (a
+    longer listing around the same entries) does not vouch for its route again, while a fixed
+    brief whose calls return other values (a daily run on new data) is a new context each time.
+    A sighting is compared with at most ``MAX_COMPARED`` earlier ones (the newest) of its episode,
+    so judging a route stays linear in its sightings; past that it counts as new."""
+
+    MAX_COMPARED = 64
+
+    def __init__(self) -> None:
+        self.keys: set = set()
+        self.content: dict[Any, list[tuple]] = {}  # episode -> earlier outputs (hash, values) per call
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def add(self, route: Route, window: Sequence[Call], episode: Any = "") -> bool:
+        """Count the sighting ``window``; True when it is a new context."""
+        key = context_of(route, window, 0, episode)
+        if key in self.keys:
+            return False
+        if key[:1] == ("content",):
+            outputs = tuple((c.out_hash, frozenset(v for _, v in c.refs)) for c in window)
+            earlier = self.content.setdefault(episode, [])
+            for other in earlier[-self.MAX_COMPARED:]:
+                if all(x[0] == y[0] or _padded_alike(x[1], y[1]) for x, y in zip(outputs, other)):
+                    return False
+            earlier.append(outputs)
+        self.keys.add(key)
+        return True
 
 
 def _made_before(index: TraceIndex, p: int) -> set:
@@ -683,7 +726,7 @@ def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence
                ) -> tuple[dict[int, tuple[int, int, int, float]], list[tuple[int, int]]]:
     calls = index.calls
     n = len(calls)
-    seen: set = set()
+    seen = Contexts()
     tallies = {c: [0, 0, 0.0] for c in caps}
     per: list[list[int]] = []
     if len(route.steps) < 2:
@@ -699,10 +742,8 @@ def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence
         got = tail_of(route, window, top, _made_before(index, p))  # type: ignore[arg-type]
         if got is None or not got[1]:
             continue
-        ctx = context_of(route, window, index.sessions[p], index.episodes[p])  # type: ignore[arg-type]
-        if ctx in seen:
+        if not seen.add(route, window, index.episodes[p]):  # type: ignore[arg-type]
             continue
-        seen.add(ctx)
         binding, tail = got
         flags = dict(zip(tail, used_flags(tail, calls, p + m)))
         pos = 0  # positions by route step (and list element), not by place in this tail
