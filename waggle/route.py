@@ -44,6 +44,7 @@ from typing import Any, Collection, Mapping, Sequence
 
 from waggle.miner import Candidate
 from waggle.shape import TokenShape
+from waggle.told import Told, ToldTally
 from waggle.trace import Call, Path, decode_value, flatten_value, shown
 
 ROUTE_FORMAT = 2
@@ -229,6 +230,9 @@ class Route:
     # at this place, (tool, path with list indexes as "*") (the id the user names *and* the one
     # the user's own record lists); learned, not identity; empty: the message alone decides
     source: tuple = field(default=(), compare=False)
+    # what the learning episodes' messages told (literals they named, parameters named in an
+    # order): the route fires only on a message that agrees (see waggle.told); learned
+    told: Told = field(default_factory=Told, compare=False)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -277,9 +281,10 @@ class Route:
 
     def with_trigger(self, trigger: int, confidence: float, contexts: int = 0, cap: int = 0,
                      reach: Mapping[int, int] | None = None,
-                     evidence: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> "Route":
+                     evidence: Mapping[tuple[int, int], tuple[int, int]] | None = None,
+                     told: Told | None = None) -> "Route":
         return replace(self, trigger=trigger, confidence=confidence, contexts=contexts, cap=cap,
-                       reach=dict(reach or {}), evidence=dict(evidence or {}))
+                       reach=dict(reach or {}), evidence=dict(evidence or {}), told=told or Told())
 
     def reach_at(self, m: int) -> int | None:
         """Tail positions to replay when the first ``m`` steps matched: None for a route without
@@ -327,6 +332,8 @@ class Route:
             data["reach"] = {str(m): r for m, r in sorted(self.reach.items())}
         if self.evidence:
             data["evidence"] = {f"{m}:{pos}": list(v) for (m, pos), v in sorted(self.evidence.items())}
+        if self.told:
+            data["told"] = self.told.to_json()
         return data
 
     @classmethod
@@ -379,7 +386,7 @@ class Route:
                        count=int(data.get("count") or 0), trigger=trigger,
                        confidence=float(data.get("confidence") or 0.0), contexts=int(data.get("contexts") or 0),
                        cap=max(0, int(data.get("cap") or 0)), reach=reach, evidence=evidence,
-                       **_heard_from_json(data, params, steps))
+                       told=Told.from_json(data.get("told")), **_heard_from_json(data, params, steps))
         except RouteFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -548,11 +555,13 @@ def steps_summary(route: Route) -> list[str]:
 class TraceIndex:
     """Positions of each pair of consecutive call shapes in a trace, so a route's sightings are
     found without scanning the trace (or every call of its first tool). ``sessions`` gives the
-    session of each position (default: a new session after every ``None`` barrier)."""
+    session of each position (default: a new session after every ``None`` barrier); ``words`` the
+    words of each episode's message (see waggle.told)."""
 
     def __init__(self, calls: Sequence[Call | None], sessions: Sequence[int] | None = None,
-                 episodes: Sequence | None = None) -> None:
+                 episodes: Sequence | None = None, words: Mapping[Any, Sequence[str]] | None = None) -> None:
         self.calls = calls
+        self.words = words or {}
         # each position's episode: the inbound message that started it (what a wake brought)
         self.episodes = episodes if episodes is not None and len(episodes) == len(calls) else [""] * len(calls)
         if sessions is None:
@@ -722,7 +731,7 @@ def prefix_evidence_by_cap(route: Route, index: TraceIndex, m: int, caps: Sequen
     return tallies
 
 
-def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence[int]
+def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence[int], told: ToldTally | None = None
                ) -> tuple[dict[int, tuple[int, int, int, float]], list[tuple[int, int]]]:
     calls = index.calls
     n = len(calls)
@@ -745,6 +754,9 @@ def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence
         if not seen.add(route, window, index.episodes[p]):  # type: ignore[arg-type]
             continue
         binding, tail = got
+        if told is not None:  # the message the agent acted on when it went on: its last call's episode
+            told.add(index.words.get(index.episodes[p + m - 1], ()), [v for s in route.steps[m:] for _, v in s.literals],
+                     binding, route.params, {v for c in window for _, v in c.refs})
         flags = dict(zip(tail, used_flags(tail, calls, p + m)))
         pos = 0  # positions by route step (and list element), not by place in this tail
         for step in route.steps[m:]:
@@ -798,8 +810,10 @@ def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confide
     reach: dict[int, int] = {}
     evidence: dict[tuple[int, int], tuple[int, int]] = {}
     first: tuple[int, float, int, int] | None = None
+    told = Told()
     for m in range(m0, len(route.steps)):
-        got = _judge_alignment(route, index, m, min_confidence, z, min_contexts, max(1, cap))
+        tally = ToldTally()
+        got = _judge_alignment(route, index, m, min_confidence, z, min_contexts, max(1, cap), tally)
         if got is None:
             continue
         lower, contexts, elements, per = got
@@ -808,21 +822,23 @@ def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confide
         evidence.update({(m, pos): per[pos] for pos in range(min(reach[m], len(per)))})
         if first is None:
             first = (m, lower, contexts, elements if route.fans_out else 0)
+            told = tally.told()
     if first is None:
         return None
     m, lower, contexts, c = first
-    return route.with_trigger(m, lower, contexts, c, reach, evidence)
+    return route.with_trigger(m, lower, contexts, c, reach, evidence, told)
 
 
 def _judge_alignment(route: Route, index: TraceIndex, m: int, min_confidence: float, z: float,
-                     min_contexts: int, top: int) -> tuple[float, int, int, list[tuple[int, int]]] | None:
+                     min_contexts: int, top: int, told: ToldTally | None = None
+                     ) -> tuple[float, int, int, list[tuple[int, int]]] | None:
     """At alignment ``m``: (lower bound of the share used, contexts, fan-out elements replayed,
     per tail position (offered, used)), or None when nothing may be replayed there (see
     :func:`choose_trigger`)."""
     if not route.determined_at(m):
         return None
     caps = list(range(1, top + 1)) if route.fans_out else [top]
-    evidence, per = _sightings(route, index, m, top, caps)
+    evidence, per = _sightings(route, index, m, top, caps, told)
     contexts = evidence[top][0]
     if contexts < max(1, min_contexts):
         return None
