@@ -542,6 +542,7 @@ def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
         if route.reach:  # each alignment replays only as far as its own evidence carries
             stretches = ", ".join(f"after {m} steps the next {r}" for m, r in sorted(route.reach.items()))
             lines.append(f"# calls replayed (a fan-out counts each element): {stretches}")
+        lines += [f"# {line}" for line in route.told.describe()]
     lines.append("")
     for i, s in enumerate(route.steps, 1):
         lines.append(f"{i}. {s.describe()}")

@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
-from waggle.trace import decode_value
+from waggle.trace import decode_value, shown
 
 Words = tuple[str, ...]
 _WORD = re.compile(r"\w+")
@@ -98,6 +98,13 @@ class Told:
             if pa is not None and pb is not None and pb < pa:
                 return False
         return True
+
+    def describe(self) -> list[str]:
+        """One line per condition, for the route's script."""
+        out = [f"replays {shown(v)} only when the message names it" for v in self.named]
+        out += [f"replays {shown(v)} only when the trigger's outputs hold it" for v in self.held]
+        out += [f"does not fire when the message names {{{b}}} before {{{a}}}" for a, b in self.order]
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {"named": list(self.named), "held": list(self.held), "order": [list(p) for p in self.order]}

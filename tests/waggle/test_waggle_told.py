@@ -49,6 +49,7 @@ def test_a_literal_the_messages_named_replays_only_on_a_message_that_names_it(cf
         episode(f"t{i}", f"User {i} here: how is MSFT doing today?", stock_walk(i, "MSFT") + [(f"noise_{i}", {"n": i}, {})], QUIET)
     route = learn(cfg)
     assert route.told.named == ('"MSFT"',)
+    assert '# replays "MSFT" only when the message names it' in Waggle.objects.get().script
     # a user asking about NVDA is not answered with MSFT
     assert not fires("nvda", "Bring up information on 'NVDA', please.", stock_walk(9, "MSFT")[:2], cfg)
     assert fires("msft", "And msft, how is it?", stock_walk(8, "MSFT")[:2], cfg)
