@@ -557,14 +557,18 @@ class TraceIndex:
     """Positions of each pair of consecutive call shapes in a trace, so a route's sightings are
     found without scanning the trace (or every call of its first tool). ``sessions`` gives the
     session of each position (default: a new session after every ``None`` barrier); ``words`` the
-    words of each episode's message (see waggle.told)."""
+    words of each episode's message (see waggle.told); ``wakes`` each position's wake (one per
+    message received: a brief sent every day is one episode, as a context, but each day a wake of
+    its own, whose calls are not made by an earlier day's; default: its episode)."""
 
     def __init__(self, calls: Sequence[Call | None], sessions: Sequence[int] | None = None,
-                 episodes: Sequence | None = None, words: Mapping[Any, Sequence[str]] | None = None) -> None:
+                 episodes: Sequence | None = None, words: Mapping[Any, Sequence[str]] | None = None,
+                 wakes: Sequence | None = None) -> None:
         self.calls = calls
         self.words = words or {}
         # each position's episode: the inbound message that started it (what a wake brought)
         self.episodes = episodes if episodes is not None and len(episodes) == len(calls) else [""] * len(calls)
+        self.wakes = wakes if wakes is not None and len(wakes) == len(calls) else self.episodes
         if sessions is None:
             sessions, current = [], 0
             for c in calls:
@@ -706,12 +710,13 @@ class Contexts:
 
 def _made_before(index: TraceIndex, p: int) -> set:
     """The episode's calls (at most HISTORY) before position ``p``: what an earlier episode of a
-    long-lived session made (another wake's orientation) does not count as made for this one."""
+    long-lived session made (another wake's orientation, the same brief's yesterday) does not
+    count as made for this one."""
     out = set()
-    episode = index.episodes[p]
+    wake = index.wakes[p]
     for i in range(p - 1, max(0, p - HISTORY) - 1, -1):
         c = index.calls[i]
-        if c is None or index.episodes[i] != episode:
+        if c is None or index.wakes[i] != wake:
             break
         out.add(c.invocation())
     return out

@@ -155,6 +155,18 @@ def test_a_fixed_brief_on_new_data_every_day_makes_a_route(cfg):
     assert w is not None and [s["tool"] for s in w.route["steps"]] == [t for t, _ in STOCKS]
 
 
+def test_a_fixed_brief_every_day_in_one_long_lived_session_makes_a_route(cfg):
+    # one member session woken every day by the same brief: each wake is its own episode (what an
+    # earlier day made is not "already made" today), and each day's new data is a context
+    for day in range(4):
+        stocks = [f"S{day}{j}" for j in range(3)]
+        walk("1", "cron", "Daily: review the watchlist and report.",
+             [{"watchlist": stocks}, {"stock_list": stocks[:2], "day": day}, {"price": 300 + day}], day)
+        feed("1", "cron", [("post_report", {"day": day})], QUIET, mutates=True)
+    w = service.sweep("1", config=cfg)
+    assert w is not None and [s["tool"] for s in w.route["steps"]] == [t for t, _ in STOCKS]
+
+
 def test_tasks_that_orient_the_same_way_in_one_long_lived_session_are_distinct_contexts(cfg):
     # one member, one session, four wakes with different briefs, each orienting the same way in the
     # same workspace (the same outputs): four episodes, four contexts, so the orientation is a route
