@@ -82,11 +82,15 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
 
 
 def _message_words(events) -> tuple[str, ...]:
-    """The words of the session's latest message (the one the agent is acting on), or none."""
+    """The words of the messages the agent is acting on: the session's latest one and those
+    received right before it (no call between), in order; none without a message."""
+    said: list = []
     for c in reversed(events):
         if is_message(c):
-            return words_of(message_tokens(c))
-    return ()
+            said.append(c)
+        elif said:
+            break
+    return words_of(t for c in reversed(said) for t in message_tokens(c))
 
 
 def _session_routes(space_key: str, session_key: str):

@@ -45,14 +45,17 @@ def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False
             if keys is not None:
                 keys.append((session, items[0][0], items[-1][0], len(items)))
             continue
-        seg, marks, episode, wake, woke = [], [], "", (session, 0), []
+        seg, marks, episode, wake, woke, said = [], [], "", (session, 0), [], None
         for seq, c in items:
             if is_message(c):
                 episode = c.out_hash or hash(c.refs)  # (rows read back keep their refs: the message's words)
                 wake = (session, seq)
+                # the agent acts on every message received since its last call: their words together
+                said = (said or ()) + words_of(message_tokens(c))
                 if words is not None and episode not in words:
-                    words[episode] = words_of(message_tokens(c))
+                    words[episode] = said
                 continue
+            said = None
             seg.append(c)
             marks.append(episode)
             woke.append(wake)

@@ -14,13 +14,15 @@ listed). A route mined from such episodes learned those values, not constants of
   message named first) are *ordered*: the route does not fire when the current message names them
   the other way round (the lookups went one way, the distance is wanted the other way).
 
-Learned per distinct context at the route's trigger (see ``route.choose_trigger``): a literal is
-named when more than half of the contexts that had a message named it, held when more than half
-of the contexts held it in the trigger's outputs; an order of two parameters
-holds when more than half of the contexts that named both named them in that order (at least two
-contexts each). A value counts only when it is a string with a letter (a number names and
-matches too much by chance); a message names it when it has all its words (letters and digits,
-case folded). A route whose values came from neither has nothing told and fires as before.
+"The message" is every message the agent received since its last call (a user who names the
+start in one message and the destination in the next told both). Learned per distinct context
+at the route's trigger (see ``route.choose_trigger``): a literal is named when more than half of
+the contexts that had a message named it, held when more than half of the contexts held it in
+the trigger's outputs; an order of two parameters holds when more than half of the contexts that
+named both named them in that order (at least two contexts each). A value counts only when it is
+a string with a letter (a number names and matches too much by chance); a message names it when
+it has all its words (letters and digits, case folded). A route whose values came from neither
+has nothing told and fires as before.
 """
 from __future__ import annotations
 

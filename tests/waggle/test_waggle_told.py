@@ -87,6 +87,9 @@ def test_parameters_the_messages_named_in_an_order_do_not_fire_when_named_the_ot
     assert not fires("swapped", "Plan a trip from Rivermist to San Francisco.", trip(sf, rivermist)[:2], cfg)
     assert fires("same", "Plan a trip from San Francisco to Rivermist.", trip(sf, rivermist)[:2], cfg)
     assert fires("silent", "Plan my trip.", trip(sf, rivermist)[:2], cfg)  # nothing named: nothing against it
+    # the agent acts on every message received since its last call: together they name the order
+    service.inbound("1", "two", "m1", "My trip starts from Rivermist.", config=cfg)
+    assert not fires("two", "I'm going to San Francisco.", trip(sf, rivermist)[:2], cfg)
 
 
 # --- the rules themselves -----------------------------------------------------------------------------
