@@ -27,7 +27,9 @@ Every alignment (leading steps matched) is judged that way on its own sightings:
 how many tail positions replay there, and ``evidence`` keeps each position's mined tally, which
 the live ledger extends (a position the model keeps redoing stops being replayed). A step whose
 referenced output value is missing ends the tail, so a route is judged on every context its
-trigger occurs in, not only on those long enough to hold all of it.
+trigger occurs in, not only on those long enough to hold all of it. What the learning episodes
+told (a literal their messages named or the trigger's outputs held, parameters the messages named
+in an order) must hold again for the route to fire (``Route.told``, see :mod:`waggle.told`).
 
 One file past 500 lines on purpose: a route's steps, its script (printed and parsed back) and its
 replay-time resolution are one grammar; the printer and the parser must change together.
@@ -230,8 +232,8 @@ class Route:
     # at this place, (tool, path with list indexes as "*") (the id the user names *and* the one
     # the user's own record lists); learned, not identity; empty: the message alone decides
     source: tuple = field(default=(), compare=False)
-    # what the learning episodes' messages told (literals they named, parameters named in an
-    # order): the route fires only on a message that agrees (see waggle.told); learned
+    # what the learning episodes told (literals their messages named or the trigger's outputs
+    # held, parameters named in an order): the route fires only where that holds (waggle.told)
     told: Told = field(default_factory=Told, compare=False)
 
     def __len__(self) -> int:
@@ -761,8 +763,9 @@ def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence
             continue
         binding, tail = got
         if told is not None:  # the message the agent acted on when it went on: its last call's episode
-            told.add(index.words.get(index.episodes[p + m - 1], ()), [v for s in route.steps[m:] for _, v in s.literals],
-                     binding, route.params, {v for c in window for _, v in c.refs})
+            told.add(index.words.get(index.episodes[p + m - 1], ()),
+                     [v for s in route.steps[m:] for _, v in s.literals], binding, route.params,
+                     {v for c in window for _, v in c.refs})
         flags = dict(zip(tail, used_flags(tail, calls, p + m)))
         pos = 0  # positions by route step (and list element), not by place in this tail
         for step in route.steps[m:]:

@@ -46,7 +46,8 @@ def stock_walk(i, symbol, watchlist=None):
 # --- a literal the messages named -------------------------------------------------------------------
 def test_a_literal_the_messages_named_replays_only_on_a_message_that_names_it(cfg):
     for i in range(4):  # four users ask about MSFT (other watchlists: four contexts)
-        episode(f"t{i}", f"User {i} here: how is MSFT doing today?", stock_walk(i, "MSFT") + [(f"noise_{i}", {"n": i}, {})], QUIET)
+        walk = stock_walk(i, "MSFT") + [(f"noise_{i}", {"n": i}, {})]
+        episode(f"t{i}", f"User {i} here: how is MSFT doing today?", walk, QUIET)
     route = learn(cfg)
     assert route.told.named == ('"MSFT"',)
     assert '# replays "MSFT" only when the message names it' in Waggle.objects.get().script
