@@ -12,10 +12,11 @@ from django.db.models import Q
 from waggle.config import WaggleConfig, default_config
 from waggle import evidence
 from waggle.guard import write_guard
-from waggle.inbound import is_message, message_call, plan_heard
+from waggle.inbound import is_message, message_call, message_tokens, plan_heard
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.replay import clamp_prefix, estimate_yield, find_plan, plan_key, run_steps
 from waggle.route import Route, RouteFormatError
+from waggle.told import words_of
 from waggle.trace import Call, args_json, clean_text
 from waggle.common import ExecFn, log
 from waggle import judging, recording
@@ -80,6 +81,18 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
         return None
 
 
+def _message_words(events) -> tuple[str, ...]:
+    """The words of the messages the agent is acting on: the session's latest one and those
+    received right before it (no call between), in order; none without a message."""
+    said: list = []
+    for c in reversed(events):
+        if is_message(c):
+            said.append(c)
+        elif said:
+            break
+    return words_of(t for c in reversed(said) for t in message_tokens(c))
+
+
 def _session_routes(space_key: str, session_key: str):
     """The space's routes; a pinned session keeps the set it first saw (loaded once for it)."""
     pin = recording._pins.get((space_key, session_key))
@@ -108,7 +121,8 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,
     if not recent or recent[-1].barrier:
         return None
     plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix), cap=cfg.fanout_cap, reaches_out=reaches_out)
-    if plan is None:
+    if plan is None or not plan.route.told.allows(plan.binding, plan.tail, _message_words(ring.recent()),
+                                                  {v for c in recent[-plan.matched:] for _, v in c.refs}):
         return None
     key = plan.key if episode is None else plan_key(plan.key, [("(episode)", (("from", str(episode)),))])
     try:

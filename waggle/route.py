@@ -27,7 +27,9 @@ Every alignment (leading steps matched) is judged that way on its own sightings:
 how many tail positions replay there, and ``evidence`` keeps each position's mined tally, which
 the live ledger extends (a position the model keeps redoing stops being replayed). A step whose
 referenced output value is missing ends the tail, so a route is judged on every context its
-trigger occurs in, not only on those long enough to hold all of it.
+trigger occurs in, not only on those long enough to hold all of it. What the learning episodes
+told (a literal their messages named or the trigger's outputs held, parameters the messages named
+in an order) must hold again for the route to fire (``Route.told``, see :mod:`waggle.told`).
 
 One file past 500 lines on purpose: a route's steps, its script (printed and parsed back) and its
 replay-time resolution are one grammar; the printer and the parser must change together.
@@ -44,6 +46,7 @@ from typing import Any, Collection, Mapping, Sequence
 
 from waggle.miner import Candidate
 from waggle.shape import TokenShape
+from waggle.told import Told, ToldTally
 from waggle.trace import Call, Path, decode_value, flatten_value, shown
 
 ROUTE_FORMAT = 2
@@ -229,6 +232,9 @@ class Route:
     # at this place, (tool, path with list indexes as "*") (the id the user names *and* the one
     # the user's own record lists); learned, not identity; empty: the message alone decides
     source: tuple = field(default=(), compare=False)
+    # what the learning episodes told (literals their messages named or the trigger's outputs
+    # held, parameters named in an order): the route fires only where that holds (waggle.told)
+    told: Told = field(default_factory=Told, compare=False)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -277,9 +283,10 @@ class Route:
 
     def with_trigger(self, trigger: int, confidence: float, contexts: int = 0, cap: int = 0,
                      reach: Mapping[int, int] | None = None,
-                     evidence: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> "Route":
+                     evidence: Mapping[tuple[int, int], tuple[int, int]] | None = None,
+                     told: Told | None = None) -> "Route":
         return replace(self, trigger=trigger, confidence=confidence, contexts=contexts, cap=cap,
-                       reach=dict(reach or {}), evidence=dict(evidence or {}))
+                       reach=dict(reach or {}), evidence=dict(evidence or {}), told=told or Told())
 
     def reach_at(self, m: int) -> int | None:
         """Tail positions to replay when the first ``m`` steps matched: None for a route without
@@ -327,6 +334,8 @@ class Route:
             data["reach"] = {str(m): r for m, r in sorted(self.reach.items())}
         if self.evidence:
             data["evidence"] = {f"{m}:{pos}": list(v) for (m, pos), v in sorted(self.evidence.items())}
+        if self.told:
+            data["told"] = self.told.to_json()
         return data
 
     @classmethod
@@ -379,7 +388,7 @@ class Route:
                        count=int(data.get("count") or 0), trigger=trigger,
                        confidence=float(data.get("confidence") or 0.0), contexts=int(data.get("contexts") or 0),
                        cap=max(0, int(data.get("cap") or 0)), reach=reach, evidence=evidence,
-                       **_heard_from_json(data, params, steps))
+                       told=Told.from_json(data.get("told")), **_heard_from_json(data, params, steps))
         except RouteFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -535,6 +544,7 @@ def render_script(route: Route, *, min_prefix: int = 2) -> str | None:
         if route.reach:  # each alignment replays only as far as its own evidence carries
             stretches = ", ".join(f"after {m} steps the next {r}" for m, r in sorted(route.reach.items()))
             lines.append(f"# calls replayed (a fan-out counts each element): {stretches}")
+        lines += [f"# {line}" for line in route.told.describe()]
     lines.append("")
     for i, s in enumerate(route.steps, 1):
         lines.append(f"{i}. {s.describe()}")
@@ -548,13 +558,19 @@ def steps_summary(route: Route) -> list[str]:
 class TraceIndex:
     """Positions of each pair of consecutive call shapes in a trace, so a route's sightings are
     found without scanning the trace (or every call of its first tool). ``sessions`` gives the
-    session of each position (default: a new session after every ``None`` barrier)."""
+    session of each position (default: a new session after every ``None`` barrier); ``words`` the
+    words of each episode's message (see waggle.told); ``wakes`` each position's wake (one per
+    message received: a brief sent every day is one episode, as a context, but each day a wake of
+    its own, whose calls are not made by an earlier day's; default: its episode)."""
 
     def __init__(self, calls: Sequence[Call | None], sessions: Sequence[int] | None = None,
-                 episodes: Sequence | None = None) -> None:
+                 episodes: Sequence | None = None, words: Mapping[Any, Sequence[str]] | None = None,
+                 wakes: Sequence | None = None) -> None:
         self.calls = calls
+        self.words = words or {}
         # each position's episode: the inbound message that started it (what a wake brought)
         self.episodes = episodes if episodes is not None and len(episodes) == len(calls) else [""] * len(calls)
+        self.wakes = wakes if wakes is not None and len(wakes) == len(calls) else self.episodes
         if sessions is None:
             sessions, current = [], 0
             for c in calls:
@@ -644,21 +660,65 @@ def context_of(route: Route, window: Sequence[Call], session: int, episode: Any 
     of literals only differs by what its calls returned (their outputs' content) and by the
     episode it served (the inbound message that started it: two tasks orienting in one workspace
     are two contexts). Near-copies of one task (the same message, the same ids, the same outputs)
-    are one context however often, and in however many sessions, they recur. (``session`` is kept
-    for callers; it decides nothing.)"""
+    are one context however often, and in however many sessions, they recur; so are copies whose
+    outputs were only padded (see :class:`Contexts`). (``session`` is kept for callers; it decides
+    nothing.)"""
     values = tuple(window[j].arg_dict.get(k) for j, s in enumerate(route.steps[:len(window)])
                    for k in [k for k, _ in s.binds] + [k for k, _ in s.refs])
     return values if values else ("content", episode) + tuple(c.out_hash for c in window)
 
 
+def _padded_alike(a: frozenset, b: frozenset) -> bool:
+    """One output's values all stand in the other's: the same content, one of them padded (more
+    entries, a longer list, another layout). An output with no values proves nothing alike."""
+    return bool(a) and bool(b) and (a <= b or b <= a)
+
+
+class Contexts:
+    """The distinct contexts among a prefix's sightings (see :func:`context_of`).
+
+    Equal keys are one context. A literal-only prefix is also the context of an earlier sighting
+    of the same episode when each of its calls returned the same values give or take padding (one
+    output's leaf values are a subset of the other's): a task copied with padded outputs (a
+    longer listing around the same entries) does not vouch for its route again, while a fixed
+    brief whose calls return other values (a daily run on new data) is a new context each time.
+    A sighting is compared with at most ``MAX_COMPARED`` earlier ones (the newest) of its episode,
+    so judging a route stays linear in its sightings; past that it counts as new."""
+
+    MAX_COMPARED = 64
+
+    def __init__(self) -> None:
+        self.keys: set = set()
+        self.content: dict[Any, list[tuple]] = {}  # episode -> earlier outputs (hash, values) per call
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def add(self, route: Route, window: Sequence[Call], episode: Any = "") -> bool:
+        """Count the sighting ``window``; True when it is a new context."""
+        key = context_of(route, window, 0, episode)
+        if key in self.keys:
+            return False
+        if key[:1] == ("content",):
+            outputs = tuple((c.out_hash, frozenset(v for _, v in c.refs)) for c in window)
+            earlier = self.content.setdefault(episode, [])
+            for other in earlier[-self.MAX_COMPARED:]:
+                if all(x[0] == y[0] or _padded_alike(x[1], y[1]) for x, y in zip(outputs, other)):
+                    return False
+            earlier.append(outputs)
+        self.keys.add(key)
+        return True
+
+
 def _made_before(index: TraceIndex, p: int) -> set:
     """The episode's calls (at most HISTORY) before position ``p``: what an earlier episode of a
-    long-lived session made (another wake's orientation) does not count as made for this one."""
+    long-lived session made (another wake's orientation, the same brief's yesterday) does not
+    count as made for this one."""
     out = set()
-    episode = index.episodes[p]
+    wake = index.wakes[p]
     for i in range(p - 1, max(0, p - HISTORY) - 1, -1):
         c = index.calls[i]
-        if c is None or index.episodes[i] != episode:
+        if c is None or index.wakes[i] != wake:
             break
         out.add(c.invocation())
     return out
@@ -679,11 +739,11 @@ def prefix_evidence_by_cap(route: Route, index: TraceIndex, m: int, caps: Sequen
     return tallies
 
 
-def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence[int]
+def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence[int], told: ToldTally | None = None
                ) -> tuple[dict[int, tuple[int, int, int, float]], list[tuple[int, int]]]:
     calls = index.calls
     n = len(calls)
-    seen: set = set()
+    seen = Contexts()
     tallies = {c: [0, 0, 0.0] for c in caps}
     per: list[list[int]] = []
     if len(route.steps) < 2:
@@ -699,11 +759,13 @@ def _sightings(route: Route, index: TraceIndex, m: int, top: int, caps: Sequence
         got = tail_of(route, window, top, _made_before(index, p))  # type: ignore[arg-type]
         if got is None or not got[1]:
             continue
-        ctx = context_of(route, window, index.sessions[p], index.episodes[p])  # type: ignore[arg-type]
-        if ctx in seen:
+        if not seen.add(route, window, index.episodes[p]):  # type: ignore[arg-type]
             continue
-        seen.add(ctx)
         binding, tail = got
+        if told is not None:  # the message the agent acted on when it went on: its last call's episode
+            told.add(index.words.get(index.episodes[p + m - 1], ()),
+                     [v for s in route.steps[m:] for _, v in s.literals], binding, route.params,
+                     {v for c in window for _, v in c.refs})
         flags = dict(zip(tail, used_flags(tail, calls, p + m)))
         pos = 0  # positions by route step (and list element), not by place in this tail
         for step in route.steps[m:]:
@@ -757,8 +819,10 @@ def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confide
     reach: dict[int, int] = {}
     evidence: dict[tuple[int, int], tuple[int, int]] = {}
     first: tuple[int, float, int, int] | None = None
+    told = Told()
     for m in range(m0, len(route.steps)):
-        got = _judge_alignment(route, index, m, min_confidence, z, min_contexts, max(1, cap))
+        tally = ToldTally()
+        got = _judge_alignment(route, index, m, min_confidence, z, min_contexts, max(1, cap), tally)
         if got is None:
             continue
         lower, contexts, elements, per = got
@@ -767,21 +831,23 @@ def choose_trigger(route: Route, index: TraceIndex, min_prefix: int, min_confide
         evidence.update({(m, pos): per[pos] for pos in range(min(reach[m], len(per)))})
         if first is None:
             first = (m, lower, contexts, elements if route.fans_out else 0)
+            told = tally.told()
     if first is None:
         return None
     m, lower, contexts, c = first
-    return route.with_trigger(m, lower, contexts, c, reach, evidence)
+    return route.with_trigger(m, lower, contexts, c, reach, evidence, told)
 
 
 def _judge_alignment(route: Route, index: TraceIndex, m: int, min_confidence: float, z: float,
-                     min_contexts: int, top: int) -> tuple[float, int, int, list[tuple[int, int]]] | None:
+                     min_contexts: int, top: int, told: ToldTally | None = None
+                     ) -> tuple[float, int, int, list[tuple[int, int]]] | None:
     """At alignment ``m``: (lower bound of the share used, contexts, fan-out elements replayed,
     per tail position (offered, used)), or None when nothing may be replayed there (see
     :func:`choose_trigger`)."""
     if not route.determined_at(m):
         return None
     caps = list(range(1, top + 1)) if route.fans_out else [top]
-    evidence, per = _sightings(route, index, m, top, caps)
+    evidence, per = _sightings(route, index, m, top, caps, told)
     contexts = evidence[top][0]
     if contexts < max(1, min_contexts):
         return None

@@ -15,16 +15,18 @@ from django.utils import timezone
 from waggle.config import WaggleConfig, default_config
 from waggle import evidence
 from waggle.miner import Candidate, mine, segments_to_trace
-from waggle.inbound import HeardMemo, is_message, mine_heard, route_of
+from waggle.inbound import HeardMemo, is_message, message_tokens, mine_heard, route_of
 from waggle.models import ForageCall, Waggle
 from waggle.route import Route, TraceIndex, choose_trigger, render_script, wilson_lower, wilson_upper
+from waggle.told import words_of
 from waggle.window import window as space_window
 from waggle.trace import Call
 from waggle.common import log
 
 
-def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False,
-                    episodes: list | None = None, held=None, keys: list | None = None) -> list[list[Call | None]]:
+def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False, episodes: list | None = None,
+                    held=None, keys: list | None = None, words: dict | None = None,
+                    wakes: list | None = None) -> list[list[Call | None]]:
     """The space's newest calls, one segment per session in call order. A call a replay made is
     never mining input: it stands as a barrier (no route spans the place where the model relied
     on a replay). Inbound messages are left out, unless ``messages`` (inbound routes are mined
@@ -32,7 +34,8 @@ def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False
     of each call: a fingerprint of the inbound message that started it (what the wake brought).
     ``keys``, when given, receives per segment (with ``messages``) a key that changes whenever the
     segment does: its session, first and last seq and length (rows are never changed, only added
-    or trimmed)."""
+    or trimmed). ``words``, when given, receives each episode's message words (see waggle.told);
+    ``wakes``, per segment, each call's wake: the place of the message that started it."""
     held = held or space_window(space_key, cfg.mine_window)  # (held between sweeps: only new rows read)
     by_session = _by_session(held)
     segments = []
@@ -42,17 +45,26 @@ def _space_segments(space_key: str, cfg: WaggleConfig, *, messages: bool = False
             if keys is not None:
                 keys.append((session, items[0][0], items[-1][0], len(items)))
             continue
-        seg, marks, episode = [], [], ""
-        for _, c in items:
+        seg, marks, episode, wake, woke, said = [], [], "", (session, 0), [], None
+        for seq, c in items:
             if is_message(c):
                 episode = c.out_hash or hash(c.refs)  # (rows read back keep their refs: the message's words)
+                wake = (session, seq)
+                # the agent acts on every message received since its last call: their words together
+                said = (said or ()) + words_of(message_tokens(c))
+                if words is not None and episode not in words:
+                    words[episode] = said
                 continue
+            said = None
             seg.append(c)
             marks.append(episode)
+            woke.append(wake)
         if seg:
             segments.append(seg)
             if episodes is not None:
                 episodes.append(marks)
+            if wakes is not None:
+                wakes.append(woke)
     return segments
 
 
@@ -138,17 +150,20 @@ def sweep(space_key: str, *, config: WaggleConfig | None = None) -> Waggle | Non
 def _promote_best(space_key: str, cfg: WaggleConfig, held=None) -> Waggle | None:
     held = held or space_window(space_key, cfg.mine_window)
     marks: list = []
-    segments = _space_segments(space_key, cfg, episodes=marks, held=held)
+    words: dict = {}
+    woke: list = []
+    segments = _space_segments(space_key, cfg, episodes=marks, held=held, words=words, wakes=woke)
     trace = segments_to_trace(segments)
     sessions = [n for n, seg in enumerate(segments) for _ in range(len(seg) + (n > 0))]
     episodes = [e for n, seg in enumerate(marks) for e in ([""] if n > 0 else []) + seg]
+    wakes = [e for n, seg in enumerate(woke) for e in ([None] if n > 0 else []) + seg]
     candidates = mine(trace, cfg.mine_config)
     created = None
     if candidates:
         own = {name: (count, disabled) for name, count, disabled in Waggle.objects.filter(
             scope=Waggle.SCOPE_SPACE, space_key=space_key).values_list("name", "mined_count", "disabled")}
         known = set(own) | set(Waggle.objects.filter(scope=Waggle.SCOPE_GLOBAL).values_list("name", flat=True))
-        index = TraceIndex(trace, sessions, episodes)
+        index = TraceIndex(trace, sessions, episodes, words, wakes)
         memo = _verdicts_of(space_key, cfg, held)
         judged = 0
         for cand in candidates:

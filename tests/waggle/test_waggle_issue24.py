@@ -117,6 +117,56 @@ def test_three_tasks_that_differ_make_a_route(cfg):
     assert service.sweep("1", config=cfg) is not None
 
 
+STOCKS = [("get_watchlist", {}), ("get_available_stocks", {"sector": "Technology"}), ("get_stock_info", {"symbol": "MSFT"})]
+TASK_117 = "I have been watching Microsoft: how is it doing?"
+
+
+def walk(space, session, message, outputs, k):
+    """One wake: ``message``, then the stock walk answered with ``outputs`` (JSON), then other work."""
+    service.inbound(space, session, "m1", message, config=QUIET)
+    for (tool, args), out in zip(STOCKS, outputs):
+        service.observe(space, session, "m1", tool, args, False, json.dumps(out), config=QUIET)
+    feed(space, session, noise(k), QUIET)
+
+
+def test_copies_of_one_task_whose_outputs_were_padded_are_one_context(cfg):
+    # BFCL's four copies of one task: two alike, one with the message worded apart, one whose outputs
+    # hold the same entries among padding (a longer listing, another layout): two contexts, no route
+    base = [{"watchlist": ["NVDA"]}, {"stock_list": ["AAPL", "GOOG", "MSFT", "NVDA"]}, {"price": 310.23}]
+    padded = [["NVDA", "JHGUN", "LMAT", "YNK"], {"stock_list": ["AAPL", "GOOG", "MSFT", "NVDA", "LGY", "HW"]},
+              {"price": 310.23, "MA(5)": [234.34, 212.46]}]
+    walk("1", "copy0", TASK_117, base, 0)
+    walk("1", "copy1", TASK_117, base, 1)
+    walk("1", "copy2", "I have been watching a company. It is Microsoft: how is it doing?", base, 2)
+    walk("1", "copy3", TASK_117, padded, 3)
+    assert service.sweep("1", config=cfg) is None
+    assert not Waggle.objects.exists()
+
+
+def test_a_fixed_brief_on_new_data_every_day_makes_a_route(cfg):
+    # a daily cron: the same brief every day, the same calls, each day's outputs hold other values
+    # (not a padded copy of another day's): each day is a context, so the routine is learned
+    for day in range(4):
+        stocks = [f"S{day}{j}" for j in range(3)]
+        walk("1", f"cron-day{day}", "Daily: review the watchlist and report.",
+             [{"watchlist": stocks}, {"stock_list": stocks[:2], "day": day}, {"price": 300 + day}], day)
+        feed("1", f"cron-day{day}", [("post_report", {"day": day})], QUIET, mutates=True)
+    w = service.sweep("1", config=cfg)
+    assert w is not None and [s["tool"] for s in w.route["steps"]] == [t for t, _ in STOCKS]
+
+
+def test_a_fixed_brief_every_day_in_one_long_lived_session_makes_a_route(cfg):
+    # one member session woken every day by the same brief: each wake is its own episode (what an
+    # earlier day made is not "already made" today), and each day's new data is a context
+    for day in range(4):
+        stocks = [f"S{day}{j}" for j in range(3)]
+        walk("1", "cron", "Daily: review the watchlist and report.",
+             [{"watchlist": stocks}, {"stock_list": stocks[:2], "day": day}, {"price": 300 + day}], day)
+        feed("1", "cron", [("post_report", {"day": day})], QUIET, mutates=True)
+    w = service.sweep("1", config=cfg)
+    assert w is not None and [s["tool"] for s in w.route["steps"]] == [t for t, _ in STOCKS]
+
+
 def test_tasks_that_orient_the_same_way_in_one_long_lived_session_are_distinct_contexts(cfg):
     # one member, one session, four wakes with different briefs, each orienting the same way in the
     # same workspace (the same outputs): four episodes, four contexts, so the orientation is a route
