@@ -138,3 +138,10 @@ def test_walking_past_needs_one_list_not_just_one_tool():
     service.judge_reply("1", "new", [], text="Found it: your flight HAT104.", config=cfg)  # (N4's)
     service.end_run("1", "new", config=cfg)
     assert [s[7] for s in FiredPlan.objects.get().tail] == ["not drawn on", "not drawn on", "used", "not drawn on"]
+
+
+def test_a_capitalised_word_opening_a_sentence_of_a_text_output_is_not_evidence():
+    """"The" or "Error:" at a sentence's start is grammar: a reply saying "the" did not draw on
+    the text. A name inside a sentence, or a capitalised id with a digit, still is."""
+    output = "The flight is late.\nError: seat taken by Smith. Gate B12 opens"
+    assert evidence.step_evidence({}, output, known=set()) == ["Smith", "B12"]
