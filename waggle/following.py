@@ -12,7 +12,7 @@ from django.db.models import Q
 from waggle.config import WaggleConfig, default_config
 from waggle import evidence
 from waggle.guard import write_guard
-from waggle.inbound import is_message, message_call, plan_heard
+from waggle.inbound import is_message, message_call, plan_heard, plan_joined
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.replay import clamp_prefix, estimate_yield, find_plan, plan_key, run_steps
 from waggle.route import Route, RouteFormatError
@@ -108,8 +108,9 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,
     if not recent or recent[-1].barrier:
         return None
     plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix), cap=cfg.fanout_cap, reaches_out=reaches_out)
-    if plan is None:
-        return None
+    if plan is None:  # a joined inbound route whose join completes at this output (waggle.inbound)
+        got = plan_joined(routes, ring.recent())
+        return None if got is None else _fire_heard(space_key, session_key, None, got[0], got[1], exec, cfg)
     key = plan.key if episode is None else plan_key(plan.key, [("(episode)", (("from", str(episode)),))])
     try:
         with transaction.atomic():
@@ -172,7 +173,6 @@ def inbound(space_key: str, session_key: str, member_key: str, text: str, exec: 
 
 
 def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
-    pin = recording._pins.get((space_key, session_key))
     routes = _session_routes(space_key, session_key)
     heard = [r for r in routes if r.heard]
     if not heard:
@@ -180,7 +180,13 @@ def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: 
     got = plan_heard(heard, recording._ring(space_key, session_key, cfg).recent())
     if got is None:
         return None
-    route, call = got
+    return _fire_heard(space_key, session_key, member_key, got[0], got[1], exec, cfg)
+
+
+def _fire_heard(space_key: str, session_key: str, member_key: str | None, route: Route, call: tuple,
+                exec: ExecFn, cfg: WaggleConfig) -> str | None:
+    """Replay an inbound route's one step (at a message, or at the output that completed its join)."""
+    pin = recording._pins.get((space_key, session_key))
     tail = (call,)
     try:
         with transaction.atomic():
@@ -206,6 +212,9 @@ def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: 
                  evidence.step_evidence(args_json(args), out, known), None, at]
                 for (tool, args), out in zip(tail, outcome.outputs)]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=rows)
+        if member_key is None:
+            member_key = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
+                          .order_by("-seq").values_list("member_key", flat=True).first()) or ""
         for (tool, args), out in zip(tail, outcome.outputs):
             recording._record(space_key, session_key, member_key, Call.make(tool, args_json(args), output=out), cfg, replayed=True)
     return outcome.block
