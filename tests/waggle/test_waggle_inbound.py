@@ -338,19 +338,24 @@ def test_a_joined_route_fires_at_the_record_that_lists_a_value_the_user_named_fi
     assert plan_joined(routes, other) is None  # not the source's tool
 
 
-@pytest.mark.django_db
-def test_a_joined_route_is_replayed_by_follow_after_the_record():
+def learn_joined(space):
+    """The service records the joined sessions and mines them (the joined route is stored)."""
     for i, seg in enumerate(joined_sessions()):
         for c in seg:
             if is_message(c):
-                service.inbound("j", f"t{i}", "m", " ".join(message_tokens(c)), None, config=QUIET)
+                service.inbound(space, f"t{i}", "m", " ".join(message_tokens(c)), None, config=QUIET)
             else:
-                service.observe("j", f"t{i}", "m", c.tool, {k: decode_value(v) for k, v in c.args}, c.mutates,
+                service.observe(space, f"t{i}", "m", c.tool, {k: decode_value(v) for k, v in c.args}, c.mutates,
                                 json.dumps({"id": "x", "reservations": [decode_value(v) for p, v in c.refs
                                                                          if p[0] == "reservations"]})
                                 if c.tool == "get_user_details" else "{}", config=QUIET)
-    while service.sweep("j", config=QUIET) is not None:
+    while service.sweep(space, config=QUIET) is not None:
         pass
+
+
+@pytest.mark.django_db
+def test_a_joined_route_is_replayed_by_follow_after_the_record():
+    learn_joined("j")
     exe = FakeExec({"get_reservation_details": '{"id": "EF34GH", "flights": ["HAT001"]}'})
     assert service.inbound("j", "live", "m", "Help with reservation EF34GH please.", exe, config=QUIET) is None
     assert service.inbound("j", "live", "m", "I am zoe_park_5150.", exe, config=QUIET) is None
@@ -365,17 +370,7 @@ def test_a_joined_route_is_replayed_by_follow_after_the_record():
 
 @pytest.mark.django_db
 def test_a_joined_route_is_mined_and_replayed_by_the_service():
-    for i, seg in enumerate(joined_sessions()):
-        for c in seg:
-            if is_message(c):
-                service.inbound("j", f"t{i}", "m", " ".join(message_tokens(c)), None, config=QUIET)
-            else:
-                service.observe("j", f"t{i}", "m", c.tool, {k: decode_value(v) for k, v in c.args}, c.mutates,
-                                json.dumps({"id": "x", "reservations": [decode_value(v) for p, v in c.refs
-                                                                         if p[0] == "reservations"]})
-                                if c.tool == "get_user_details" else "{}", config=QUIET)
-    while service.sweep("j", config=QUIET) is not None:
-        pass
+    learn_joined("j")
     stored = Waggle.objects.get(space_key="j", name__startswith="heard.get_reservation_details")
     assert stored.route["source"] == ["get_user_details", ["reservations", "*"]] and not stored.disabled
     exe = FakeExec({"get_user_details": '{"id": "zoe_park_5150", "reservations": ["AB12CD", "EF34GH"]}'})
