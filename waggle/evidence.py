@@ -80,6 +80,20 @@ def step_evidence(args: dict, output: str, known: set[str]) -> list[str]:
     return out
 
 
+def block_evidence(steps: list[tuple[dict, str]], known: set[str]) -> list[list[str]]:
+    """:func:`step_evidence` of each step of one replayed block (``(args, output)``), less the
+    values two of its steps brought: a reply naming one (an airport two replayed reservations both
+    fly through) names neither step in particular, and would book a step the model skipped used."""
+    each = [step_evidence(args, out, known) for args, out in steps]
+    if len(each) < 2:
+        return each
+    seen: dict[str, int] = {}
+    for values in each:
+        for v in values:
+            seen[v] = seen.get(v, 0) + 1
+    return [[v for v in values if seen[v] == 1] for values in each]
+
+
 def reply_text(text: str | None, calls: Iterable[tuple[str, dict]]) -> str:
     """What a reply says, for :func:`drawn`: its text and every value of its calls' arguments."""
     parts = [(text or "")[:MAX_TEXT_CHARS]]

@@ -136,8 +136,9 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,
         # it stood (alignment, tail position: the ledger judges each position; see _learn_reach)
         known, at = judging._known(ring), ring.last_seq
         tail = [[tool, dict(args), estimate_yield([(tool, args)], [out]), judging._setting_keys(plan.route, plan.matched, tool),
-                 plan.matched, pos, evidence.step_evidence(args_json(args), out, known), None, at]
-                for (tool, args), out, pos in zip(plan.tail, outcome.outputs, plan.positions)]
+                 plan.matched, pos, values, None, at]
+                for (tool, args), out, pos, values in zip(plan.tail, outcome.outputs, plan.positions, evidence.block_evidence(
+                    [(args_json(args), out) for args, out in zip((a for _, a in plan.tail), outcome.outputs)], known))]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=tail)
         member = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
                   .order_by("-seq").values_list("member_key", flat=True).first()) or ""
