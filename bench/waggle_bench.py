@@ -13,6 +13,8 @@
    woke it (``messages``: the inbound routes' miner reads these) and, when the file is here, for
    τ-bench airline's real trajectories cycled (``tau``). Goal: <= 50 ms. Printed with the load
    average.
+4. The judge's per-reply cost of measuring the model's speech (``speech.watch``) and what keeping
+   a plain-text output's words adds to recording it (``Call.make``); ``--watch-only``.
 
 The traces: a background of random calls over a few dozen read-only tools, planted routines (a 2-3
 step trigger, then 1-6 steps determined by the trigger's arguments), decoy routines sharing a
@@ -439,6 +441,59 @@ def bench_sweep(window: int = 2_000, sweeps: int = 20, seed: int = 7, modes: tup
               f"{sweeps} sweeps of {period} new events (goal <= 50 ms; load {load})")
 
 
+def bench_watch(replies: int = 64, seed: int = 7) -> None:
+    """What the judge's measure of speech costs a reply (``speech.watch``, pure Python): a session
+    whose ring holds 200 calls (JSON outputs of 40 leaves, and plain-text outputs of 2,000 chars)
+    is watched for ``replies`` replies of 600 chars, three new calls of the model before each; and
+    what keeping a plain-text output's words costs ``Call.make`` (``trace.text_words``)."""
+    import os
+
+    from waggle import speech
+    from waggle.recorder import Recorder
+
+    rng = random.Random(seed)
+    names = ["Alice", "Bob", "Chen", "Dana"]
+
+    def text(n: int) -> str:
+        words = []
+        while sum(map(len, words)) < n:
+            words.append(rng.choice(["the", "parser", "returns", "value", "of", "a", rng.choice(names),
+                                     f"id{rng.randint(0, 99999)}", "pkg/mod.py", "Then", "it", "ends."]))
+        return " ".join(words)[:n]
+
+    def call(k: int) -> Call:
+        if k % 3 == 0:
+            return Call.make("read_file", {"path": f"f{k}.py"}, output=text(2_000))
+        out = json.dumps({"items": [{"id": f"R{k}X{i}", "n": rng.randint(100, 999)} for i in range(20)]})
+        return Call.make("get_record", {"id": f"K{k}"}, output=out)
+
+    ring = Recorder(200)
+    for k in range(200):
+        ring.record(call(k))
+    speech.forget()
+    times = []
+    for r in range(replies):
+        for j in range(3):
+            ring.record(call(1_000 + 3 * r + j))
+        said = text(600)
+        t = time.perf_counter()
+        speech.watch("bench", "s", ring, ring.last_seq - 3 if r == 0 else None, set(), said)
+        times.append((time.perf_counter() - t) * 1000)
+    make = {}
+    for n in (2_000, 20_000, 200_000):
+        out, ts = text(n), []
+        for _ in range(20):
+            t = time.perf_counter()
+            Call.make("read_file", {"path": "a.py"}, output=out)
+            ts.append((time.perf_counter() - t) * 1000)
+        make[n] = statistics.median(ts)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"speech.watch per reply (200-call ring, 3 new calls a reply): median {statistics.median(times):.3f} ms, "
+          f"max {max(times):.3f} ms over {replies} replies (load {load})")
+    print("Call.make of a plain-text output (its words kept): " +
+          ", ".join(f"{n:,} chars {ms:.2f} ms" for n, ms in make.items()) + f" (medians; load {load})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=7)
@@ -447,9 +502,13 @@ def main() -> None:
     ap.add_argument("--replay-calls", type=int, default=40_000)
     ap.add_argument("--min-confidence", type=float, default=0.8)
     ap.add_argument("--sweep-only", action="store_true", help="only the steady-state sweep figure (3.)")
+    ap.add_argument("--watch-only", action="store_true", help="only the judge's per-reply cost figure (4.)")
     ap.add_argument("--sweep-mode", action="append", choices=["mixed", "identical", "messages", "tau"],
                     help="only this kind of window in the sweep figure (repeatable; default: all)")
     opts = ap.parse_args()
+    if opts.watch_only:
+        bench_watch(seed=opts.seed)
+        return
     if opts.sweep_only:
         bench_sweep(seed=opts.seed, modes=tuple(opts.sweep_mode or ()))
         return
@@ -461,6 +520,8 @@ def main() -> None:
     bench_replay(opts.replay_calls, opts.seed, cfg, min_prefix=2, min_confidence=opts.min_confidence)
     print()
     bench_sweep(seed=opts.seed)
+    print()
+    bench_watch(seed=opts.seed)
     print(f"\n(total bench time {time.perf_counter() - t0:.1f} s)")
 
 

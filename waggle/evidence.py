@@ -5,50 +5,33 @@ output: name an id, a value, a name that the output brought and nothing else in 
 (not the step's own arguments, not an earlier output, not a message). A step whose output brought
 nothing new cannot show that it was used, and is booked unused when the run ends.
 
-A value counts as evidence when it is specific enough not to turn up by chance: a string of at
-least ``MIN_CHARS`` characters with a digit or a capital letter in it (an id, a flight number, a
-date, a person's name; ``economy`` or ``active`` are vocabulary, not evidence), a path or a file,
-domain or e-mail name (``inventory/api.py``), or a number with
-at least ``MIN_DIGITS`` digits. It is found in a reply when it stands there as a whole word
-(case-insensitive): ``JG7FMM`` in "your reservation JG7FMM is", not in "XJG7FMMX". A reply
-writes for a reader, not a parser: an ISO date is also found as the reader reads it ("May 17",
-"17 May", "May 17th"), a number also with thousands separators ("1,227") or cents ("1227.00").
+A value counts as evidence when it is specific enough not to turn up by chance
+(:func:`waggle.trace.specific`): a string of at least ``MIN_CHARS`` characters with a digit or a
+capital letter in it (an id, a flight number, a date, a person's name; ``economy`` or ``active``
+are vocabulary, not evidence), a path or a file, domain or e-mail name (``inventory/api.py``), or
+a number with at least ``MIN_DIGITS`` digits; of a plain-text output, its words that are (a
+capitalised word opening a sentence is grammar, not a name: ``The``, ``Error:``). It is found in
+a reply when it stands there as a whole word (case-insensitive): ``JG7FMM`` in "your reservation
+JG7FMM is", not in "XJG7FMMX". A reply writes for a reader, not a parser: an ISO date is also
+found as the reader reads it ("May 17", "17 May", "May 17th"), a number also with thousands
+separators ("1,227") or cents ("1227.00").
 """
 from __future__ import annotations
 
 import re
 from typing import Any, Iterable
 
-from waggle.trace import Call, decode_value, output_refs
+from waggle.trace import Call, decode_value, iter_text_words, output_refs, specific  # (specific: used here and by speech)
 
-MIN_CHARS = 3
-MIN_DIGITS = 3
 MAX_VALUES = 60          # evidence values kept per replayed step (the first, in document order)
 MAX_TEXT_CHARS = 200_000  # a reply longer than this is searched in its first part only
-_WORDS = re.compile(r"[^\s\"'`()\[\]{}<>,;]+")
-
-
-def specific(value: Any) -> str | None:
-    """The value as text when it is specific enough to be evidence, else None (see the docstring)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        text = str(value)
-        return text if sum(ch.isdigit() for ch in text) >= MIN_DIGITS else None
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
-    if len(text) < MIN_CHARS or len(text) > 200:
-        return None
-    if any(ch.isdigit() for ch in text) or any(ch.isupper() for ch in text):
-        return text
-    if len(text) >= 5 and ("/" in text or "." in text.strip(".")) and " " not in text:
-        return text  # a path, a file or domain name, an address
-    return None
 
 
 def values_of(call: Call) -> set[str]:
-    """Every value a recorded call carries: its arguments and its output's leaves (a message: its words)."""
+    """Every value a recorded call carries: its arguments and its output's leaves (a message: its
+    words). Not a plain-text output's words (``call.words``): a text's words are many and loose (a
+    file names what other tools report too), and counting them as known made the judge book
+    reads the model used unused, every value they share with a later replay being struck out."""
     out: set[str] = set()
     for _, v in call.args:
         out.update(_leaves(decode_value(v)))
@@ -77,8 +60,8 @@ def step_evidence(args: dict, output: str, known: set[str]) -> list[str]:
     refs = output_refs(output)
     if refs:
         raw: Iterable[Any] = (decode_value(v) for _, v in refs)
-    else:  # plain text: its words
-        raw = (w.strip(".:!?") for w in _WORDS.findall((output or "")[:MAX_TEXT_CHARS]))
+    else:  # plain text: its words (as the ring keeps them: waggle.trace.text_words)
+        raw = iter_text_words(output or "", MAX_TEXT_CHARS)
     out: list[str] = []
     seen: set[str] = set()
     pool: set[str] | None = None
@@ -95,6 +78,20 @@ def step_evidence(args: dict, output: str, known: set[str]) -> list[str]:
         if len(out) >= MAX_VALUES:
             break
     return out
+
+
+def block_evidence(steps: list[tuple[dict, str]], known: set[str]) -> list[list[str]]:
+    """:func:`step_evidence` of each step of one replayed block (``(args, output)``), less the
+    values two of its steps brought: a reply naming one (an airport two replayed reservations both
+    fly through) names neither step in particular, and would book a step the model skipped used."""
+    each = [step_evidence(args, out, known) for args, out in steps]
+    if len(each) < 2:
+        return each
+    seen: dict[str, int] = {}
+    for values in each:
+        for v in values:
+            seen[v] = seen.get(v, 0) + 1
+    return [[v for v in values if seen[v] == 1] for values in each]
 
 
 def reply_text(text: str | None, calls: Iterable[tuple[str, dict]]) -> str:

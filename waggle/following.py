@@ -12,7 +12,7 @@ from django.db.models import Q
 from waggle.config import WaggleConfig, default_config
 from waggle import evidence
 from waggle.guard import write_guard
-from waggle.inbound import is_message, message_call, message_tokens, plan_heard
+from waggle.inbound import is_message, message_call, message_tokens, plan_heard, plan_joined
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.replay import clamp_prefix, estimate_yield, find_plan, plan_key, run_steps
 from waggle.route import Route, RouteFormatError
@@ -121,8 +121,11 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,
     if not recent or recent[-1].barrier:
         return None
     plan = find_plan(recent, routes, clamp_prefix(cfg.min_prefix), cap=cfg.fanout_cap, reaches_out=reaches_out)
-    if plan is None or not plan.route.told.allows(plan.binding, plan.tail, _message_words(ring.recent()),
-                                                  {v for c in recent[-plan.matched:] for _, v in c.refs}):
+    if plan is None:  # a joined inbound route whose join completes at this output (waggle.inbound)
+        got = plan_joined(routes, ring.recent())
+        return None if got is None else _fire_heard(space_key, session_key, None, got[0], got[1], exec, cfg)
+    if not plan.route.told.allows(plan.binding, plan.tail, _message_words(ring.recent()),
+                                  {v for c in recent[-plan.matched:] for _, v in c.refs}):
         return None
     key = plan.key if episode is None else plan_key(plan.key, [("(episode)", (("from", str(episode)),))])
     try:
@@ -149,8 +152,9 @@ def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,
         # it stood (alignment, tail position: the ledger judges each position; see _learn_reach)
         known, at = judging._known(ring), ring.last_seq
         tail = [[tool, dict(args), estimate_yield([(tool, args)], [out]), judging._setting_keys(plan.route, plan.matched, tool),
-                 plan.matched, pos, evidence.step_evidence(args_json(args), out, known), None, at]
-                for (tool, args), out, pos in zip(plan.tail, outcome.outputs, plan.positions)]
+                 plan.matched, pos, values, None, at]
+                for (tool, args), out, pos, values in zip(plan.tail, outcome.outputs, plan.positions, evidence.block_evidence(
+                    [(args_json(args), out) for args, out in zip((a for _, a in plan.tail), outcome.outputs)], known))]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=tail)
         member = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
                   .order_by("-seq").values_list("member_key", flat=True).first()) or ""
@@ -186,7 +190,6 @@ def inbound(space_key: str, session_key: str, member_key: str, text: str, exec: 
 
 
 def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: WaggleConfig) -> str | None:
-    pin = recording._pins.get((space_key, session_key))
     routes = _session_routes(space_key, session_key)
     heard = [r for r in routes if r.heard]
     if not heard:
@@ -194,7 +197,13 @@ def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: 
     got = plan_heard(heard, recording._ring(space_key, session_key, cfg).recent())
     if got is None:
         return None
-    route, call = got
+    return _fire_heard(space_key, session_key, member_key, got[0], got[1], exec, cfg)
+
+
+def _fire_heard(space_key: str, session_key: str, member_key: str | None, route: Route, call: tuple,
+                exec: ExecFn, cfg: WaggleConfig) -> str | None:
+    """Replay an inbound route's one step (at a message, or at the output that completed its join)."""
+    pin = recording._pins.get((space_key, session_key))
     tail = (call,)
     try:
         with transaction.atomic():
@@ -220,6 +229,9 @@ def _hear(space_key: str, session_key: str, member_key: str, exec: ExecFn, cfg: 
                  evidence.step_evidence(args_json(args), out, known), None, at]
                 for (tool, args), out in zip(tail, outcome.outputs)]
         FiredPlan.objects.filter(pk=fired.pk).update(ledger_id=entry.pk, tail=rows)
+        if member_key is None:
+            member_key = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
+                          .order_by("-seq").values_list("member_key", flat=True).first()) or ""
         for (tool, args), out in zip(tail, outcome.outputs):
             recording._record(space_key, session_key, member_key, Call.make(tool, args_json(args), output=out), cfg, replayed=True)
     return outcome.block

@@ -27,8 +27,11 @@ token of the learned *shape*".
   the place the mined lookups found it (``get_user_details`` output ``.reservations[]``), and a
   value of the route's shape that no such output listed is not a candidate at all (a flight
   number is not a reservation of this user). The message and an output must agree; neither alone
-  names the argument. It is judged on its own sightings, and only for a lookup the message alone
-  does not vouch for (the plain rule fires more often when it passes).
+  names the argument. The join completes where the second of them arrives: at the message, or at
+  the output when the user named the value first and the agent looked them up before using it
+  (``follow`` fires it after that output: :func:`plan_joined`). It is judged on its own
+  sightings, at both places, and only for a lookup the message alone does not vouch for (the
+  plain rule fires more often when it passes).
 * **Confidence** is judged exactly that way on the mined sessions: per distinct value (the four
   near-copies of a task count once), was the agent's next call the replayed one? The Wilson lower
   bound of that share over the distinct values must reach ``min_confidence``, over at least
@@ -241,8 +244,9 @@ def _sightings(seg: Sequence[Call | None]) -> tuple[dict, dict, dict]:
 def _evidence(seg: Sequence[Call | None], cands: list, shapes: Mapping, rivals: tuple,
               sources: Mapping[int, Source]) -> tuple[dict, dict, dict]:
     """Pass 2 on one session: replay the rule at each message (what :func:`choose` computes there,
-    kept up to date in one pass). Per candidate index, per distinct value: [sightings, followed by
-    the call]; the same for the joined rule; the first value each candidate was seen on."""
+    kept up to date in one pass), and the joined rule also at each output of its source's tool
+    (where the join may complete). Per candidate index, per distinct value: [sightings, followed
+    by the call]; the same for the joined rule; the first value each candidate was seen on."""
     seen: dict[int, dict[str, list[int]]] = {}
     joined: dict[int, dict[str, list[int]]] = {}
     examples: dict[int, str] = {}
@@ -266,6 +270,15 @@ def _evidence(seg: Sequence[Call | None], cands: list, shapes: Mapping, rivals: 
             made.add(c.invocation())
             for src, texts in listed.items():
                 texts |= _at(c, src)
+            nxt = following[at + 1]
+            for i, src in sources.items():  # the joined rule where the join completes at this output
+                if c.tool != src[0] or nxt is None:
+                    continue
+                token = _left_one(waiting, shapes[cands[i]], listed[src], _at(c, src))
+                if token is not None and (step := concrete(*cands[i], token)) not in made:
+                    t = joined.setdefault(i, {}).setdefault(token, [0, 0])
+                    t[0] += 1
+                    t[1] += nxt is not False and nxt.invocation() == step
             continue
         toks = message_tokens(c)
         for t in toks:
@@ -276,15 +289,11 @@ def _evidence(seg: Sequence[Call | None], cands: list, shapes: Mapping, rivals: 
         nxt = following[at + 1]
         if nxt is None:
             continue  # a replay stood there (not mining input): no evidence either way
+        heard_now = {flatten_value(t) for t in toks} if sources else set()
         for i, src in sources.items():  # the joined rule: a value of its shape no output listed is no candidate
-            shape = shapes[cands[i]]
-            left = [t for t in waiting if not (shape.fits(t) and flatten_value(t) not in listed[src])]
-            if len(left) != 1 or left[0] not in toks or not shape.fits(left[0]):
-                continue
-            tool, key, lits = cands[i]
-            step = concrete(tool, key, lits, left[0])
-            if step not in made:
-                t = joined.setdefault(i, {}).setdefault(left[0], [0, 0])
+            token = _left_one(waiting, shapes[cands[i]], listed[src], heard_now)
+            if token is not None and (step := concrete(*cands[i], token)) not in made:
+                t = joined.setdefault(i, {}).setdefault(token, [0, 0])
                 t[0] += 1
                 t[1] += nxt is not False and nxt.invocation() == step
         if len(waiting) != 1:
@@ -304,6 +313,16 @@ def _evidence(seg: Sequence[Call | None], cands: list, shapes: Mapping, rivals: 
             t[1] += nxt is not False and nxt.invocation() == step
             examples.setdefault(i, token)
     return seen, joined, examples
+
+
+def _left_one(waiting: Iterable[str], shape: TokenShape, listed: set[str], new: set[str]) -> str | None:
+    """The joined rule: the only value still waiting once those of ``shape`` that no output listed
+    (``listed``, JSON texts) are set aside, when it has ``shape`` and is among ``new`` (JSON texts:
+    the message just heard, or the output just read: where the join completes); else None."""
+    left = [t for t in waiting if not (shape.fits(t) and flatten_value(t) not in listed)]
+    if len(left) != 1 or not shape.fits(left[0]) or flatten_value(left[0]) not in new:
+        return None
+    return left[0]
 
 
 def _cached(memo: "HeardMemo | None", keys: Sequence | None, table: str, segments: Sequence, compute,
@@ -445,12 +464,34 @@ def plan_heard(routes: Sequence, events: Sequence[Call]) -> "tuple[Any, tuple[st
 
 
 def _joined_token(route, events: Sequence[Call], allshapes: Sequence[TokenShape]) -> str | None:
-    """The value a joined route would take from the message ending ``events``: the only pending
-    one once values of its shape that no earlier output listed at its source are set aside; it
-    must be in that message and listed there."""
-    shape = route.shapes[route.heard[0]]
-    listed = listed_at(events, route.source)
-    left = [t for t in pending(events, allshapes) if not (shape.fits(t) and flatten_value(t) not in listed)]
-    if len(left) != 1 or not shape.fits(left[0]) or left[0] not in message_tokens(events[-1]):
+    """The value a joined route would take from the message or the output ending ``events``: the
+    only pending one once values of its shape that no earlier output listed at its source are set
+    aside; it must be in that message, or listed by that output (where the join completes)."""
+    last = events[-1]
+    new = ({flatten_value(t) for t in message_tokens(last)} if is_message(last) else _at(last, route.source))
+    return _left_one(pending(events, allshapes), route.shapes[route.heard[0]], listed_at(events, route.source), new)
+
+
+def plan_joined(routes: Sequence, events: Sequence[Call]) -> "tuple[Any, tuple[str, tuple]] | None":
+    """The joined inbound route to replay after the output that ends ``events`` (a read-only call
+    of the session), with its concrete call; None when none fires. The message named the value
+    before the session's own record listed it (the user names a reservation, the agent first
+    asks who they are, as its policy wants): the join completes at the output, and the rule is the
+    one :func:`plan_heard` applies at a message (mined and judged at both places alike)."""
+    heard = [r for r in routes if getattr(r, "heard", ()) and len(r.heard) == 1 and len(r.steps) == 1]
+    if not events or is_message(events[-1]) or events[-1].barrier:
         return None
-    return left[0]
+    joined = [r for r in heard if r.source and r.source[0] == events[-1].tool]
+    if not joined:
+        return None
+    allshapes: list[TokenShape] = [r.shapes[r.heard[0]] for r in heard]
+    for r in heard:
+        allshapes.extend(x for x in r.rivals if x not in allshapes)
+    fired = [(r, t) for r in joined if (t := _joined_token(r, events, allshapes)) is not None]
+    if len(fired) != 1:
+        return None
+    route, token = fired[0]
+    step = route.steps[0]
+    call = concrete(step.tool, route.heard[0], step.literals, token)
+    made = {c.invocation() for c in events if c is not None and not is_message(c)}
+    return None if call in made else (route, call)

@@ -177,6 +177,7 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
     try:
         pending = _pending(space_key, session_key)
         if not pending and not speech.watching(space_key, session_key):
+            speech.replied(space_key, session_key, recording._held_seq(space_key, session_key))
             return 0
         cfg = (config or default_config()).normalized()
         issued = [(str(t), flatten_args(a if isinstance(a, dict) else {})) for t, a in (calls or [])]
@@ -186,14 +187,15 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
             return 0
         ring = recording._ring(space_key, session_key, cfg)
         tails = [[list(step) for step in fired.tail] for fired in pending]
-        every = {(str(s[0]), tuple(sorted((s[1] or {}).items()))) for tail in tails for s in tail}
+        # each replay's calls (args kept as JSON texts), built once: the witnesses' filter and each replay's
+        made = [{(str(s[0]), tuple(sorted((s[1] or {}).items()))) for s in tail} for tail in tails]
+        every = set().union(*made)
         first = min((int(s[8]) for tail in tails for s in tail if len(s) > 8 and s[8] is not None), default=None)
         if first is not None:  # the model's own reads since the replay: how often it names what it read
             speech.watch(space_key, session_key, ring, first, every, said)
         settled = 0
         lists, done = None, set()
-        for fired, tail in zip(pending, tails):
-            replayed = {(str(s[0]), tuple(sorted((s[1] or {}).items()))) for s in tail}  # (args kept as JSON texts)
+        for fired, tail, replayed in zip(pending, tails, made):
             changed, since = False, None
             drawn: dict[str, int] = {}
             inferred = 0

@@ -21,7 +21,7 @@ from waggle.models import ForageCall
 from waggle.recorder import Recorder
 from waggle.route import Route
 from waggle.window import ROW as _ROW, call_from_row as _call_from_row
-from waggle.trace import Call, args_json, clean_text, decode_value, storable
+from waggle.trace import Call, args_json, clean_text, decode_value, flatten_value, storable
 from waggle.common import log
 from waggle import sweeping
 
@@ -95,6 +95,14 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
     return ring
 
 
+def _held_seq(space_key: str, session_key: str) -> int | None:
+    """The session's last seq as this process's ring holds it, without a query (None when it holds
+    none). Exact while the session is pinned; unpinned, another process may have appended since."""
+    with _rings_lock:
+        ring = _rings.get((space_key, session_key))
+    return ring.last_seq if ring is not None else None
+
+
 def _record(space_key: str, session_key: str, member_key: str, call: Call, cfg: WaggleConfig,
             *, replayed: bool = False) -> int:
     """Append a call to the session's ring and to ForageCall; returns its sequence number."""
@@ -113,9 +121,15 @@ def _record(space_key: str, session_key: str, member_key: str, call: Call, cfg: 
     _insert_forage(ForageCall(space_key=space_key, session_key=session_key, member_key=clean_text(member_key or "")[:64],
                               seq=seq, tool=storable(call.tool[:200]), args=storable(args), mutates=call.mutates,
                               oversized=call.oversized, replayed=replayed, out_hash=call.out_hash, est_tokens=call.est_tokens,
-                              out_refs=storable([[list(path), value] for path, value in call.refs])), may_defer=may_defer)
+                              out_refs=storable(_stored_refs(call))), may_defer=may_defer)
     ring.record(call, seq=seq)
     return seq
+
+
+def _stored_refs(call: Call) -> list:
+    """A call's refs as ForageCall.out_refs keeps them, a plain-text output's words at the empty
+    path (no JSON leaf has it: every ref sits under a key or an index; see window.call_from_row)."""
+    return [[list(path), value] for path, value in call.refs] + [[[], flatten_value(w)] for w in call.words]
 
 
 _BIG, _INT = 2 ** 63 - 1, 2 ** 31 - 1

@@ -9,7 +9,9 @@ by the share of its reads the model keeps quiet about.
 That share is measured, not assumed, per space and per tool (a list the model skims is named less
 often than a record it acts on): once a replay fired in a run, each read-only call the model then
 makes itself (a *witness*: it asked for it, so it wanted its output) whose output brought specific
-values of its own is watched the same way; a later reply that draws on it *spoke*; ``s_T`` is
+values of its own is watched the same way (and so are the reads it made since its last reply
+before the replay fired: no reply has seen their outputs yet, so whether one names them is still
+to be told); a later reply that draws on it *spoke*; ``s_T`` is
 ``spoke / witnesses`` for tool T. When a run ends, a route whose replayed steps of tool T were drawn
 on ``D_T`` times is owed ``sum D_T * (1 - s_T) / s_T`` steps used in silence; those already inferred
 otherwise (a list walked past, a walk continued) count towards it, and the rest is booked on the
@@ -18,9 +20,10 @@ is carried to the route's next runs, at most ``MAX_CARRY`` steps). Credit never 
 a route none of whose steps is drawn on earns none: a route that misses is still demoted. A tool
 with fewer than ``MIN_WITNESSES`` watched reads, or none named, earns nothing (silence stays unused).
 
-Limits: witnesses are read from the ring, which keeps a JSON output's leaves but not a plain-text
-output's words, so a tool that answers in plain text is not measured (its silence stays unused:
-the ledger errs strict). Kept per process (a run's replies are judged in the process that holds its
+Witnesses are read from the ring, which keeps a JSON output's leaves and a plain-text output's
+specific words (``waggle.trace.text_words``): a tool that answers in text is measured like one
+that answers in JSON, on the same kind of evidence its replayed steps are judged on.
+Limits: kept per process (a run's replies are judged in the process that holds its
 slot): a new process starts without a measure.
 """
 from __future__ import annotations
@@ -56,6 +59,7 @@ class _Session:
 _sessions: "OrderedDict[tuple[str, str], _Session]" = OrderedDict()
 _spaces: "OrderedDict[str, dict]" = OrderedDict()  # space -> {tool: [witnesses, spoke]}
 _carry: "OrderedDict[tuple[str, str], float]" = OrderedDict()  # (space, route) -> silent steps owed
+_replied: "OrderedDict[tuple[str, str], int]" = OrderedDict()  # (space, session) -> ring seq at its last reply
 _lock = threading.Lock()
 
 
@@ -76,16 +80,34 @@ def watching(space_key: str, session_key: str) -> bool:
     return (space_key, session_key) in _sessions
 
 
+def replied(space_key: str, session_key: str, seq: int | None) -> None:
+    """A reply of the session was heard while no replay waited, the ring at ``seq``: the reads
+    after it are still to be seen by a reply (None: not known without a query; nothing noted)."""
+    if seq is None:
+        return
+    key = (space_key, session_key)
+    with _lock:
+        _replied[key] = seq
+        _replied.move_to_end(key)
+        while len(_replied) > MAX_SESSIONS:
+            _replied.popitem(last=False)
+
+
 def watch(space_key: str, session_key: str, ring: Recorder, since: int | None, replayed: set, said: str) -> None:
     """Called with each judged reply of a run in which a replay fired: take in the model's own
-    reads made after ``since`` (the seq of the session's oldest waiting replay, the first time) that
-    are not in ``replayed``, then mark those the reply ``said`` draws on. Each call of the ring is
-    read once (what the session knew before a read is kept as it grows)."""
+    reads made after ``since`` (the first time: the seq of the session's oldest waiting replay, or
+    of the model's last reply before it, when :func:`replied` noted it) that are not in
+    ``replayed``, then mark those the reply ``said`` draws on. Each call of the ring is read once
+    (what the session knew before a read is kept as it grows)."""
     st = _session(space_key, session_key)
     calls = ring.recent()
     first = ring.last_seq - len(calls) + 1  # seq of calls[0]
     if not st.started:
         st.started = True
+        with _lock:
+            last_reply = _replied.pop((space_key, session_key), None)
+        if since is not None and last_reply is not None:
+            since = min(since, last_reply)
         st.upto = first - 1 if since is None else min(since, ring.last_seq)
         for c in calls[: max(0, st.upto - first + 1)]:
             st.known |= evidence.values_of(c)
@@ -115,8 +137,8 @@ def _evidence_of(c: Call, known: set[str]) -> list[str]:
     """The specific values a call's output brought that nothing before it had (its own arguments aside)."""
     own = {v for v in evidence.values_of(Call(tool=c.tool, args=c.args))}
     out = []
-    for _, v in c.refs:
-        text = evidence.specific(decode_value(v))
+    for v in [decode_value(v) for _, v in c.refs] + list(c.words):
+        text = evidence.specific(v)
         if text is not None and text not in own and text not in known and text not in out:
             out.append(text)
             if len(out) >= evidence.MAX_VALUES:
@@ -186,3 +208,4 @@ def forget() -> None:
         _sessions.clear()
         _spaces.clear()
         _carry.clear()
+        _replied.clear()

@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 Args = tuple[tuple[str, str], ...]
@@ -30,6 +31,15 @@ MAX_REFS = 400               # leaves kept per output (first ones in document or
 MAX_REF_DEPTH = 8
 MAX_PARSE_CHARS = 1_000_000  # outputs longer than this are not parsed for refs
 SHOWN_VALUE_CHARS = 200      # a value shown in a header or a script is cut here
+MIN_CHARS = 3                # a shorter string is never specific (see specific())
+MIN_DIGITS = 3               # ... nor a number with fewer digits
+MAX_TEXT_WORDS = 60          # specific words kept per plain-text output (the first ones)
+TEXT_WORD_CHARS = 20_000     # a plain-text output is read for its words in this first part only
+_SEP = "\\s\"'`()\\[\\]{}<>,;"  # what ends a word of a text (as evidence reads a reply's words)
+# the words that may be specific: with a digit, a capital, "/" or "." (or any non-ASCII letter) in
+# them; matched from a word's start, possessively (linear time: the rest are skipped in C)
+_MARK = "0-9A-Z/.\u0080-\U0010ffff"
+_CANDIDATES = re.compile(f"(?<![^{_SEP}])[^{_SEP}{_MARK}]*+[{_MARK}][^{_SEP}]*+")
 
 
 def clean_text(text: str) -> str:
@@ -116,6 +126,57 @@ def output_hash(text: str | None) -> str:
     return hashlib.sha256((text or "").encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+def specific(value: Any) -> str | None:
+    """The value as text when it is specific enough not to turn up by chance, else None: a string
+    of at least ``MIN_CHARS`` characters with a digit or a capital letter in it (an id, a flight
+    number, a date, a person's name; ``economy`` or ``active`` are vocabulary), a path or a file,
+    domain or e-mail name (``inventory/api.py``), or a number with at least ``MIN_DIGITS`` digits."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        text = str(value)
+        return text if sum(ch.isdigit() for ch in text) >= MIN_DIGITS else None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if len(text) < MIN_CHARS or len(text) > 200:
+        return None
+    if any(ch.isdigit() for ch in text) or any(ch.isupper() for ch in text):
+        return text
+    if len(text) >= 5 and ("/" in text or "." in text.strip(".")) and " " not in text:
+        return text  # a path, a file or domain name, an address
+    return None
+
+
+def iter_text_words(text: str, chars: int = TEXT_WORD_CHARS) -> Iterable[str]:
+    """The specific words of a plain text (its first ``chars`` characters), in order, repeats
+    included. A capitalised word that opens a sentence (``The``, ``Error:``) is grammar, not a
+    name: it is left out unless it has a digit or another capital."""
+    text = text[:chars]
+    for m in _CANDIDATES.finditer(text):  # (a word of lowercase letters alone is never specific: skipped in C)
+        word = specific(m.group().strip(".:!?"))
+        if word is None:
+            continue
+        if word[:1].isupper() and word[1:].islower() and not any(ch.isdigit() for ch in word):
+            j = m.start() - 1
+            while j >= 0 and text[j] in " \t":
+                j -= 1
+            if j < 0 or text[j] in ".:!?\n\r":
+                continue
+        yield word
+
+
+def text_words(text: str | None) -> tuple[str, ...]:
+    """A plain-text output's specific words (see :func:`iter_text_words`), each once, the first
+    ``MAX_TEXT_WORDS``; a JSON output's leaves are its refs instead (:func:`output_refs`)."""
+    out: dict[str, None] = {}
+    for word in iter_text_words(text or ""):
+        out[word] = None
+        if len(out) >= MAX_TEXT_WORDS:
+            break
+    return tuple(out)
+
+
 def output_refs(text: str | None) -> Refs:
     """The short scalar leaves of a JSON output, with their paths, in document order."""
     if not text or len(text) > MAX_PARSE_CHARS:
@@ -172,6 +233,7 @@ class Call:
     est_tokens: int = 0
     refs: Refs = ()
     oversized: bool = False
+    words: tuple[str, ...] = field(default=(), compare=False)  # a plain-text output's (see text_words)
 
     @classmethod
     def make(cls, tool: str, args: Mapping[str, Any] | None = None, *, mutates: bool = False,
@@ -180,9 +242,10 @@ class Call:
         flat = flatten_args(args)
         # A NUL cannot be stored as it is (see storable()): such a call is kept only as a barrier.
         oversized = any(len(v) > MAX_LITERAL_CHARS or "\\u0000" in v or "\x00" in k for k, v in flat)
+        refs = () if mutates else output_refs(output)
+        words = () if mutates or refs else text_words(clean_text(output or ""))
         return cls(tool=clean_text(str(tool)), args=flat, mutates=bool(mutates), out_hash=output_hash(output),
-                   est_tokens=estimate_tokens(output), refs=() if mutates else output_refs(output),
-                   oversized=oversized)
+                   est_tokens=estimate_tokens(output), refs=refs, oversized=oversized, words=words)
 
     @property
     def barrier(self) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 from django.db.models import Q
 
 from waggle.models import ForageCall
-from waggle.trace import Call, flatten_args, refs_from_json
+from waggle.trace import Call, decode_value, flatten_args, refs_from_json
 
 ROW = ("tool", "args", "mutates", "out_hash", "est_tokens", "out_refs", "oversized")
 MAX_SPACES = 64   # windows kept per process (least recently swept dropped first)
@@ -33,9 +33,11 @@ GAP_SWEEPS = 4    # refreshes a skipped id is asked for
 
 def call_from_row(tool: str, args: Any, mutates: bool, out_hash: str, est_tokens: int, out_refs: Any = (),
                   oversized: bool = False) -> Call:
+    refs = refs_from_json(out_refs)  # (a plain-text output's words sit at the empty path: recording._stored_refs)
+    words = tuple(str(decode_value(v)) for path, v in refs if not path)
     return Call(tool=tool, args=flatten_args(args if isinstance(args, dict) else {}), mutates=mutates,
-                out_hash=out_hash or "", est_tokens=est_tokens or 0, refs=refs_from_json(out_refs),
-                oversized=bool(oversized))
+                out_hash=out_hash or "", est_tokens=est_tokens or 0, refs=tuple(r for r in refs if r[0]) if words else refs,
+                oversized=bool(oversized), words=words)
 
 
 class Window:

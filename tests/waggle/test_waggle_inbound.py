@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from waggle import service
 from waggle.config import WaggleConfig
 from waggle.inbound import (INBOUND_TOOL, MAX_TOKEN_CHARS, MAX_TOKENS, TokenShape, is_message, message_call,
-                            message_tokens, mine_heard, plan_heard, route_of, tokens)
+                            message_tokens, mine_heard, plan_heard, plan_joined, route_of, tokens)
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.route import Route, render_script, wilson_lower
 from waggle.trace import Call, decode_value
@@ -293,7 +293,8 @@ def test_a_lookup_the_message_alone_does_not_vouch_for_is_joined_to_the_record_t
     heard = {h.tool: h for h in mine_heard(joined_sessions(), min_contexts=3, min_confidence=0.75, z=1.0,
                                            wilson=wilson_lower)}
     res = heard["get_reservation_details"]
-    assert res.source == SOURCE and res.contexts == 6 and res.used == 6
+    # judged where each join completed: at the message (known first) and at the record (named first)
+    assert res.source == SOURCE and res.contexts == 12 and res.used == 12
     assert heard["get_user_details"].source == ()  # the message alone vouches for this one: plain
     # without a record that lists the ids, the same sessions vouch for no reservation lookup
     bare = [[c if c.tool != "get_user_details" else Call.make(c.tool, {k: decode_value(v) for k, v in c.args})
@@ -320,19 +321,56 @@ def test_a_joined_route_fires_only_on_a_value_the_record_listed():
     assert plan_heard(routes, looked) is None  # already made
 
 
-@pytest.mark.django_db
-def test_a_joined_route_is_mined_and_replayed_by_the_service():
+def test_a_joined_route_fires_at_the_record_that_lists_a_value_the_user_named_first():
+    """The user names the reservation, then who they are; the agent reads their record first (its
+    policy authenticates first): the join completes at that output, and the lookup is replayed
+    there (before, only a message could complete it: nothing fired)."""
+    routes = [route_of(h) for h in mine_heard(joined_sessions(), min_contexts=3, min_confidence=0.75, z=1.0,
+                                              wilson=wilson_lower)]
+    told = [message_call("Help with reservation EF34GH please."), message_call("I am zoe_park_5150.")]
+    assert plan_heard(routes, told) is None  # two values wait: no guess at the message
+    assert plan_joined(routes, told + [record("zoe_park_5150", "AB12CD", "EF34GH")])[1] == \
+        ("get_reservation_details", (("reservation_id", '"EF34GH"'),))
+    assert plan_joined(routes, told + [record("zoe_park_5150", "AB12CD")]) is None  # not this user's
+    two = [message_call("EF34GH or AB12CD?"), message_call("I am zoe_park_5150.")]
+    assert plan_joined(routes, two + [record("zoe_park_5150", "AB12CD", "EF34GH")]) is None  # two listed: no guess
+    other = told + [Call.make("search_direct_flight", {"origin": "JFK"}, output=json.dumps({"reservations": ["EF34GH"]}))]
+    assert plan_joined(routes, other) is None  # not the source's tool
+
+
+def learn_joined(space):
+    """The service records the joined sessions and mines them (the joined route is stored)."""
     for i, seg in enumerate(joined_sessions()):
         for c in seg:
             if is_message(c):
-                service.inbound("j", f"t{i}", "m", " ".join(message_tokens(c)), None, config=QUIET)
+                service.inbound(space, f"t{i}", "m", " ".join(message_tokens(c)), None, config=QUIET)
             else:
-                service.observe("j", f"t{i}", "m", c.tool, {k: decode_value(v) for k, v in c.args}, c.mutates,
+                service.observe(space, f"t{i}", "m", c.tool, {k: decode_value(v) for k, v in c.args}, c.mutates,
                                 json.dumps({"id": "x", "reservations": [decode_value(v) for p, v in c.refs
                                                                          if p[0] == "reservations"]})
                                 if c.tool == "get_user_details" else "{}", config=QUIET)
-    while service.sweep("j", config=QUIET) is not None:
+    while service.sweep(space, config=QUIET) is not None:
         pass
+
+
+@pytest.mark.django_db
+def test_a_joined_route_is_replayed_by_follow_after_the_record():
+    learn_joined("j")
+    exe = FakeExec({"get_reservation_details": '{"id": "EF34GH", "flights": ["HAT001"]}'})
+    assert service.inbound("j", "live", "m", "Help with reservation EF34GH please.", exe, config=QUIET) is None
+    assert service.inbound("j", "live", "m", "I am zoe_park_5150.", exe, config=QUIET) is None
+    service.observe("j", "live", "m", "get_user_details", {"user_id": "zoe_park_5150"}, False,
+                    json.dumps({"id": "zoe_park_5150", "reservations": ["AB12CD", "EF34GH"]}), config=QUIET)
+    block = service.follow("j", "live", exe, config=QUIET)
+    assert block is not None and exe.calls == [("get_reservation_details", {"reservation_id": "EF34GH"})]
+    fired = FiredPlan.objects.get(session_key="live")
+    assert fired.name.startswith("heard.get_reservation_details")
+    assert ForageCall.objects.filter(session_key="live", replayed=True).values_list("member_key", flat=True).get() == "m"
+
+
+@pytest.mark.django_db
+def test_a_joined_route_is_mined_and_replayed_by_the_service():
+    learn_joined("j")
     stored = Waggle.objects.get(space_key="j", name__startswith="heard.get_reservation_details")
     assert stored.route["source"] == ["get_user_details", ["reservations", "*"]] and not stored.disabled
     exe = FakeExec({"get_user_details": '{"id": "zoe_park_5150", "reservations": ["AB12CD", "EF34GH"]}'})

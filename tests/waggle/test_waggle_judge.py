@@ -138,3 +138,29 @@ def test_walking_past_needs_one_list_not_just_one_tool():
     service.judge_reply("1", "new", [], text="Found it: your flight HAT104.", config=cfg)  # (N4's)
     service.end_run("1", "new", config=cfg)
     assert [s[7] for s in FiredPlan.objects.get().tail] == ["not drawn on", "not drawn on", "used", "not drawn on"]
+
+
+def test_a_capitalised_word_opening_a_sentence_of_a_text_output_is_not_evidence():
+    """"The" or "Error:" at a sentence's start is grammar: a reply saying "the" did not draw on
+    the text. A name inside a sentence, or a capitalised id with a digit, still is."""
+    output = "The flight is late.\nError: seat taken by Smith. Gate B12 opens"
+    assert evidence.step_evidence({}, output, known=set()) == ["Smith", "B12"]
+
+
+def test_a_value_two_steps_of_one_replay_brought_names_neither():
+    """Two replayed reservations both fly through MIA: a reply naming MIA may have read either (or
+    neither: the one the model had already made itself), so it books no step used (a value one of
+    them alone brought still does: the walks above)."""
+    cfg = WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2, fanout_cap=4)
+    teach_long_walks(cfg)
+
+    def via_hub(tool, args):
+        return json.dumps(json.loads(flights(tool, args)) | {"hub": "MIA"})
+
+    walk("1", "new", "newbie", [f"N{j}" for j in range(8)], 2, cfg)
+    assert service.follow("1", "new", via_hub, config=cfg) is not None
+    tail = FiredPlan.objects.get().tail
+    assert all("MIA" not in s[6] for s in tail) and all(s[6] for s in tail)
+    service.judge_reply("1", "new", [], text="Both fly through MIA.", config=cfg)
+    service.end_run("1", "new", config=cfg)
+    assert LedgerEntry.objects.get().used_steps == 0

@@ -89,3 +89,37 @@ def test_credit_stays_within_the_route_whose_steps_were_drawn_on():
     assert got == {"A": 2}  # 1 drawn / (2 of 6 named): 2 more used in silence, on A only
     speech.booked("s", "run2", "A", drawn={"git_log": 3})  # a tool never watched: no measure, no credit
     assert speech.credit("s", "run2", {"A": 5}) == {}
+
+
+def test_a_tool_that_answers_in_plain_text_is_measured_like_one_that_answers_in_json(cfg):
+    """Its own reads' specific words are watched (the ring keeps a text's words): before, a text
+    read brought no evidence, was never watched, and its tool's silence stayed unused."""
+    teach(cfg)
+    for n in range(3):
+        session = f"text{n}"
+        feed("1", session, routine(f"x{n}")[:2], cfg)
+        assert service.follow("1", session, FakeExec(answers=ANSWERS), config=cfg) is not None
+        service.judge_reply("1", session, [], text="looking", config=cfg)
+        for k in range(2):
+            service.observe("1", session, "m", "read_file", {"path": f"own{n}_{k}"}, False,
+                            f"The file opens. It calls Secret{n}x{k}Q and returns.", config=cfg)
+        service.judge_reply("1", session, [], text=f"Body1 it is, Secret{n}x0Q", config=cfg)
+        service.end_run("1", session, config=cfg)
+    assert speech.rate("1", "read_file") == (6, 3)  # (not "The" nor "It": grammar, not evidence)
+
+
+def test_the_reads_since_the_last_reply_before_a_replay_are_watched_too(cfg):
+    """The model's own read that triggered the replay (no reply had seen its output yet) is a
+    witness: a tool the replay stands in for is otherwise rarely read by the model after it."""
+    teach(cfg)
+    session = "before"
+    service.judge_reply("1", session, [], text="starting", config=cfg)  # nothing waits: the reply is noted
+    service.observe("1", session, "m", "list_dir", {"path": "x9"}, False, json.dumps({"entries": ["Dir9Q"]}), config=cfg)
+    service.judge_reply("1", session, [("grep", {"path": "x9", "pattern": "TODO"})], text="", config=cfg)
+    service.observe("1", session, "m", "grep", {"path": "x9", "pattern": "TODO"}, False,
+                    json.dumps({"hits": ["Hit9Q"]}), config=cfg)
+    assert service.follow("1", session, FakeExec(answers=ANSWERS), config=cfg) is not None
+    service.judge_reply("1", session, [], text="Hit9Q and Body1", config=cfg)
+    service.end_run("1", session, config=cfg)
+    assert speech.rate("1", "grep") == (1, 1)  # read after the last reply, named after the replay
+    assert speech.rate("1", "list_dir") == (0, 0)  # read before it: the earlier reply saw it already

@@ -270,3 +270,19 @@ def test_a_stored_route_is_judged_again_when_seen_more_often(cfg):
     assert service.follow("1", "fresh", FakeExec(), config=cfg) is None
     feed("1", "fresh", routine("fresh")[2:3], cfg)
     assert service.follow("1", "fresh", FakeExec(), config=cfg) is not None
+
+
+def test_a_plain_text_outputs_words_survive_the_database_and_stay_out_of_its_refs():
+    """The ring keeps a text output's specific words (waggle.speech watches them); read back from
+    ForageCall they are words again, never refs a route could bind to."""
+    from waggle import recording
+    from waggle.config import WaggleConfig
+
+    cfg = WaggleConfig(mine_period=10_000)
+    service.observe("1", "words", "m", "read_file", {"path": "a.py"}, False,
+                    "The module defines load_Q7 and talks to db7.example.com. Then it ends.", config=cfg)
+    held = recording._ring("1", "words", cfg).recent()[-1]
+    assert held.words == ("load_Q7", "db7.example.com") and held.refs == ()
+    recording._rings.clear()
+    back = recording._ring("1", "words", cfg).recent()[-1]
+    assert back.words == held.words and back.refs == ()
