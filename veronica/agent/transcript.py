@@ -13,11 +13,19 @@ from veronica.models import Member, Session, Turn, TurnRole
 ELIDED = "[older tool output elided by compaction]"
 
 
-def open_session(member: Member) -> Session:
+def current_session(member: Member) -> Session | None:
     session = Session.objects.filter(member=member, ended_at__isnull=True).first()
     if session is not None:
         session.member = member  # known: append() reads its space without a query
-    return session or Session.objects.create(member=member)
+    return session
+
+
+def new_session(member: Member) -> Session:
+    return Session.objects.create(member=member)
+
+
+def open_session(member: Member) -> Session:
+    return current_session(member) or new_session(member)
 
 
 def turns(session: Session) -> list[Turn]:

@@ -156,7 +156,7 @@ def index(member: Member) -> list[dict]:
 def prompt_block(member: Member) -> str:
     """The system prompt's memory section: the index and how to use it (contents stay out)."""
     rows = index(member)
-    _, used = usage(member)
+    used = sum(r["chars"] for r in rows)  # what usage() sums in SQL, from the rows the index read anyway
     lines = ["# Memory",
              "Your memory files persist across sessions. Read one with memory_read before relying on it; keep durable "
              f"facts with memory_write (at most {settings.MEMORY_FILE_CHARS} characters a file, {settings.MEMORY_TOTAL_CHARS} "
