@@ -91,7 +91,7 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             return WAITING
     rows = log_.rows
 
-    unread = list(bus.unread_for(member))
+    unread = bus.unread_list(member)
     last = rows[-1] if rows else None
     unanswered_brief = last is not None and last.role == TurnRole.USER
     resumed_tools = bool(rows) and rows[-1].role == TurnRole.TOOL

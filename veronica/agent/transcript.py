@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from django.db.models import Max
 
 from veronica.swarm import events
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.secret_store import mask, mask_data
 from veronica.models import Member, Session, Turn, TurnRole
 
@@ -14,7 +15,9 @@ ELIDED = "[older tool output elided by compaction]"
 
 
 def current_session(member: Member) -> Session | None:
-    session = Session.objects.filter(member=member, ended_at__isnull=True).first()
+    found = fetch(("open-session",), lambda s: Session.objects.filter(member_id=s.int("member"), ended_at__isnull=True)
+                  .order_by("pk")[:1], {"member": member.pk})
+    session = found[0] if found else None
     if session is not None:
         session.member = member  # known: append() reads its space without a query
     return session
@@ -29,7 +32,7 @@ def open_session(member: Member) -> Session:
 
 
 def turns(session: Session) -> list[Turn]:
-    return list(session.turns.order_by("seq"))
+    return fetch(("turns",), lambda s: Turn.objects.filter(session_id=s.int("session")).order_by("seq"), {"session": session.pk})
 
 
 def _masked(content: str, fields: dict, space_id: int) -> tuple[str, dict]:

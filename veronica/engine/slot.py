@@ -36,6 +36,7 @@ from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
 from veronica.swarm import events
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.returning import compiled, update_returning, update_then
 from veronica.agent.providers import sdk
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
@@ -345,7 +346,8 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
         # The Run row first: its started_at is the claim's, not one member read later.
         run = Run.objects.create(member_id=member_id, source=source, lease_token=token, started_at=Now())
         if by_id:
-            member = Member.objects.select_related("space").get(pk=member_id)
+            member = fetch(("claimed-member",), lambda s: Member.objects.select_related("space").filter(pk=s.int("id")),
+                           {"id": member_id})[0]
         run.member = member
         events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
         if record_wake:
