@@ -68,3 +68,16 @@ def test_the_run_start_reads_build_what_the_orm_builds(space):
 def test_only_plain_model_shapes_are_compiled(space):
     with pytest.raises(RuntimeError, match="plain model columns"):
         fetch(("test-annotated",), lambda s: Session.objects.filter(member_id=s.int("m")).annotate(n=Count("turns")), {"m": 1})
+
+
+def test_the_days_first_call_makes_its_usage_row_without_reading_it(space, scripted):
+    """INSERT ... ON CONFLICT DO NOTHING, then the meter again: no get_or_create (a read, a savepoint, an insert)."""
+    from veronica.models import UsageDay
+
+    sqls = one_call_run(space, scripted, "first")
+    assert not [s for s in sqls if s.startswith("SELECT") and 'FROM "veronica_usageday"' in s]
+    day = UsageDay.objects.get(member=w1(space))
+    assert day.model_calls == 1 and day.space_id == space.pk
+    one_call_run(space, scripted, "second")
+    day.refresh_from_db()
+    assert day.model_calls == 2
