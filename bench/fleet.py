@@ -285,6 +285,8 @@ def outcome(members: list, t0: float, latency: float) -> dict:
     timeline = step_timeline(runs, ids, latency)
     return {**timeline, "start_lag_p50": round(starts[len(starts) // 2], 2) if starts else None,
             "start_lag_max": round(starts[-1], 2) if starts else None,
+            "start_lag_p90": round(starts[int(len(starts) * 0.9)], 2) if starts else None,
+            "started_after_5s": sum(1 for s in starts if s > 5),  # a tail here is wakes that waited for a run slot
             "run_seconds_p50": round(lengths[len(lengths) // 2], 2) if lengths else None,
             "run_seconds_max": round(lengths[-1], 2) if lengths else None,"runs": len(runs), "expired": sum(1 for r in runs if r[3] == "lease_expired"), "overlaps": overlaps,
             "concurrent_members": peak, "lost": len(set(ids) - answered) + len(unread - answered),
@@ -493,7 +495,8 @@ def main() -> None:
                 continue
             print(f" {label}: {f['runs']} runs, {f['expired']} lease-expired, ideal {f['ideal']:g}s, took {f['elapsed']:.1f}s"
                   f" (load at the end {f['load']:.1f})")
-            print(f"   runs started {f['start_lag_p50']}s (p50), {f['start_lag_max']}s (last) after t0; a run took "
+            print(f"   runs started {f['start_lag_p50']}s (p50), {f.get('start_lag_p90')}s (p90), {f['start_lag_max']}s (last) after t0, "
+                  f"{f.get('started_after_5s')} after 5s; a run took "
                   f"{f['run_seconds_p50']}s (p50), {f['run_seconds_max']}s (max)")
             print(f"   seconds past the model's latency (p50/p90/max): start to first reply {f['first_reply_over_latency']}, "
                   f"reply to reply {f['step_over_latency']}; last reply to the run's end {f['last_reply_to_end']}")

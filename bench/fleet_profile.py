@@ -69,6 +69,7 @@ def measure(args, members: list, mock) -> dict:
     from django.conf import settings
 
     settings.OPENAI_BASE_URL = mock.root + "/v1"
+    settings.RUNS_PER_WORKER = args.runs  # as a q2 worker's pool of this size has it (the SDK's connection limits)
     os.environ["OPENAI_API_KEY"] = "sk-fleet"
     hosted = connection.vendor == "postgresql"
     fleet.use_connection_pool()

@@ -126,3 +126,30 @@ def test_a_pooled_model_call_polls_rarely_and_a_stop_the_beat_hears_aborts_it_at
     thread.join(timeout=5)
     assert "at" in ended, "the model call was not aborted"
     assert ended["at"] - asked < 0.3, f"the abort took {ended['at'] - asked:.2f} s after the beat heard the stop"
+
+
+def test_a_wake_a_full_pool_took_goes_back_to_the_broker_within_about_a_second(space, monkeypatch):
+    """A full worker's task thread still takes one wake (it is free until it holds one). Waiting 30 s for
+    a slot of its own (one frees only when a run ends) held that wake while the worker beside it had
+    free slots: in bench/fleet.py one member of 500 started 15 s after the others and the fleet's
+    completion was its. It goes back to the broker (at its head) within about a second instead."""
+    from veronica.engine import runner
+
+    waits = []
+
+    class FullSlots:
+        def acquire(self, timeout=None):
+            waits.append(timeout)
+            return False
+
+    pool = fleet.RunPool(1, heartbeat=False)
+    pool._slots = FullSlots()
+    sent = []
+    monkeypatch.setattr(fleet, "_pool", pool)
+    monkeypatch.setattr(runner.outage, "is_down", lambda: False)
+    monkeypatch.setattr(runner, "BOUNCE_PAUSE", 0)
+    monkeypatch.setattr(runner.wakes, "enqueue_wake", lambda *a, **k: sent.append((a, k)) or True)
+    w1 = supervisor.get_member(space, "w1")
+    assert runner.wake(w1.pk, "message") == "handed-back"
+    assert sent == [((w1.pk, "message"), {"front": True, "owe": False})]
+    assert waits and waits[0] <= 2, f"a full pool held the wake {waits[0]} s"

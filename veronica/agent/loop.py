@@ -72,8 +72,10 @@ UNFUSED_VERBS = frozenset({"waggle_run"})
 
 
 def run_member(member: Member, ctx: RunContext) -> str:
-    with ctx.fenced():
-        session = transcript.open_session(member)
+    session = transcript.current_session(member)  # a read: the run's slot keeps other runs from writing it
+    if session is None:
+        with ctx.fenced():
+            session = transcript.new_session(member)
     tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
     log_ = transcript.Log(session)  # the transcript, in memory for the whole run
     tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_, tools=tools)
@@ -89,7 +91,7 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             return WAITING
     rows = log_.rows
 
-    unread = list(bus.unread_for(member))
+    unread = bus.unread_list(member)
     last = rows[-1] if rows else None
     unanswered_brief = last is not None and last.role == TurnRole.USER
     resumed_tools = bool(rows) and rows[-1].role == TurnRole.TOOL
@@ -103,6 +105,7 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         brief += waggle_bridge.on_inbound(member, tctx, tools, "\n\n".join(
             f"{m.subject}\n{m.body}" if m.subject else m.body for m in unread))
         ids = [m.pk for m in unread]
+        next_phase(ctx, Phase.THINKING)  # the first model call's phase rides the brief's fence: no commit of its own
         with ctx.fenced():
             if unanswered_brief:  # a stopped or failed run left its brief unanswered: fold it into the new one
                 last.content = brief if last.mail_ids else f"{last.content}\n\n{brief}"

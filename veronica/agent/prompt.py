@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from veronica.swarm import blackboard, memory
+from veronica.plumbing.compiled_select import fetch
 from veronica.models import Member, Message, Task, TaskStatus
 from veronica.swarm.skills import skills_for
 
@@ -81,7 +82,8 @@ def brief_parts(member: Member, source: str, unread: list[Message]) -> list[tupl
             task = f" [task #{msg.task_id}]" if msg.task_id else ""
             lines.append(f"\n### From {msg.sender_name}{subject}{task}\n{msg.body}")
         parts.append(("mail", "\n".join(lines)))
-    tasks = Task.objects.filter(assignee=member).exclude(status__in=[TaskStatus.DONE, TaskStatus.CANCELLED]).order_by("id")[:20]
+    tasks = fetch(("open-tasks-of",), lambda s: Task.objects.filter(assignee_id=s.int("member")).exclude(
+        status__in=[TaskStatus.DONE, TaskStatus.CANCELLED]).order_by("id")[:20], {"member": member.pk})  # compiled once
     if tasks:
         parts.append(("tasks", "\n".join(["\n## Your open tasks"] + [f"- #{t.pk} [{t.status}] {t.title}" for t in tasks])))
     board, content = blackboard.for_members(member.space)  # cut at the space's current cap, and says so

@@ -7,21 +7,32 @@ from contextlib import contextmanager
 from django.db.models import Max
 
 from veronica.swarm import events
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.secret_store import mask, mask_data
 from veronica.models import Member, Session, Turn, TurnRole
 
 ELIDED = "[older tool output elided by compaction]"
 
 
-def open_session(member: Member) -> Session:
-    session = Session.objects.filter(member=member, ended_at__isnull=True).first()
+def current_session(member: Member) -> Session | None:
+    found = fetch(("open-session",), lambda s: Session.objects.filter(member_id=s.int("member"), ended_at__isnull=True)
+                  .order_by("pk")[:1], {"member": member.pk})
+    session = found[0] if found else None
     if session is not None:
         session.member = member  # known: append() reads its space without a query
-    return session or Session.objects.create(member=member)
+    return session
+
+
+def new_session(member: Member) -> Session:
+    return Session.objects.create(member=member)
+
+
+def open_session(member: Member) -> Session:
+    return current_session(member) or new_session(member)
 
 
 def turns(session: Session) -> list[Turn]:
-    return list(session.turns.order_by("seq"))
+    return fetch(("turns",), lambda s: Turn.objects.filter(session_id=s.int("session")).order_by("seq"), {"session": session.pk})
 
 
 def _masked(content: str, fields: dict, space_id: int) -> tuple[str, dict]:

@@ -52,7 +52,8 @@ Back-pressure and q2's semantics
 --------------------------------
 A worker takes a wake only when its pool has a free slot: the task blocks on the slot first (so a
 wake fetched by a full worker waits, as it did behind a busy worker before) and hands the wake back
-to the broker if no slot frees within a bound well below q2's task timeout. The task returns (and q2
+to the broker if no slot frees within a second (SLOT_WAIT_SECONDS), so a worker with a free slot
+takes it instead of it waiting a run's length behind the full one. The task returns (and q2
 acks it) once the wake is in its thread, before the claim: a worker killed between the two loses the
 wake as one killed with the wake in its queue always did (the wake-queued flag goes stale and the
 tick's sweep rings again, veronica.engine.wakes); from the claim on, the lease, not q2, recovers a
@@ -81,9 +82,13 @@ from veronica.models import Member
 
 log = logging.getLogger(__name__)
 
-# How long a wake waits for a free run slot before it goes back to the broker (another host's worker,
-# or this one later, takes it): far below q2's task timeout, which would kill the worker and its runs.
-SLOT_WAIT_SECONDS = 30.0
+# How long a wake waits for a free run slot before it goes back to the broker (another worker, or this
+# one later, takes it). Short: a slot of a full pool frees only when one of its runs ends, a run's length
+# later, while a worker beside it may have free slots. With 30 s, the one wake the full worker of two had
+# taken (its task thread is free until it holds one) started 15 s after the other 499 of 500 members
+# (bench/fleet.py), and the fleet's completion was that straggler's. When every worker is full a wake
+# goes round the broker about once a second per worker, a list push and pop.
+SLOT_WAIT_SECONDS = 1.0
 
 
 class RunPool:

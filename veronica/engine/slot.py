@@ -31,17 +31,18 @@ from typing import Callable, TypeVar
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
 from veronica.swarm import events
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.returning import compiled, update_returning, update_then
 from veronica.agent.providers import sdk
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
 from veronica.engine import budget, failures
 from veronica.engine import wakes
-from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus
+from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus, Wake
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,14 +58,22 @@ def lease_delta() -> timedelta:
 
 
 def renew(member_id: int, token: str, *, honour_cancel: bool) -> None:
-    """Renew-and-check on the DB clock. Raises LeaseLost, or Cancelled when a stop was asked for."""
-    held = Member.objects.filter(pk=member_id, lease_token=token, lease_expires_at__gt=Now())
-    if held.filter(cancel_requested=False).update(lease_expires_at=Now() + lease_delta()) if honour_cancel else \
-            held.update(lease_expires_at=Now() + lease_delta()):
-        return
-    if honour_cancel and held.exists():
+    """Renew-and-check on the DB clock. Raises LeaseLost, or Cancelled when a stop was asked for (a
+    stopped run's lease is then left as it was). One statement, compiled once per shape: a run renews
+    this way whenever the process's heartbeat has not lately (a run's start, a check between steps)."""
+    seconds = settings.RUN_LEASE_SECONDS
+
+    def build(slot):
+        renewed = Now() + timedelta(seconds=seconds)
+        if honour_cancel:
+            renewed = Case(When(cancel_requested=True, then=F("lease_expires_at")), default=renewed)
+        return (Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token"), lease_expires_at__gt=Now()),
+                {"lease_expires_at": renewed})
+    row = update_returning(("renew", seconds, honour_cancel), build, ["cancel_requested"], {"id": member_id, "token": token})
+    if row is None:
+        raise LeaseLost(f"the lease {token[:8]} of member {member_id} is gone")
+    if honour_cancel and row[0]:
         raise Cancelled("the run was asked to stop")
-    raise LeaseLost(f"the lease {token[:8]} of member {member_id} is gone")
 
 
 def write_phase(member: Member, phase: str, tool: str = "") -> None:
@@ -317,7 +326,8 @@ class RunLease:
             pass
 
 
-def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tuple[str, ...] = ()) -> RunLease | None:
+def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tuple[str, ...] = (),
+          record_wake: bool = False) -> RunLease | None:
     """One conditional UPDATE takes the slot; the Run row is written in the same commit, so a run
     never exists without its lease nor a lease without its Run row. A parked member is not claimed,
     nor one in backoff unless the wake is the retry itself (source `resume`: the backoff's own ring,
@@ -325,7 +335,8 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
     overflow gets fixed. gates: more conditions checked in the same UPDATE, "breaker" (not tripped
     today) and "mail" (unread mail waiting). Given an id, the member is read inside the claim's
     transaction (the wake's path: nothing is read before the claim); given a Member, that object is
-    refreshed."""
+    refreshed. record_wake: the wake's claimed Wake row (the metrics') is written in the claim's commit
+    (on PostgreSQL inside its event statement), not in a statement of its own after it."""
     by_id = isinstance(member, int)
     member_id = member if by_id else member.pk
     token = uuid.uuid4().hex
@@ -335,9 +346,14 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
         # The Run row first: its started_at is the claim's, not one member read later.
         run = Run.objects.create(member_id=member_id, source=source, lease_token=token, started_at=Now())
         if by_id:
-            member = Member.objects.select_related("space").get(pk=member_id)
+            member = fetch(("claimed-member",), lambda s: Member.objects.select_related("space").filter(pk=s.int("id")),
+                           {"id": member_id})[0]
         run.member = member
         events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
+        if record_wake:
+            woke = Wake(member_id=member_id, source=source, claimed=True)
+            if not events.defer_insert(Wake, [woke]):
+                woke.save()
     if not by_id:
         member.refresh_from_db()
     return RunLease(member, token, run, source)
@@ -392,9 +408,11 @@ def _claim_update(member_id: int, token: str, source: str, held_ok: bool, gates:
 def release(member: Member, token: str) -> None:
     """Give the slot back (inside the fenced finish). A suspended member stays suspended. The
     wake-queued flag goes with it: mail committed from here on rings for itself."""
-    Member.objects.filter(pk=member.pk, lease_token=token, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE)
-    Member.objects.filter(pk=member.pk, lease_token=token).update(lease_token="", lease_expires_at=None, cancel_requested=False,
-                                                                  wake_queued_at=None)
+    def build(slot):
+        return (Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token")),
+                {"run_status": Case(When(run_status=RunStatus.BUSY, then=Value(RunStatus.IDLE)), default=F("run_status")),
+                 "lease_token": "", "lease_expires_at": None, "cancel_requested": False, "wake_queued_at": None})
+    update_returning(("release",), build, ["id"], {"id": member.pk, "token": token})  # one statement, compiled once
 
 
 def has_unread(member_id: int) -> bool:
@@ -406,6 +424,23 @@ def unread_mail() -> Exists:
     return Exists(Message.objects.filter(recipient=OuterRef("pk"), read_at__isnull=True))
 
 
+def end_run(lease: RunLease, outcome: str, error: str) -> None:
+    """The Run row's end (inside the fenced finish): one UPDATE, compiled once per shape."""
+    keep_prompt = bool(lease.system_prompt)
+
+    def build(slot):
+        values = {"ended_at": Now(), "outcome": slot.str("outcome"), "error": slot.str("error"),
+                  "model_calls": F("model_calls") + slot.int("calls"), "tokens": F("tokens") + slot.int("tokens")}
+        if keep_prompt:
+            values["system_prompt"] = slot.str("prompt")
+        return Run.objects.filter(pk=slot.int("id"), lease_token=slot.str("token"), ended_at__isnull=True), values
+    values = {"id": lease.run.pk, "token": lease.token, "outcome": outcome, "error": error[:2000], "calls": lease.model_calls,
+              "tokens": lease.tokens}
+    if keep_prompt:
+        values["prompt"] = lease.system_prompt
+    update_returning(("end-run", keep_prompt), build, ["id"], values)
+
+
 def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = False, settle: bool = True,
            retry_after: float | None = None) -> None:
     """End the Run row, settle the failure streak, release the slot: all under the lease, or
@@ -413,9 +448,7 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
     leaves the failure streak as it was."""
     member = lease.member
     with lease.fenced():
-        Run.objects.filter(pk=lease.run.pk, lease_token=lease.token, ended_at__isnull=True).update(
-            ended_at=Now(), outcome=outcome, error=error[:2000], model_calls=F("model_calls") + lease.model_calls,
-            tokens=F("tokens") + lease.tokens, **({"system_prompt": lease.system_prompt} if lease.system_prompt else {}))
+        end_run(lease, outcome, error)
         if outcome == RunOutcome.ERROR:
             write_phase(member, Phase.ERROR)
             failures.record(member, error, permanent=permanent, retry_after=retry_after)

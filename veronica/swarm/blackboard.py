@@ -7,6 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from veronica.swarm import audit, events
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.errors import VeronicaError, text_problem
 from veronica.models import Blackboard, Space
 
@@ -37,6 +38,9 @@ def set_cap(space: Space, cap: object, *, actor: str) -> Space:
 
 
 def read(space: Space) -> Blackboard:
+    found = fetch(("blackboard-of",), lambda s: Blackboard.objects.filter(space_id=s.int("space")), {"space": space.pk})
+    if found:  # every wake brief reads it: compiled once; get_or_create only for a space without one yet
+        return found[0]
     board, _ = Blackboard.objects.get_or_create(space=space)
     return board
 

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from veronica.swarm import audit, events
 from veronica.engine.wakes import wake_on_commit
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.errors import RecipientError, column_limit, require_text, text_problem
 from veronica.models import Member, Membership, Message, Space, Task
 
@@ -82,6 +83,12 @@ def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "
 
 def unread_for(member: Member):
     return Message.objects.filter(recipient=member, read_at__isnull=True).order_by("id")
+
+
+def unread_list(member: Member) -> list[Message]:
+    """unread_for(member) as a list, its SELECT compiled once (every run's start reads it)."""
+    return fetch(("unread-of",), lambda s: Message.objects.filter(recipient_id=s.int("member"), read_at__isnull=True).order_by("id"),
+                 {"member": member.pk})
 
 
 def mark_read(member: Member, message_ids: list[int]) -> int:

@@ -16,6 +16,7 @@ from django.db.models import Sum
 from django.db.models.functions import Length
 
 from veronica.swarm import audit, events
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.errors import NotFound, VeronicaError
 from veronica.models import Member, MemoryFile
 
@@ -149,14 +150,16 @@ def delete(member: Member, name: str, *, actor: str) -> str:
 
 
 def index(member: Member) -> list[dict]:
+    rows = fetch(("memory-files",), lambda s: MemoryFile.objects.filter(member_id=s.int("member")).order_by("name"),
+                 {"member": member.pk})  # files_of(member), compiled once: every run's prompt reads it
     return [{"name": f.name, "chars": len(f.content), "description": description(f.content), "updated_at": f.updated_at}
-            for f in files_of(member)]
+            for f in rows]
 
 
 def prompt_block(member: Member) -> str:
     """The system prompt's memory section: the index and how to use it (contents stay out)."""
     rows = index(member)
-    _, used = usage(member)
+    used = sum(r["chars"] for r in rows)  # what usage() sums in SQL, from the rows the index read anyway
     lines = ["# Memory",
              "Your memory files persist across sessions. Read one with memory_read before relying on it; keep durable "
              f"facts with memory_write (at most {settings.MEMORY_FILE_CHARS} characters a file, {settings.MEMORY_TOTAL_CHARS} "

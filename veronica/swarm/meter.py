@@ -37,6 +37,13 @@ def usage_today(member: Member) -> UsageDay:
     return day
 
 
+def open_day(member: Member) -> None:
+    """Make sure today's usage row exists, in one statement that never fails on a row made meanwhile
+    (INSERT ... ON CONFLICT DO NOTHING): the day's first metered call of a member makes it this way
+    instead of get_or_create's read, savepoint and insert."""
+    UsageDay.objects.bulk_create([UsageDay(member=member, day=today(), space_id=member.space_id)], ignore_conflicts=True)
+
+
 def tokens_today(member: Member) -> int:
     """A read that never writes a row (the roster tool lists every member on every call)."""
     day = UsageDay.objects.filter(member=member, day=today()).first()
@@ -67,7 +74,7 @@ def meter(member: Member, *, input_tokens: int, output_tokens: int, cache_read: 
                       estimated_calls=F("estimated_calls") + estimated_calls)
     with transaction.atomic(savepoint=False):
         if not UsageDay.objects.filter(member=member, day=today()).update(**increments):
-            usage_today(member)
+            open_day(member)
             UsageDay.objects.filter(member=member, day=today()).update(**increments)
 
 
@@ -113,7 +120,7 @@ def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, ca
             row = cur.fetchone()
         if row is not None:
             return metered(row)
-        usage_today(member)
+        open_day(member)
     raise RuntimeError(f"no usage row for {member.name} today")
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 import re
 
 from django.db import transaction
+from django.db.models import Q
 
 from veronica.swarm import audit, events
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.errors import Conflict, NotFound, VeronicaError, column_limit, require_text
 from veronica.models import Member, Skill, Space
 
@@ -50,6 +52,9 @@ def remove_skill(space: Space, name: str, *, member: Member | None = None, actor
 
 def skills_for(member: Member) -> list[Skill]:
     """The member's catalog: shared skills, overridden by its own of the same name."""
-    shared = {s.name: s for s in Skill.objects.filter(space_id=member.space_id, member__isnull=True)}
-    shared.update({s.name: s for s in Skill.objects.filter(member=member)})
+    rows = fetch(("skills-of",), lambda s: Skill.objects.filter(Q(space_id=s.int("space"), member__isnull=True) |
+                                                                 Q(member_id=s.int("member"))),
+                 {"space": member.space_id, "member": member.pk})  # one query per run, compiled once
+    shared = {s.name: s for s in rows if s.member_id is None}
+    shared.update({s.name: s for s in rows if s.member_id is not None})
     return [shared[k] for k in sorted(shared)]

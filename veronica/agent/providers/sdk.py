@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import email.utils
+import itertools
 import json
 import math
 import os
@@ -133,20 +134,49 @@ _CLIENTS: dict[tuple, object] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
+def _runs() -> int:
+    from django.conf import settings
+
+    return getattr(settings, "RUNS_PER_WORKER", 1)
+
+
 def connection_limits() -> httpx2.Limits:
     """A streamed call holds its own connection for its whole length, so a process makes as many
     calls at once as it has runs (veronica.engine.fleet: VERONICA_RUNS_PER_WORKER). httpx's default
     (100 connections, 20 kept alive) queued the 101st call of a worker inside the pool, where its
-    latency is hidden and a cancel cannot reach it, and reconnected all but 20 after every call."""
-    from django.conf import settings
+    latency is hidden and a cancel cannot reach it, and reconnected all but 20 after every call.
+    Per shard (see shard()): each keeps its share of the runs' connections alive."""
+    return httpx2.Limits(max_connections=None, max_keepalive_connections=max(20, -(-_runs() // shards())))
 
-    runs = getattr(settings, "RUNS_PER_WORKER", 1)
-    return httpx2.Limits(max_connections=None, max_keepalive_connections=max(20, runs))
+
+# The HTTP pool walks every connection it holds twice per request (httpcore's assignment of requests to
+# connections): with a whole run pool's calls in one client, a call cost O(runs) of CPU there, about a
+# twentieth of a pooled worker's CPU at 200 calls at once. Each run thread takes one of a few clients
+# (round robin, kept for the thread's life), so a walk covers RUNS_PER_SHARD connections or so.
+RUNS_PER_SHARD = 32
+MAX_SHARDS = 8
+_next_shard = itertools.count()
+
+
+def shards() -> int:
+    return max(1, min(MAX_SHARDS, _runs() // RUNS_PER_SHARD))
+
+
+def shard() -> int:
+    """This thread's client shard: fixed for the thread, so its calls reuse the keep-alive connections
+    of one pool; spread over the threads, so each pool holds a few of the process's calls."""
+    n = shards()
+    if n == 1:
+        return 0
+    mine = getattr(_local, "shard", None)
+    if mine is None:
+        mine = _local.shard = next(_next_shard)
+    return mine % n
 
 
 def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
-    """One SDK client per process and endpoint, over an HTTP client whose sockets can be aborted."""
-    full_key = (os.getpid(), timeout, *key)  # a forked worker never shares its parent's sockets
+    """One SDK client per process, endpoint and shard, over an HTTP client whose sockets can be aborted."""
+    full_key = (os.getpid(), timeout, shard(), *key)  # a forked worker never shares its parent's sockets
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(full_key)
         if client is None:

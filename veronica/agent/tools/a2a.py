@@ -105,4 +105,7 @@ def tool_of(remote: "A2ARemote") -> A2ATool:
 def tools_of(member: "Member") -> list[Tool]:
     from veronica.models import A2ARemote
 
-    return [tool_of(r) for r in A2ARemote.objects.filter(space_id=member.space_id).order_by("name")]
+    from veronica.plumbing.compiled_select import fetch
+
+    return [tool_of(r) for r in fetch(("a2a-remotes-of",), lambda s: A2ARemote.objects.filter(space_id=s.int("space")).order_by("name"),
+                                      {"space": member.space_id})]  # compiled once: read every run

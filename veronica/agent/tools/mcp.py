@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from veronica.agent.mcp_client import McpUnavailable, ServerSpec, manager
 from veronica.agent.tools.base import Tool, ToolContext, ToolError
+from veronica.plumbing.compiled_select import fetch
 from veronica.plumbing.errors import storable
 
 if TYPE_CHECKING:
@@ -51,9 +52,13 @@ class McpTool(Tool):
 
 
 def servers_for(member: "Member"):
+    return servers_for_ids(member.space_id, member.pk)
+
+
+def servers_for_ids(space_id: int, member_id: int):
     from veronica.models import McpServer
 
-    return McpServer.objects.filter(Q(member__isnull=True) | Q(member=member), space_id=member.space_id).order_by("name", "pk")
+    return McpServer.objects.filter(Q(member__isnull=True) | Q(member_id=member_id), space_id=space_id).order_by("name", "pk")
 
 
 def spec_of(server: "McpServer", workdir: str, member: "Member | None" = None) -> ServerSpec:
@@ -150,7 +155,8 @@ def _closed_world(info) -> bool:
 def tools_of(member: "Member") -> list[Tool]:
     """The tools of every MCP server the member may use; a broken server is skipped (and recorded)."""
     found: list[Tool] = []
-    for server in servers_for(member):
+    for server in fetch(("mcp-servers-of",), lambda s: servers_for_ids(s.int("space"), s.int("member")),
+                        {"space": member.space_id, "member": member.pk}):  # servers_for, compiled once: read every run
         checked = check(server, member.space.workdir, member)
         if checked is None:
             continue

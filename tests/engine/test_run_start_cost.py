@@ -1,0 +1,83 @@
+"""What a run costs besides its steps (issue 25 point 1): the claim, the reads before its first model
+call and its finish, pinned in statements, and the run-start reads compiled once per shape
+(veronica.plumbing.compiled_select) yet built exactly as the ORM builds them."""
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.db.models import Count
+from django.test.utils import CaptureQueriesContext
+
+from veronica.swarm import bus
+from veronica.engine import runner, supervisor
+from veronica.models import Member, Session, Turn, TurnRole
+from veronica.plumbing.compiled_select import fetch
+
+# A one-call run ("done") of a member whose session is open already: the claim with its Run, Wake and
+# event rows, the run's reads (session, MCP servers, A2A remotes, transcript, mail, tasks, blackboard,
+# skills, memory, waggle), its brief (with the first phase), the model turn and the finish with its ring.
+# Measured 40 (PostgreSQL) / 46 (SQLite) statements, savepoints included; 52 / 58 before.
+REPEAT_RUN = 42 if connection.vendor == "postgresql" else 48
+
+
+def w1(space):
+    return supervisor.get_member(space, "w1")
+
+
+def one_call_run(space, scripted, text: str):
+    scripted("done")
+    bus.send(space, "boss", "w1", text)
+    with CaptureQueriesContext(connection) as queries:
+        assert runner.wake(w1(space).pk, "message") == "done"
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def test_a_members_next_run_costs_a_pinned_number_of_statements(space, scripted):
+    one_call_run(space, scripted, "first")  # opens the session, the blackboard and today's usage row
+    sqls = one_call_run(space, scripted, "second")
+    assert len(sqls) <= REPEAT_RUN, "\n".join(s[:110] for s in sqls)
+
+
+def test_an_open_session_is_read_without_a_fence_of_its_own(space, scripted):
+    one_call_run(space, scripted, "first")
+    sqls = one_call_run(space, scripted, "second")
+    fences = [s for s in sqls if 'UPDATE "veronica_member" SET "lease_expires_at"' in s]
+    assert len(fences) == 3, "the brief (with the first phase), the model turn and the finish: " + "\n".join(f[:90] for f in fences)
+
+
+def test_the_run_start_reads_build_what_the_orm_builds(space):
+    member = w1(space)
+    session = Session.objects.create(member=member)
+    Turn.objects.create(session=session, seq=1, role=TurnRole.USER, content="hi", mail_ids=[3, 4])
+    Turn.objects.create(session=session, seq=2, role=TurnRole.ASSISTANT, content="", tool_calls=[{"id": "c1", "name": "x", "args": {"a": [1]}}])
+    build = lambda s: Turn.objects.filter(session_id=s.int("session")).order_by("seq")  # noqa: E731
+    got = fetch(("test-turns",), build, {"session": session.pk})
+    want = list(Turn.objects.filter(session=session).order_by("seq"))
+    fields = [f.attname for f in Turn._meta.concrete_fields]
+    assert [[getattr(t, f) for f in fields] for t in got] == [[getattr(t, f) for f in fields] for t in want]
+    assert got[1].tool_calls[0]["args"] == {"a": [1]} and got[0].mail_ids == [3, 4] and got[0].created_at.tzinfo is not None
+    assert not got[0]._state.adding and got[0]._state.db == "default"
+
+    claimed = fetch(("test-member",), lambda s: Member.objects.select_related("space").filter(pk=s.int("id")), {"id": member.pk})
+    with CaptureQueriesContext(connection) as queries:
+        assert claimed[0].space.name == space.name and claimed[0].name == "w1"
+    assert not queries.captured_queries, "select_related's space is attached, not read again"
+    assert fetch(("test-member",), lambda s: Member.objects.select_related("space").filter(pk=s.int("id")), {"id": -1}) == []
+
+
+def test_only_plain_model_shapes_are_compiled(space):
+    with pytest.raises(RuntimeError, match="plain model columns"):
+        fetch(("test-annotated",), lambda s: Session.objects.filter(member_id=s.int("m")).annotate(n=Count("turns")), {"m": 1})
+
+
+def test_the_days_first_call_makes_its_usage_row_without_reading_it(space, scripted):
+    """INSERT ... ON CONFLICT DO NOTHING, then the meter again: no get_or_create (a read, a savepoint, an insert)."""
+    from veronica.models import UsageDay
+
+    sqls = one_call_run(space, scripted, "first")
+    assert not [s for s in sqls if s.startswith("SELECT") and 'FROM "veronica_usageday"' in s]
+    day = UsageDay.objects.get(member=w1(space))
+    assert day.model_calls == 1 and day.space_id == space.pk
+    one_call_run(space, scripted, "second")
+    day.refresh_from_db()
+    assert day.model_calls == 2
