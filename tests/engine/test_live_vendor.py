@@ -104,6 +104,51 @@ def test_live_text_is_throttled_not_one_event_per_token(space):
     assert ctx.phases[-1] == ("texting", "")
 
 
+def test_a_reply_streamed_within_the_throttle_costs_no_commit_for_its_texting_phase(space, openai_mock):
+    """The texting phase rides the first preview's fence: a reply (or a tool call's text) streamed at
+    once shows no preview, so it no longer pays a fenced commit of its own per call (issue 25)."""
+    from tests.engine.test_step_cost import fences
+    from tests.harness import round_trips
+
+    w1 = member_on(space, "openai:gpt-4.1-mini")
+    openai_mock.push(f.tool_call("list_dir", {"path": "."}, text="Looking around."), f.text("All done, in pieces.", chunks=4))
+    bus.send(space, "boss", "w1", "look")
+    with round_trips() as sent:
+        assert runner.wake(w1.pk, "message") == "done"
+    assert [p["phase"] for p in kinds(space, "member.phase")] == ["thinking", "ready"]  # was thinking, texting x2 between
+    assert fences(sent) == 5, "measured 5 (7 when each streamed text paid a fenced commit for its phase)"
+    assert Member.objects.get(pk=w1.pk).phase == "ready"
+
+
+class LaterCtx(FakeCtx):
+    """A run's lease as the engine's: a phase can wait for the next fence."""
+
+    def __init__(self, member):
+        super().__init__()
+        self.member, self.later = member, []
+
+    def next_phase(self, phase, tool=""):
+        self.later.append((phase, tool))
+
+
+def test_the_texting_phase_waits_for_the_first_preview_and_is_dropped_without_one(space):
+    w1 = supervisor.get_member(space, "w1")
+    now = [0.0]
+    ctx = LaterCtx(w1)
+    sink = LiveSink(w1, ctx, every=0.25, clock=lambda: now[0])
+    sink({"type": "text", "delta": "quick"})
+    sink.close()  # the call ended before a preview: the phase the step's fence would write is the current one
+    assert ctx.phases == [] and ctx.later == [("texting", ""), (w1.phase, w1.phase_tool)]
+    sink = LiveSink(w1, ctx, every=0.25, clock=lambda: now[0])
+    ctx.later.clear()
+    for i in range(40):
+        sink({"type": "text", "delta": f"t{i} "})
+        now[0] += 0.01
+    sink.close()
+    assert ctx.later == [("texting", "")], "a preview's fence wrote it: nothing to drop"
+    assert len(kinds(space, "agent.delta")) == 1
+
+
 def test_budgets_count_cache_reads_and_writes_as_billed_tokens(space, anthropic_mock):
     """Cache reads are billed input (at their own rate), and so are cache writes: a token budget
     that skipped them let an Anthropic member spend most of its prompt uncounted."""

@@ -1,7 +1,8 @@
 """Live progress of a model call, for the console: the provider's `on_event` sink.
 
 Streamed text becomes `agent.delta` events, throttled (at most one every `EVERY` seconds, never one
-per token: each is a row in the event log) and the phase `texting`; a retry becomes an
+per token: each is a row in the event log) and the phase `texting`, which rides the first delta's fence
+(a reply streamed within `EVERY` shows no preview and costs no commit for its phase); a retry becomes an
 `agent.retry` event and the phase detail "retrying in 8 s: HTTP 529 overloaded". The final text is
 still the `agent.text` event the loop emits with the persisted turn; deltas are only a preview.
 """
@@ -24,6 +25,8 @@ class LiveSink:
         self.pending = ""
         self.sent = 0  # characters already published for this attempt
         self.last = 0.0
+        self.deferred = False  # the texting phase waits for the first delta's fence
+
 
     def __call__(self, event: dict) -> None:
         if event.get("type") == "text":
@@ -46,7 +49,12 @@ class LiveSink:
         if not delta:
             return
         if self.sent == 0 and not self.pending:
-            self.ctx.phase(Phase.TEXTING)
+            later = getattr(self.ctx, "next_phase", None)
+            if later is None:
+                self.ctx.phase(Phase.TEXTING)
+            else:  # written with the first preview: a fenced commit of its own per call was most of a step's cost
+                later(Phase.TEXTING)
+                self.deferred = True
             self.last = self.clock()
         self.pending += delta
         if self.clock() - self.last >= self.every:
@@ -59,6 +67,14 @@ class LiveSink:
         self.emit("agent.delta", offset=self.sent, text=storable(piece))  # a vendor's raw text, kept
         self.sent += len(piece)
         self.last = self.clock()
+        self.deferred = False
+
+    def close(self) -> None:
+        """The call is over: a texting phase no preview carried is dropped, not left for the step's
+        fence (which writes the phase after the call, or none in a fused step)."""
+        if self.deferred:
+            self.deferred = False
+            self.ctx.next_phase(self.ctx.member.phase, self.ctx.member.phase_tool)  # the current phase: writes nothing
 
     def retry(self, delay: float, reason: str) -> None:
         """The next attempt streams from the start: the console drops the preview it has."""

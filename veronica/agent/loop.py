@@ -316,9 +316,13 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     idle = getattr(ctx, "idle", None)  # a run of a worker's run pool gives its connection back while it waits
     if idle is not None:
         idle()
+    sink = LiveSink(member, ctx)
     try:
-        reply = tracing.complete(provider, member.model, system, messages, specs, should_stop=ctx.should_stop,  # a chat span
-                                  on_event=LiveSink(member, ctx))
+        try:
+            reply = tracing.complete(provider, member.model, system, messages, specs, should_stop=ctx.should_stop,  # a chat span
+                                      on_event=sink)
+        finally:
+            sink.close()  # before any fence below (a failed call's meter) could carry its unshown texting phase
     except ProviderCancelled as exc:
         if getattr(exc, "usage", None) is not None:  # cut off mid-stream: what the vendor generated before the hang-up is billed
             metering.record(ctx, getattr(exc, "model", "") or member.model, exc.usage)  # outside the fence when the lease is what was lost
