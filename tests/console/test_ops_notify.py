@@ -194,7 +194,10 @@ def test_checks_counts_on_the_space_page_the_api_and_metrics(world, owner, monke
     row = owner.get(f"{API}/tasks/").json()["tasks"][0]
     assert row["status"] == "running" and "slow: timed out" in row["check_evidence"]
     page = owner.get(reverse("console:space", args=["alpha"])).content.decode()
-    assert "2 run · 1 failed · 1 timed out" in page and "check evidence" in page
+    # the board and the usage bars (where the checks' counts are) load after the page, from its panels
+    assert 'data-src="/spaces/alpha/panels/usage/"' in page and 'data-src="/spaces/alpha/panels/tasks/"' in page
+    panels = "".join(owner.get(f"/spaces/alpha/panels/{name}/").content.decode() for name in ("usage", "tasks"))
+    assert "2 run · 1 failed · 1 timed out" in panels and "check evidence" in panels
     metrics = world.client(world.staff).get("/metrics").content.decode()
     assert 'veronica_checks_total{space="alpha",result="timed_out"} 1' in metrics
     assert 'veronica_checks_total{space="alpha",result="run"} 2' in metrics
