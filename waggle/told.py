@@ -16,8 +16,8 @@ listed). A route mined from such episodes learned those values, not constants of
 
 "The message" is every message the agent received since its last call (a user who names the
 start in one message and the destination in the next told both). Learned per distinct context
-at the route's trigger (see ``route.choose_trigger``): a literal is named when more than half of
-the contexts that had a message named it, held when more than half of the contexts held it in
+at the route's trigger (see ``route.choose_trigger``): a literal is named when every context that
+had a message named it (one that read it unprompted shows a constant of the work), held when more than half of the contexts held it in
 the trigger's outputs; an order of two parameters holds when more than half of the contexts that
 named both named them in that order (at least two contexts each). A value counts only when it is
 a string with a letter (a number names and matches too much by chance); a message names it when
@@ -152,7 +152,9 @@ class ToldTally:
                     self.before[(a, b) if pa < pb else (b, a)] += 1
 
     def told(self) -> Told:
-        named = tuple(sorted(v for v, n in self.named.items() if n >= MIN_CONTEXTS and 2 * n > self.messages))
+        # named only when every context with a message named it: a context that read the literal
+        # unprompted shows the work reads it whatever the message says (a file every task opens)
+        named = tuple(sorted(v for v, n in self.named.items() if n >= MIN_CONTEXTS and n == self.messages))
         held = tuple(sorted(v for v, n in self.held.items() if n >= MIN_CONTEXTS and 2 * n > self.contexts))
         order = tuple(sorted(pair for pair, n in self.before.items()
                              if n >= MIN_CONTEXTS and 2 * n > n + self.before.get((pair[1], pair[0]), 0)))

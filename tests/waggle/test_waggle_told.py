@@ -3,6 +3,8 @@ one the trigger's outputs held, parameters the messages named in an order. Such 
 where the current episode tells the same."""
 from __future__ import annotations
 
+import re
+
 import json
 
 import pytest
@@ -94,11 +96,19 @@ def test_parameters_the_messages_named_in_an_order_do_not_fire_when_named_the_ot
 
 
 # --- the rules themselves -----------------------------------------------------------------------------
-def test_what_is_told_is_what_most_contexts_told_and_survives_storage():
+def test_what_is_told_is_what_the_contexts_told_and_survives_storage():
     tally = ToldTally()
-    for i, msg in enumerate(["how is MSFT", "MSFT please", "something else"]):
+    for i, msg in enumerate(["how is MSFT", "MSFT please", "and MSFT again"]):
         tally.add(words_of(msg.split()), ['"MSFT"', "5"], {}, (), {'"MSFT"'} if i == 0 else set())
     told = tally.told()
     assert told.named == ('"MSFT"',) and told.held == ()  # held in 1 of 3: not enough; a number: never
     assert Told.from_json(told.to_json()) == told
     assert Told.from_json("garbage") == Told() and not Told()
+
+
+def test_a_literal_read_once_when_the_message_did_not_name_it_is_a_constant_of_the_work():
+    # the demo's workers open docs/design.md on every task; most briefs happened to name it, one did not
+    tally = ToldTally()
+    for msg in ["read docs/design.md first", "see docs/design.md", "follow docs/design.md", "find TODO notes"]:
+        tally.add(words_of(re.findall(r"\S+", msg)), ['"docs/design.md"'], {}, ())
+    assert tally.told().named == ()
