@@ -27,7 +27,6 @@ class LiveSink:
         self.last = 0.0
         self.deferred = False  # the texting phase waits for the first delta's fence
 
-
     def __call__(self, event: dict) -> None:
         if event.get("type") == "text":
             self.text(event.get("delta") or "")

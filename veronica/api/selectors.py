@@ -13,7 +13,7 @@ from django.db.models import Count, IntegerField, Min, OuterRef, Q, QuerySet, Su
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from veronica.swarm import blackboard as board_verbs
+from veronica.swarm import blackboard as board_verbs, ledger
 from veronica.engine import budget, checks
 from veronica.plumbing.errors import NotFound, VeronicaError
 from veronica.plumbing.markdown import render_markdown
@@ -84,8 +84,7 @@ OPEN_TASKS_CAP = 1_000  # the spaces list says "1,000+" past it, like a board co
 
 def open_tasks_per_space() -> CappedCount:
     """The outer space's open tasks, counted up to OPEN_TASKS_CAP + 1 (more than the cap: "1,000+")."""
-    open_statuses = [TaskStatus.PENDING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.VERIFYING, TaskStatus.BLOCKED]
-    open_tasks = Task.objects.filter(space=OuterRef("pk"), status__in=open_statuses).order_by().values("pk")
+    open_tasks = Task.objects.filter(space=OuterRef("pk"), status__in=sorted(ledger.OPEN)).order_by().values("pk")
     return CappedCount(open_tasks[:OPEN_TASKS_CAP + 1])
 
 

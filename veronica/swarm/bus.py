@@ -81,14 +81,13 @@ def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "
     return rows
 
 
-def unread_for(member: Member):
+def unread_for(member: Member | int):
     return Message.objects.filter(recipient=member, read_at__isnull=True).order_by("id")
 
 
 def unread_list(member: Member) -> list[Message]:
     """unread_for(member) as a list, its SELECT compiled once (every run's start reads it)."""
-    return fetch(("unread-of",), lambda s: Message.objects.filter(recipient_id=s.int("member"), read_at__isnull=True).order_by("id"),
-                 {"member": member.pk})
+    return fetch(("unread-of",), lambda s: unread_for(s.int("member")), {"member": member.pk})
 
 
 def mark_read(member: Member, message_ids: list[int]) -> int:

@@ -156,9 +156,8 @@ def command_env(member: Member) -> dict[str, str]:
 def provider_key(member: Member, kind: str) -> str | None:
     """The member's (or its space's) API key for the provider kind, or None: the server's environment."""
     name = PROVIDER_KEYS.get(kind)
-    if name is None or not fetch(("provider-key-set",), lambda s: Secret.objects.filter(  # asked every run: compiled once
-            Q(member__isnull=True) | Q(member_id=s.int("member")), space_id=s.int("space"), name=s.str("name"))[:1],
-            {"member": member.pk, "space": member.space_id, "name": name}):
+    if name is None or not fetch(("provider-key-set",), lambda s: _in_reach(s.int("space"), s.int("member")).filter(  # asked every run: compiled once
+            name=s.str("name"))[:1], {"member": member.pk, "space": member.space_id, "name": name}):
         return None
     return values_for(member.space_id, member)[name][0]
 
