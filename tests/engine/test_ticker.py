@@ -219,3 +219,38 @@ def test_two_hand_overs_in_a_row_fit_inside_the_shortest_lease_the_bench_uses():
 
     period, kill_every, lease = 2, 4, 10
     assert kill_every + role_ttl(period) + period < lease
+
+
+def test_a_killed_hosts_leases_are_expired_together_not_a_transaction_each(tmp_path, monkeypatch,
+                                                                         django_capture_on_commit_callbacks):
+    """A killed host leaves hundreds of leases running out at once (bench/fleet.py: 256 of 500); one
+    transaction of about ten round trips each put seconds between the first member re-woken and the
+    last. A batch: one statement per member (its conditional release) and a fixed handful besides.
+    Each killed run is still ended, recounted from its events and its member owed a resume."""
+    from veronica.engine import failures
+    from veronica.models import Event
+
+    rung = []
+    monkeypatch.setattr(failures, "enqueue_wake", lambda member_id, source: rung.append((member_id, source)))
+    space = make_space(tmp_path, workers=tuple(f"w{i}" for i in range(6)))
+    killed = [supervisor.get_member(space, f"w{i}") for i in range(6)]
+    runs = {}
+    for i, member in enumerate(killed):
+        token = f"dead-{i}"
+        Member.objects.filter(pk=member.pk).update(run_status="busy", lease_token=token, lease_expires_at=leases.db_now_plus(-1))
+        runs[member.pk] = Run.objects.create(member=member, source="message", lease_token=token, started_at=timezone.now())
+        Event.objects.create(space=space, seq=1000 + i, kind="model.called", member=member,
+                             payload={"run": runs[member.pk].pk, "input": 10 + i, "output": 1})
+    live = supervisor.get_member(space, "boss")  # a live run: its lease holds
+    Member.objects.filter(pk=live.pk).update(run_status="busy", lease_token="live", lease_expires_at=leases.db_now_plus(60))
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
+        assert sorted(leases.expire_leases()) == sorted(m.pk for m in killed)
+    assert len(queries) <= len(killed) + 12, "\n".join(q["sql"][:100] for q in queries)
+    assert sorted(rung) == sorted((m.pk, "resume") for m in killed)
+    for i, member in enumerate(killed):
+        run, row = Run.objects.get(pk=runs[member.pk].pk), Member.objects.get(pk=member.pk)
+        assert run.outcome == RunOutcome.LEASE_EXPIRED and run.ended_at is not None
+        assert (run.model_calls, run.tokens) == (1, 11 + i), "recounted from its model.called events"
+        assert (row.lease_token, row.run_status, row.phase) == ("", "idle", "ready") and row.retry_at is not None
+        assert Event.objects.filter(member=member, kind="run.lease_expired", payload__run=run.pk).count() == 1
+    assert Member.objects.get(pk=live.pk).lease_token == "live"

@@ -42,12 +42,15 @@ def ring_again_seconds() -> float:
     return max(2.0, float(settings.ENGINE_TICK_SECONDS))
 
 
-def owe_resume(member_id: int) -> None:
-    """A run cut off by its lease (its worker died) owes the member a resume: a retry due now, rung
-    at once and again every ring_again_seconds() until a run takes the slot (a lost doorbell costs
-    seconds, not the work). The next run's finish settles it like any retry."""
-    Member.objects.filter(pk=member_id).update(retry_at=Now() + timedelta(seconds=ring_again_seconds()))
-    transaction.on_commit(lambda: enqueue_wake(member_id, "resume"))
+def owe_resume(member_ids: list[int]) -> None:
+    """Runs cut off by their leases (their worker died) owe their members a resume: a retry due now,
+    rung at once and again every ring_again_seconds() until a run takes the slot (a lost doorbell
+    costs seconds, not the work). The next run's finish settles it like any retry."""
+    Member.objects.filter(pk__in=member_ids).update(retry_at=Now() + timedelta(seconds=ring_again_seconds()))
+    def ring() -> None:
+        for member_id in member_ids:
+            enqueue_wake(member_id, "resume")
+    transaction.on_commit(ring)
 
 
 def backoff_seconds(failures: int) -> float:

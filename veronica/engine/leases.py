@@ -21,44 +21,80 @@ def db_now_plus(seconds: float):
     return ExpressionWrapper(Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField())
 
 
+# Leases expired per transaction. A killed host leaves hundreds at once (bench/fleet.py: 256 of 500),
+# and a transaction of its own for each (about ten round trips) put seconds between the first member
+# re-woken and the last; a batch takes them in a handful of statements. Bounded, so the member rows
+# it locks are held for milliseconds.
+EXPIRE_BATCH = 100
+
+
 def expire_leases() -> list[int]:
     """Watchdog: a run lease past its time means the worker died. Release and re-wake (durably: see
     failures.owe_resume); nothing lost.
-    Idle cost: one indexed-free select that matches no row (no per-member work)."""
-    woken = []
-    for member in Member.objects.filter(lease_expires_at__lt=Now()).exclude(lease_token=""):
-        token = member.lease_token
-        with transaction.atomic():
-            # Re-checked in the UPDATE: a heartbeat that renewed the lease since the select wins.
-            if not Member.objects.filter(pk=member.pk, lease_token=token, lease_expires_at__lt=Now()).update(
+    Idle cost: one indexed select that matches no row (no per-member work)."""
+    woken: list[int] = []
+    while True:
+        batch, looked = _expire_batch()
+        woken += batch
+        if looked < EXPIRE_BATCH:
+            return woken
+
+
+def _expire_batch() -> tuple[list[int], int]:
+    """One transaction: up to EXPIRE_BATCH run-out leases released, their runs ended and their members
+    owed a resume. Returns (the members expired, how many the select found)."""
+    run_out = Member.objects.filter(lease_expires_at__lt=Now()).exclude(lease_token="")
+    if not run_out.exists():  # the idle tick's one statement: no transaction opened for nothing
+        return [], 0
+    with events.transaction_batch():  # the expiries' events: one statement per space, with the commit
+        # Rows a live fence or the heartbeat holds are skipped, not waited on: the next pass sees them.
+        found = list(run_out.select_for_update(skip_locked=True).order_by("pk")[:EXPIRE_BATCH])
+        expired = []
+        for member in found:
+            # Re-checked in the UPDATE: a heartbeat that renewed the lease since the select wins
+            # (SQLite has no row locks to keep it out).
+            if Member.objects.filter(pk=member.pk, lease_token=member.lease_token, lease_expires_at__lt=Now()).update(
                     lease_token="", lease_expires_at=None, cancel_requested=False, wake_queued_at=None):
-                continue
-            Member.objects.filter(pk=member.pk, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE, phase=Phase.READY)
-            cut = list(Run.objects.filter(member=member, lease_token=token, ended_at__isnull=True).values_list("pk", "model_calls"))
-            Run.objects.filter(pk__in=[pk for pk, _ in cut]).update(ended_at=Now(), outcome=RunOutcome.LEASE_EXPIRED)
-            for pk, counted in cut:
-                if not counted:  # killed: the counters it kept in memory for its finish died with it
-                    _recount(member, pk)
-            cut = [pk for pk, _ in cut]
+                expired.append(member)
+        if not expired:
+            return [], len(found)
+        ids = [m.pk for m in expired]
+        Member.objects.filter(pk__in=ids, run_status=RunStatus.BUSY).update(run_status=RunStatus.IDLE, phase=Phase.READY)
+        tokens = {m.pk: m.lease_token for m in expired}
+        cut = [(pk, member_id, counted) for pk, member_id, token, counted in Run.objects.filter(
+               member_id__in=ids, lease_token__in=list(tokens.values()), ended_at__isnull=True).values_list(
+               "pk", "member_id", "lease_token", "model_calls") if tokens[member_id] == token]
+        Run.objects.filter(pk__in=[pk for pk, _, _ in cut]).update(ended_at=Now(), outcome=RunOutcome.LEASE_EXPIRED)
+        # killed: the counters it kept in memory for its finish died with it
+        _recount({pk: member_id for pk, member_id, counted in cut if not counted})
+        run_of = {member_id: pk for pk, member_id, _ in cut}
+        for member in expired:
             # The run id lets the timeline link the expiry to the run it cut off (one run per member).
-            events.emit(member.space_id, "run.lease_expired", member=member, **({"run": cut[0]} if cut else {}))
-            failures.owe_resume(member.pk)  # rung now, and again until a run takes the slot
-        woken.append(member.pk)
-    return woken
+            run = run_of.get(member.pk)
+            events.emit(member.space_id, "run.lease_expired", member=member, **({"run": run} if run else {}))
+        failures.owe_resume(ids)  # rung now, and again until a run takes the slot
+    return ids, len(found)
 
 
-def _recount(member: Member, run_pk: int) -> None:
-    """A killed run's model calls and tokens, from its `model.called` events (every metered call
-    emits one, in the metering transaction, so they are exactly the calls that were metered)."""
+def _recount(runs: dict[int, int]) -> None:
+    """Killed runs' model calls and tokens (run id -> member id), from their `model.called` events
+    (every metered call emits one, in the metering transaction, so they are exactly the calls that
+    were metered). One read and one write for all of them."""
     from veronica.models import Event
 
-    calls = tokens = 0
-    for payload in Event.objects.filter(space_id=member.space_id, member=member, kind="model.called",
-                                        payload__run=run_pk).values_list("payload", flat=True):
-        calls += 1
-        tokens += sum(int(payload.get(key) or 0) for key in ("input", "output", "cached", "cache_write"))
-    if calls:
-        Run.objects.filter(pk=run_pk).update(model_calls=calls, tokens=tokens)
+    if not runs:
+        return
+    counts: dict[int, list[int]] = {}
+    for payload in Event.objects.filter(member_id__in=set(runs.values()), kind="model.called",
+                                        payload__run__in=list(runs)).values_list("payload", flat=True):
+        count = counts.setdefault(payload.get("run"), [0, 0])
+        count[0] += 1
+        count[1] += sum(int(payload.get(key) or 0) for key in ("input", "output", "cached", "cache_write"))
+    counted = {pk: c for pk, c in counts.items() if pk in runs}
+    if counted:
+        Run.objects.filter(pk__in=list(counted)).update(
+            model_calls=Case(*[When(pk=pk, then=Value(c[0])) for pk, c in counted.items()], default=F("model_calls")),
+            tokens=Case(*[When(pk=pk, then=Value(c[1])) for pk, c in counted.items()], default=F("tokens")))
 
 
 def next_expiry():
