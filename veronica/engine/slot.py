@@ -37,6 +37,7 @@ from django.db.models.sql import UpdateQuery
 
 from veronica.swarm import events
 from veronica.plumbing.compiled_select import fetch
+from veronica.plumbing.begin_rides import riding
 from veronica.plumbing.returning import compiled, update_returning, update_then
 from veronica.agent.providers import sdk
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
@@ -401,7 +402,8 @@ def _claim_update(member_id: int, token: str, source: str, held_ok: bool, gates:
     params = list(params)
     params[token_at], params[member_at] = token, member_id
     with conn.cursor() as cursor:
-        cursor.execute(sql, params)
+        with riding(conn):  # the claim opens its transaction: its BEGIN rides along
+            cursor.execute(sql, params)
         return cursor.rowcount
 
 

@@ -128,7 +128,11 @@ class Member(models.Model):
         # holding only the members that could be, so a tick costs nothing per idle member.
         indexes = [
             models.Index(fields=["run_status", "membership"]),
-            models.Index(fields=["lease_expires_at"], condition=~Q(lease_token=""), name="member_live_lease_idx"),
+            # The leased members, keyed by what a claim writes, not by the lease's end: every fence and
+            # heartbeat moves lease_expires_at, and an index on it made each of those updates write a
+            # new entry in every index of the table (no HOT update). The watchdog reads the lease ends
+            # of the runs in flight from their rows.
+            models.Index(fields=["lease_token"], condition=~Q(lease_token=""), name="member_leased_idx"),
             models.Index(fields=["schedule_next_at"], condition=Q(removed_at__isnull=True) & ~Q(schedule=""), name="member_cron_due_idx"),
             models.Index(fields=["retry_at"], condition=Q(retry_at__isnull=False), name="member_retry_due_idx"),
             models.Index(fields=["parked_config"], condition=Q(parked_config__gt=""), name="member_parked_idx"),

@@ -15,6 +15,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import QuerySet
 from django.db.models.sql import UpdateQuery
 
+from veronica.plumbing.begin_rides import riding
+
 _cache: dict[tuple, tuple[str, list, dict[int, str]]] = {}
 _ids = itertools.count(1)
 
@@ -92,8 +94,10 @@ def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, di
     """Run the UPDATE that build(sentinels) describes (a queryset and its update values) with `values`
     in place of the sentinels; the first row of `columns`, or None when no row matched."""
     cached = compiled(key, build, columns)
-    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
-        cur.execute(cached[0], bound(cached, values))
+    conn = connections[DEFAULT_DB_ALIAS]
+    with conn.cursor() as cur:
+        with riding(conn):  # a fence opening its transaction: its BEGIN rides along
+            cur.execute(cached[0], bound(cached, values))
         return cur.fetchone()
 
 
@@ -107,8 +111,10 @@ def update_then(first, first_values: dict[str, Any], second, second_values: dict
         raise RuntimeError("update_then: the second UPDATE has no WHERE ... RETURNING")
     sql = (f"WITH a AS ({sql1}), b AS ({head} AND EXISTS (SELECT 1 FROM a) RETURNING {returning}) "
            f"SELECT a.*, b.* FROM a LEFT JOIN b ON TRUE")
-    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
-        cur.execute(sql, bound(first, first_values) + bound(second, second_values))
+    conn = connections[DEFAULT_DB_ALIAS]
+    with conn.cursor() as cur:
+        with riding(conn):
+            cur.execute(sql, bound(first, first_values) + bound(second, second_values))
         row = cur.fetchone()
     if row is None:
         return None
