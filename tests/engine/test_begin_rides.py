@@ -91,3 +91,21 @@ def test_a_claim_carries_its_begin(space):
         lease = slot.claim(w1.pk, "message")
     assert lease is not None
     assert "BEGIN" not in sent, f"BEGIN went alone: {sent}"
+
+
+def test_a_members_run_sends_no_begin_alone(space, scripted, rung):
+    """A one-call run of a member whose session is open already: its claim, its brief, its model turn
+    and its finish each open their transaction with the statement that carries the BEGIN."""
+    from pathlib import Path
+
+    from veronica.engine import runner
+    from veronica.swarm import bus
+
+    Path(space.workdir, "f.txt").write_text("file\n")
+    w1 = supervisor.get_member(space, "w1")
+    for text in ("first", "second"):  # the first opens the session, the blackboard and today's usage row
+        scripted(("read_file", {"path": "f.txt"}), "done")
+        bus.send(space, "boss", "w1", text)
+        with wire() as sent:
+            assert runner.wake(w1.pk, "message") == "done"
+    assert "BEGIN" not in sent, sent
