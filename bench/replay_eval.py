@@ -274,7 +274,7 @@ class Harness:
                     tally.fires += 1
                     tally.heard_fires += 1
                     steps = list(self.exec_log)
-                    name = block.split("replayed route ", 1)[-1].split(" ", 1)[0]
+                    name = self.fired_route(space, session)
                     open_fires.append([steps, [False] * len(steps), name])
                     logged(steps, open_fires[-1][1], name, i)
                     tally.replayed_steps += len(steps)
@@ -315,7 +315,7 @@ class Harness:
                 if block:
                     tally.fires += 1
                     steps = list(self.exec_log)
-                    name = block.split("replayed route ", 1)[-1].split(" ", 1)[0]
+                    name = self.fired_route(space, session)
                     open_fires.append([steps, [False] * len(steps), name])
                     logged(steps, open_fires[-1][1], name, i if ri is None else ri)
                     tally.replayed_steps += len(steps)
@@ -328,6 +328,14 @@ class Harness:
             svc.end_run(space, session, config=cfg)
         tally.input_tokens += self.input_tokens(msgs, set(), {})
         tally.input_tokens_with_waggle += self.input_tokens(msgs, removed, inserted)
+
+    @staticmethod
+    def fired_route(space: str, session: str) -> str:
+        """The route of the session's latest replay (the block does not name it)."""
+        from waggle.models import FiredPlan
+
+        return FiredPlan.objects.filter(space_key=space, session_key=session).order_by("-id").values_list(
+            "name", flat=True).first() or ""
 
     def judge(self, space: str, session: str, m: dict, open_fires: list, cfg) -> None:
         """The host's judge hears the reply as a live run would: its text, and the calls no open

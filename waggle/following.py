@@ -54,7 +54,7 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
     remaining steps are fully determined by the values seen, run those steps through ``exec``
     and return one marked block to append to the triggering tool result::
 
-        [waggle: replayed route NAME — N steps]
+        [waggle: replayed N steps]
         --- step 1/N: tool(arg="value")
         ...output...
         [waggle: end]

@@ -155,12 +155,17 @@ def estimate_yield(tail: Sequence[ConcreteStep], outputs: Sequence[str]) -> int:
 BLOCK_END = "[waggle: end]"
 
 
-def format_block(name: str, tail: Sequence[ConcreteStep], outputs: Sequence[str], *, verb: str = "replayed route") -> str:
-    """The block the model reads: a header naming the route, each step's call and output, an end
-    mark. It rides in every later request of the run, so it carries nothing the model does not
-    need (the yield estimate is the ledger's, the route is named once)."""
+REPLAYED = "replayed"  # the verb of a replay no one asked for (follow, inbound)
+
+
+def format_block(name: str, tail: Sequence[ConcreteStep], outputs: Sequence[str], *, verb: str = REPLAYED) -> str:
+    """The block the model reads: a header, each step's call and output, an end mark. It rides in
+    every later request of the run, so it carries nothing the model does not need: no yield
+    estimate (the ledger's) and, on a replay, no route name (the ledger and the fired plan keep
+    it; the step lines say what was called); a waggle the model ran by name is named."""
     n = len(tail)
-    parts = [f"[waggle: {verb} {name} \u2014 {n} step{'s' if n != 1 else ''}]"]
+    count = f"{n} step{'s' if n != 1 else ''}"
+    parts = [f"[waggle: {REPLAYED} {count}]" if verb == REPLAYED else f"[waggle: {verb} {name} \u2014 {count}]"]
     for i, ((tool, args), out) in enumerate(zip(tail, outputs), 1):
         parts.append(f"--- step {i}/{n}: {describe_call(tool, dict(args))}")
         parts.append(out.rstrip("\n"))
@@ -168,7 +173,7 @@ def format_block(name: str, tail: Sequence[ConcreteStep], outputs: Sequence[str]
     return "\n".join(parts)
 
 
-def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: str = "replayed route") -> Outcome:
+def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: str = REPLAYED) -> Outcome:
     """Run the steps in order through ``exec``. Any exception or empty output is a failure and
     yields no block. Never raises."""
     outputs: list[str] = []
