@@ -22,12 +22,17 @@ for the model:
 * the ledger is kept by the host's own judge, as in a live run: each model reply (its text and
   the calls a replay did not stand in for) goes to ``service.judge_reply`` and the end of the
   trajectory to ``service.end_run``; what it booked is ``booked_precision_pct`` (used steps over
-  replayed steps in the ledger), and its demotions steer the rest of the walk. ``--truth-ledger``
+  replayed steps in the ledger), and its demotions steer the rest of the walk. A replay no reply
+  followed (the trajectory ends first: BFCL's turns end on an empty reply) is left unjudged by the
+  host (``waggle.judging.end_run``): ``unjudged_steps`` counts those steps, left out of
+  ``booked_precision_pct`` (the harness's truth still counts them in ``precision_pct``). ``--truth-ledger``
   books the harness's truth instead (``service.settle``), as runs before the honest ledger did;
 * tokens: each model request reads the system prompt and every message before it (chars / 4).
   A used step's request and result leave the conversation; a replay block enters it right after
   the tool result it was appended to, so every later request reads it (a miss costs its output
-  on every later request). ``net_tokens_saved_pct`` is (input tokens without waggle - with) over
+  on every later request). ``--dump-fires PATH`` writes each fire (trajectory, message index,
+  steps, the harness's truth and the host's verdict per step, the evidence it judged on) for
+  case-by-case review. ``net_tokens_saved_pct`` is (input tokens without waggle - with) over
   input tokens without waggle.
 
 The last line is one JSON object averaged over seeds, or with ``--folds K`` pooled over K folds
@@ -113,6 +118,7 @@ class Tally:
     routes: int = 0
     booked_steps: int = 0  # replayed steps in the ledger (what the host's judge booked)
     booked_used: int = 0   # ... of those booked used
+    unjudged_steps: int = 0  # replayed steps no reply followed (the run ended first): in neither figure
     per_route: dict = field(default_factory=dict)  # route name -> [replayed, used] (diagnostics)
 
     def line(self) -> dict:
@@ -125,6 +131,7 @@ class Tally:
             # nothing replayed: nothing was wrong
             "precision_pct": round(100 * self.replayed_steps_used / self.replayed_steps, 2) if self.replayed_steps else 100.0,
             "booked_precision_pct": round(100 * self.booked_used / self.booked_steps, 2) if self.booked_steps else 100.0,
+            "unjudged_steps": self.unjudged_steps,
             "net_tokens_saved_pct": round(100 * (self.input_tokens - self.input_tokens_with_waggle)
                                           / max(1, self.input_tokens), 3),
             "fires": self.fires,
@@ -154,6 +161,7 @@ class Harness:
         self.verbose = False
         self.deaf = False  # --deaf: leave the user messages out (the call-only figures)
         self.truth_ledger = False  # --truth-ledger: book the harness's truth, not the host's judge
+        self.fire_log: list[dict] | None = None  # --dump-fires: each fire, its truth and its booked verdicts
 
     def exec(self, tool: str, args: dict) -> str:
         """A replayed call's output: what the trajectory being walked got for that call when it made
@@ -210,7 +218,27 @@ class Harness:
         booked = LedgerEntry.objects.filter(space_key=space, on_demand=False, settled=True).aggregate(
             steps=Sum("steps"), used=Sum("used_steps"))
         tally.booked_steps, tally.booked_used = booked["steps"] or 0, booked["used"] or 0
+        tally.unjudged_steps = LedgerEntry.objects.filter(space_key=space, on_demand=False, settled=False).aggregate(
+            steps=Sum("steps"))["steps"] or 0
+        if self.fire_log is not None:
+            self.booked_verdicts(space, seed)
         return tally
+
+    def booked_verdicts(self, space: str, seed: int) -> None:
+        """Each logged fire of this space gets the host judge's verdict per step (its FiredPlan row:
+        the fires of one session in order, failed replays aside, as the walk logged them)."""
+        from waggle.models import FiredPlan
+
+        rows: dict[str, list] = {}
+        for row in FiredPlan.objects.filter(space_key=space, ledger_id__isnull=False).order_by("id"):
+            rows.setdefault(row.session_key, []).append(row)
+        for fire in self.fire_log:
+            if fire.get("space") != space or "booked" in fire:
+                continue
+            row = rows.get(fire["session"], []).pop(0) if rows.get(fire["session"]) else None
+            fire["seed"] = seed
+            fire["booked"] = [s[7] if len(s) > 7 else None for s in row.tail] if row else None
+            fire["evidence"] = [s[6] if len(s) > 6 else None for s in row.tail] if row else None
 
     def walk(self, space: str, session: str, traj: dict, cfg, tally: Tally) -> None:
         svc = self.service
@@ -220,6 +248,12 @@ class Harness:
         removed: set[int] = set()
         inserted: dict[int, int] = {}
         open_fires: list[list] = []  # [steps, used flags, route name]
+
+        def logged(steps: list, used: list, name: str, at: int) -> None:
+            if self.fire_log is not None:
+                self.fire_log.append({"space": space, "session": session, "task": traj.get("task_id"),
+                                      "trial": traj.get("trial"), "at": at, "route": name,
+                                      "steps": [[t, a] for t, a in steps], "truth": used})
 
         def close() -> None:
             for steps, used, name in open_fires:
@@ -240,8 +274,9 @@ class Harness:
                     tally.fires += 1
                     tally.heard_fires += 1
                     steps = list(self.exec_log)
-                    name = block.split("replayed route ", 1)[-1].split(" ", 1)[0]
+                    name = self.fired_route(space, session)
                     open_fires.append([steps, [False] * len(steps), name])
+                    logged(steps, open_fires[-1][1], name, i)
                     tally.replayed_steps += len(steps)
                     inserted[i] = inserted.get(i, 0) + tokens("\n\n" + block)
                 continue
@@ -280,8 +315,9 @@ class Harness:
                 if block:
                     tally.fires += 1
                     steps = list(self.exec_log)
-                    name = block.split("replayed route ", 1)[-1].split(" ", 1)[0]
+                    name = self.fired_route(space, session)
                     open_fires.append([steps, [False] * len(steps), name])
+                    logged(steps, open_fires[-1][1], name, i if ri is None else ri)
                     tally.replayed_steps += len(steps)
                     if ri is not None:
                         inserted[ri] = inserted.get(ri, 0) + tokens("\n\n" + block)
@@ -292,6 +328,14 @@ class Harness:
             svc.end_run(space, session, config=cfg)
         tally.input_tokens += self.input_tokens(msgs, set(), {})
         tally.input_tokens_with_waggle += self.input_tokens(msgs, removed, inserted)
+
+    @staticmethod
+    def fired_route(space: str, session: str) -> str:
+        """The route of the session's latest replay (the block does not name it)."""
+        from waggle.models import FiredPlan
+
+        return FiredPlan.objects.filter(space_key=space, session_key=session).order_by("-id").values_list(
+            "name", flat=True).first() or ""
 
     def judge(self, space: str, session: str, m: dict, open_fires: list, cfg) -> None:
         """The host's judge hears the reply as a live run would: its text, and the calls no open
@@ -396,18 +440,21 @@ def evaluate(args) -> dict:
     h.verbose = args.verbose
     h.deaf = args.deaf
     h.truth_ledger = args.truth_ledger
+    h.fire_log = [] if args.dump_fires else None
     lines = []
     pooled = Tally()
     for seed in args.only or range(args.folds or args.seeds):
         tally = h.run_seed(seed, args.train_frac, args.folds)
         lines.append(tally.line())
         for f in ("read_only_calls", "round_trips_saved", "replayed_steps", "replayed_steps_used", "fires", "heard_fires",
-                  "input_tokens", "input_tokens_with_waggle", "routes", "booked_steps", "booked_used"):
+                  "input_tokens", "input_tokens_with_waggle", "routes", "booked_steps", "booked_used", "unjudged_steps"):
             setattr(pooled, f, getattr(pooled, f) + getattr(tally, f))
         print(f"seed {seed}: {json.dumps(tally.line())}", file=sys.stderr)
         if args.verbose:
             for name, (n, used) in sorted(tally.per_route.items()):
                 print(f"    {name}: {used} of {n} replayed steps used", file=sys.stderr)
+    if args.dump_fires:
+        Path(args.dump_fires).write_text(json.dumps(h.fire_log, ensure_ascii=False, indent=1))
     keys = lines[0].keys()
     if args.folds:  # every task held out once: pool the folds (small folds make noisy ratios)
         return pooled.line() | {"routes": round(pooled.routes / len(lines), 3), "folds": args.folds}
@@ -452,6 +499,8 @@ def main() -> None:
     ap.add_argument("--deaf", action="store_true", help="do not pass the user messages in (no inbound routes)")
     ap.add_argument("--truth-ledger", action="store_true",
                     help="book the harness's truth in the ledger instead of the host's judge (runs before issue 24)")
+    ap.add_argument("--dump-fires", metavar="PATH",
+                    help="write each fire (trajectory, message index, steps, true and booked verdicts) as JSON")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-route figures on stderr")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one waggle default for this run (sensitivity analysis; not the baseline)")

@@ -14,14 +14,17 @@ capitalised word opening a sentence is grammar, not a name: ``The``, ``Error:``)
 a reply when it stands there as a whole word (case-insensitive): ``JG7FMM`` in "your reservation
 JG7FMM is", not in "XJG7FMMX". A reply writes for a reader, not a parser: an ISO date is also
 found as the reader reads it ("May 17", "17 May", "May 17th"), a number also with thousands
-separators ("1,227") or cents ("1227.00").
+separators ("1,227") or cents ("1227.00"), a float with a zero fraction as a whole number (980.0 as
+"980"), a longer fraction rounded to cents (10.566880000000001 as "10.57"); a number is never found
+inside a longer one ("980" is not in "980.05"). A JSON output's evidence is its leaves only: one
+whose leaves are all true, false or null brought no value to name (its keys are not values).
 """
 from __future__ import annotations
 
 import re
 from typing import Any, Iterable
 
-from waggle.trace import Call, decode_value, iter_text_words, output_refs, specific  # (specific: used here and by speech)
+from waggle.trace import MIN_DIGITS, Call, decode_value, is_json, iter_text_words, output_refs, specific  # (specific: used here and by speech)
 
 MAX_VALUES = 60          # evidence values kept per replayed step (the first, in document order)
 MAX_TEXT_CHARS = 200_000  # a reply longer than this is searched in its first part only
@@ -60,6 +63,8 @@ def step_evidence(args: dict, output: str, known: set[str]) -> list[str]:
     refs = output_refs(output)
     if refs:
         raw: Iterable[Any] = (decode_value(v) for _, v in refs)
+    elif is_json(output):  # JSON with no scalar leaf ({"canDrive": false}): its keys are not values it brought
+        raw = ()
     else:  # plain text: its words (as the ring keeps them: waggle.trace.text_words)
         raw = iter_text_words(output or "", MAX_TEXT_CHARS)
     out: list[str] = []
@@ -123,6 +128,13 @@ def forms(value: str) -> list[str]:
             out.append(grouped)
         if not cents:
             out += [f"{whole}.00", f"{grouped}.00"] if grouped != whole else [f"{whole}.00"]
+        elif not cents.strip("0"):  # a float with nothing after the point: 980.0 is written 980
+            if sum(ch.isdigit() for ch in whole) >= MIN_DIGITS:  # (10.0 as "10" is too common to tell)
+                out += [whole] + ([grouped] if grouped != whole else [])
+        elif len(cents) > 2:  # a computed float is written rounded: 10.566880000000001 as 10.57
+            rounded = f"{float(value):.2f}"
+            if sum(ch.isdigit() for ch in rounded) >= MIN_DIGITS and rounded != value:
+                out.append(rounded)
     return out
 
 
@@ -144,12 +156,16 @@ def _words_known(value: str, pool: set[str]) -> bool:
 
 
 def _names(lower: str, v: str) -> bool:
+    numeric = v[:1].isdigit()
     start = lower.find(v)
     while start >= 0:
         end = start + len(v)
         before = lower[start - 1] if start else " "
         after = lower[end] if end < len(lower) else " "
-        if not before.isalnum() and not after.isalnum():
+        # (a number is not named inside a longer one: 980 is not in 980.05 nor in 1.980)
+        inside = numeric and ((after == "." and lower[end + 1:end + 2].isdigit())
+                              or (before == "." and lower[start - 2:start - 1].isdigit()))
+        if not before.isalnum() and not after.isalnum() and not inside:
             return True
         start = lower.find(v, start + 1)
     return False

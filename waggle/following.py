@@ -54,10 +54,10 @@ def follow(space_key: str, session_key: str, exec: ExecFn, *, config: WaggleConf
     remaining steps are fully determined by the values seen, run those steps through ``exec``
     and return one marked block to append to the triggering tool result::
 
-        [waggle: replayed route NAME — N steps, ~T tokens saved (estimate)]
+        [waggle: replayed N steps]
         --- step 1/N: tool(arg="value")
         ...output...
-        [waggle: end of NAME]
+        [waggle: end]
 
     ``reaches_out(tool)`` says which tools reach outside the space (the network, MCP servers not
     declared closed-world; None: none does): a value from a tool's output never becomes their

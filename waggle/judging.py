@@ -140,6 +140,22 @@ def _verdict(step: list) -> str | None:
     return step[7] if len(step) > 7 else None
 
 
+def _unheard(tail: list) -> bool:
+    """No reply of the model (text or a call) came after the replay: its steps carry where the
+    replay stood (index 8) and no mark that a reply was heard since (index 9, set by
+    :func:`judge_reply`). A row written before replays kept their position counts as heard."""
+    return all(len(step) == 9 for step in tail)
+
+
+def _mark_heard(tail: list) -> bool:
+    """Mark that a reply was heard since the replay; True when the mark is new."""
+    if not _unheard(tail):
+        return False
+    for step in tail:
+        step.append(True)
+    return True
+
+
 def _learned_since(ring: Recorder, at: int, replayed: set) -> set[str]:
     """Values the session's own calls and messages brought after position ``at`` (a replay's): a
     reply naming one of them may have drawn on those, not on the replay."""
@@ -195,8 +211,9 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
             speech.watch(space_key, session_key, ring, first, every, said)
         settled = 0
         lists, done = None, set()
+        spoke = bool(calls) or bool(text.strip() if isinstance(text, str) else "")
         for fired, tail, replayed in zip(pending, tails, made):
-            changed, since = False, None
+            changed, since = spoke and _mark_heard(tail), None
             drawn: dict[str, int] = {}
             inferred = 0
             for step in tail:
@@ -241,7 +258,12 @@ def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = N
     replayed step of the session no reply drew on is booked unused, and its replays settled,
     except as many silent steps (with something to show, earliest first) as the model's measured
     silence about its own reads accounts for (:mod:`waggle.speech`: none when no replayed step
-    was drawn on). Returns how many replays were settled. Never raises."""
+    was drawn on). A replay after which the model said nothing at all (no text, no call: the run
+    was cut off, or ended on an empty reply) is left *unjudged*: there was no reply that could have
+    drawn on it, so booking it unused would count a prediction never put to the test as a miss
+    (and demote a route for where runs happen to stop), and booking it used is the bug the
+    ledger exists to avoid. Its ledger row stays unsettled (out of the route's figures and its
+    demotion), saying why. Returns how many replays were settled. Never raises."""
     try:
         pin = recording._pins.get((space_key, session_key))
         if pin is not None and not pin.maybe_pending:
@@ -249,6 +271,11 @@ def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = N
         pending = _pending(space_key, session_key)
         cfg = (config or default_config()).normalized()
         tails = [[list(step) for step in fired.tail] for fired in pending]
+        for fired, tail in zip(pending, tails):
+            if _unheard(tail):
+                _leave_unjudged(fired, tail)
+        judged = [(fired, tail) for fired, tail in zip(pending, tails) if not _unheard(tail)]
+        pending, tails = [f for f, _ in judged], [t for _, t in judged]
         silent: dict[str, int] = {}
         for fired, tail in zip(pending, tails):
             silent[fired.name] = silent.get(fired.name, 0) + sum(1 for step in tail if _silent(step))
@@ -263,10 +290,23 @@ def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = N
             _close(space_key, session_key, fired, tail, cfg)
         if pin is not None:
             pin.none_pending, pin.maybe_pending = True, False
-        return len(pending)
+        return len(pending)  # (the unjudged ones are not settled)
     except Exception:  # noqa: BLE001 - best effort by contract
         log.exception("waggle: ending a run failed (space=%r session=%r); ignored", space_key, session_key)
         return 0
+
+
+UNJUDGED = "unjudged: the run ended before the model replied to the replay"
+
+
+def _leave_unjudged(fired: FiredPlan, tail: list) -> None:
+    """Close the replay without a verdict (see :func:`end_run`): its row no longer waits, its ledger
+    entry stays unsettled, which keeps it out of every figure and demotion."""
+    for step in tail:
+        step.extend([None] * (8 - len(step)))
+        step[7] = "unjudged"
+    if FiredPlan.objects.filter(pk=fired.pk, settled=False).update(settled=True, tail=tail) and fired.ledger_id:
+        LedgerEntry.objects.filter(pk=fired.ledger_id, settled=False).update(detail=UNJUDGED)
 
 
 def _close(space_key: str, session_key: str, fired: FiredPlan, tail: list, cfg: WaggleConfig) -> None:

@@ -152,20 +152,28 @@ def estimate_yield(tail: Sequence[ConcreteStep], outputs: Sequence[str]) -> int:
     return total
 
 
-def format_block(name: str, tail: Sequence[ConcreteStep], outputs: Sequence[str], yield_tokens: int,
-                 *, verb: str = "replayed route") -> str:
+BLOCK_END = "[waggle: end]"
+
+
+REPLAYED = "replayed"  # the verb of a replay no one asked for (follow, inbound)
+
+
+def format_block(name: str, tail: Sequence[ConcreteStep], outputs: Sequence[str], *, verb: str = REPLAYED) -> str:
+    """The block the model reads: a header, each step's call and output, an end mark. It rides in
+    every later request of the run, so it carries nothing the model does not need: no yield
+    estimate (the ledger's) and, on a replay, no route name (the ledger and the fired plan keep
+    it; the step lines say what was called); a waggle the model ran by name is named."""
     n = len(tail)
-    head = (f"[waggle: {verb} {name} \u2014 {n} step{'s' if n != 1 else ''}, "
-            f"~{yield_tokens} tokens saved (estimate)]")
-    parts = [head]
+    count = f"{n} step{'s' if n != 1 else ''}"
+    parts = [f"[waggle: {REPLAYED} {count}]" if verb == REPLAYED else f"[waggle: {verb} {name} \u2014 {count}]"]
     for i, ((tool, args), out) in enumerate(zip(tail, outputs), 1):
         parts.append(f"--- step {i}/{n}: {describe_call(tool, dict(args))}")
         parts.append(out.rstrip("\n"))
-    parts.append(f"[waggle: end of {name}]")
+    parts.append(BLOCK_END)
     return "\n".join(parts)
 
 
-def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: str = "replayed route") -> Outcome:
+def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: str = REPLAYED) -> Outcome:
     """Run the steps in order through ``exec``. Any exception or empty output is a failure and
     yields no block. Never raises."""
     outputs: list[str] = []
@@ -178,7 +186,7 @@ def run_steps(name: str, tail: Sequence[ConcreteStep], exec: ExecFn, *, verb: st
             return Outcome(ok=False, error=f"step {i} ({tool}) returned no output", outputs=outputs)
         outputs.append(out)
     y = estimate_yield(tail, outputs)
-    return Outcome(ok=True, block=format_block(name, tail, outputs, y, verb=verb), yield_tokens=y, outputs=outputs)
+    return Outcome(ok=True, block=format_block(name, tail, outputs, verb=verb), yield_tokens=y, outputs=outputs)
 
 
 def run_route(route: Route, params: Mapping[str, str], exec: ExecFn, *, cap: int = DEFAULT_FANOUT_CAP,
@@ -210,7 +218,7 @@ def run_route(route: Route, params: Mapping[str, str], exec: ExecFn, *, cap: int
         # a later ref to a fan-out step reads its first element's output
         done.append(Call.make(step.tool, args_json(conc[0][1]) if conc else {}, output=first_output or ""))
     y = estimate_yield(tail, outputs)
-    return tail, Outcome(ok=True, block=format_block(route.name, tail, outputs, y, verb=verb), yield_tokens=y,
+    return tail, Outcome(ok=True, block=format_block(route.name, tail, outputs, verb=verb), yield_tokens=y,
                          outputs=outputs)
 
 

@@ -177,6 +177,17 @@ def text_words(text: str | None) -> tuple[str, ...]:
     return tuple(out)
 
 
+def is_json(text: str | None) -> bool:
+    """The output is a JSON object or array (its words are keys and leaves, not prose)."""
+    if not text or len(text) > MAX_PARSE_CHARS or text.lstrip()[:1] not in ("{", "["):
+        return False
+    try:
+        json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
+
+
 def output_refs(text: str | None) -> Refs:
     """The short scalar leaves of a JSON output, with their paths, in document order."""
     if not text or len(text) > MAX_PARSE_CHARS:
@@ -243,7 +254,7 @@ class Call:
         # A NUL cannot be stored as it is (see storable()): such a call is kept only as a barrier.
         oversized = any(len(v) > MAX_LITERAL_CHARS or "\\u0000" in v or "\x00" in k for k, v in flat)
         refs = () if mutates else output_refs(output)
-        words = () if mutates or refs else text_words(clean_text(output or ""))
+        words = () if mutates or refs or is_json(output) else text_words(clean_text(output or ""))
         return cls(tool=clean_text(str(tool)), args=flat, mutates=bool(mutates), out_hash=output_hash(output),
                    est_tokens=estimate_tokens(output), refs=refs, oversized=oversized, words=words)
 

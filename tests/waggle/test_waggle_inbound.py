@@ -192,7 +192,8 @@ def test_the_message_that_woke_the_member_replays_the_lookup_before_the_model_as
     exe = FakeExec({"get_user_details": '{"id": "zoe_park_5150", "reservations": ["K8TQ2Z"]}'})
     block = service.inbound("1", "live", "m", "Hi! I am zoe_park_5150 and need help.", exe, config=QUIET)
     assert exe.calls == [("get_user_details", {"user_id": "zoe_park_5150"})]
-    assert block.startswith(f"[waggle: replayed route {w.name}") and "zoe_park_5150" in block
+    assert block.startswith("[waggle: replayed 1 step]") and "zoe_park_5150" in block
+    assert FiredPlan.objects.get(session_key="live").name == w.name
     assert ForageCall.objects.filter(session_key="live", replayed=True).count() == 1
     # the model draws on it (its next call takes the reservation the replay listed): used
     assert service.judge_reply("1", "live", [("get_reservation", {"id": "K8TQ2Z"})], config=QUIET) == 1

@@ -90,6 +90,28 @@ def test_a_route_the_model_never_draws_on_is_demoted(cfg):
     assert Waggle.objects.get(name=w.name).disabled
 
 
+def test_a_replay_no_reply_followed_is_left_unjudged_not_booked_unused(cfg):
+    """The run ends before the model says anything after the replay (cut off, or an empty last
+    reply): nothing could have drawn on it, so it is neither a use nor a miss; its ledger row stays
+    out of the route's figures (and its demotion), saying why."""
+    w = teach("1", cfg)
+    for n in range(4):
+        fire("1", f"s{n}", f"x{n}", cfg)
+        service.judge_reply("1", f"s{n}", [], text="  ", config=cfg)  # an empty reply says nothing
+        service.end_run("1", f"s{n}", config=cfg)
+    assert not Waggle.objects.get(name=w.name).disabled
+    assert not FiredPlan.objects.filter(settled=False).exists()  # nothing left waiting
+    assert all(step[7] == "unjudged" for fired in FiredPlan.objects.all() for step in fired.tail)
+    entries = LedgerEntry.objects.all()
+    assert len(entries) == 4 and not any(e.settled for e in entries)
+    assert all(e.detail == "unjudged: the run ended before the model replied to the replay" for e in entries)
+    # one reply that names nothing is a chance to draw on it: that run's replay is booked unused
+    fire("1", "s9", "x9", cfg)
+    service.judge_reply("1", "s9", [("task_done", {})], text="", config=cfg)
+    service.end_run("1", "s9", config=cfg)
+    assert LedgerEntry.objects.filter(settled=True, used_steps=0).count() == 1
+
+
 # --- 2. one task cannot make a route --------------------------------------------------------------
 def copies(space, task, n, start=0):
     """``n`` near-identical copies of one task: the same message, a literal-only walk with the same outputs."""

@@ -82,6 +82,22 @@ def test_dates_and_numbers_are_found_as_a_reader_writes_them():
     assert evidence.drawn(["2024-05-12T17:08:42"], "May 12") is None  # a timestamp is not a day
 
 
+def test_a_float_is_found_as_a_whole_number_or_rounded_but_never_inside_a_longer_number():
+    """A tool says 980.0 and the model writes "980 miles"; a computed 10.566880000000001 is passed
+    on as 10.57. A short whole (10.0 as "10") is too common to tell; 980 is not in 980.05."""
+    assert evidence.drawn(["980.0"], "The estimated distance is 980 miles.") == "980.0"
+    assert evidence.drawn(["10.566880000000001"], '{"fuelAmount": 10.57}') == "10.566880000000001"
+    assert evidence.drawn(["10.0"], "add 10 liters") is None
+    assert evidence.drawn(["980.0"], "980.05 km") is None
+    assert evidence.drawn(["980"], "1.980 km") is None
+
+
+def test_a_json_output_of_only_flags_brought_no_value_to_name():
+    """{"canDrive": false}: its key is a name of the tool's schema, not a value it returned."""
+    assert evidence.step_evidence({"distance": 980.0}, json.dumps({"canDrive": False}), known=set()) == []
+    assert evidence.step_evidence({}, "Gate B12 opens", known=set()) == ["B12"]  # (plain text: its words)
+
+
 def test_a_date_the_session_already_said_in_words_is_no_evidence():
     output = json.dumps({"date": "2024-05-17", "other": "2024-06-01"})
     assert evidence.step_evidence({}, output, known={"May", "17,"}) == ["2024-06-01"]

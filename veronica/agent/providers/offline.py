@@ -22,7 +22,7 @@ ASSIGN_RE = re.compile(r"You are assigned task #(?P<id>\d+): (?P<title>.+?)(?: \
 PATH_RE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:py|md|csv|txt|toml|json|ya?ml|cfg|ini|js|ts|html))(?![\w/])")
 STEP_RE = re.compile(r"^--- step \d+/\d+: (?P<name>\w+)\((?P<args>.*)\)$", re.M)
 ARG_RE = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*")')
-BLOCK_END_RE = re.compile(r"^\[waggle: end of .*\]$", re.M)
+BLOCK_END_RE = re.compile(r"^\[waggle: end(?: of .*)?\]$", re.M)  # (a block before the short end mark named its route)
 ORIENTATION = [("list_dir", {"path": "."}), ("read_file", {"path": "README.md"}), ("glob", {"pattern": "**/*.py"}),
                ("read_file", {"path": "docs/design.md"})]
 
