@@ -60,15 +60,18 @@ def tokens(text: Any) -> list[str]:
     text = clean_text(text[:MAX_MESSAGE_CHARS])
     out: list[str] = []
     seen: set[str] = set()
-    for word in text.split():
-        word = word.strip(_STRIP)
-        if not word or len(word) > MAX_TOKEN_CHARS or word in seen:
-            continue
-        seen.add(word)
-        out.append(word)
+    for whole in text.split():
+        whole = whole.strip(_STRIP)
+        # the parts of an address are values too: the agent told "mia_li_3668@example.com" looks
+        # the member up as mia_li_3668 (a handle's local part, a package@version's name)
+        for word in [whole] + ([w.strip(_STRIP) for w in whole.split("@")] if "@" in whole else []):
+            if not word or len(word) > MAX_TOKEN_CHARS or word in seen:
+                continue
+            seen.add(word)
+            out.append(word)
         if len(out) >= MAX_TOKENS:
             break
-    return out
+    return out[:MAX_TOKENS]
 
 
 def message_call(text: Any) -> Call:
