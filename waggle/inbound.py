@@ -8,12 +8,14 @@ a user's message, the mail that woke a member). Its trigger is "an inbound messa
 token of the learned *shape*".
 
 * **Tokens** of a message: its whitespace-separated words with surrounding punctuation stripped
-  (``"src/foo.py."`` gives ``src/foo.py``), distinct, at most ``MAX_TOKENS`` of at most
+  (``"src/foo.py."`` gives ``src/foo.py``), and the parts of a word joined by ``@`` (an email
+  address's local part is often the member's id), distinct, at most ``MAX_TOKENS`` of at most
   ``MAX_TOKEN_CHARS`` characters each (a huge or odd token is simply not a candidate).
 * A **shape** is learned from the values the argument took in the mined sessions, never the values
   themselves: the character classes every value had (upper, lower, digit, or the punctuation
-  character itself), the classes any value had, and the range of lengths. ``mia_li_3668`` and
-  ``noah_smith_1234`` give "lower, ``_`` and digits, 11-15 characters".
+  character itself), the classes any value had, and the range of lengths, widened by its spread
+  when the lengths varied (a fixed length is kept). ``mia_li_3668`` and ``noah_smith_1234`` give
+  "lower, ``_`` and digits, 7-19 characters"; ``JG7FMM`` and ``H8Q05L`` "upper and digits, 6".
 * **Pending values**: the tokens of the session's inbound messages that fit any learned shape (the
   route's own, or a *rival*: the shape of another heard argument mined in the same space) and that
   no call of the session has used as an argument yet. The route fires only when exactly one value
@@ -60,15 +62,18 @@ def tokens(text: Any) -> list[str]:
     text = clean_text(text[:MAX_MESSAGE_CHARS])
     out: list[str] = []
     seen: set[str] = set()
-    for word in text.split():
-        word = word.strip(_STRIP)
-        if not word or len(word) > MAX_TOKEN_CHARS or word in seen:
-            continue
-        seen.add(word)
-        out.append(word)
+    for whole in text.split():
+        whole = whole.strip(_STRIP)
+        # the parts of an address are values too: the agent told "mia_li_3668@example.com" looks
+        # the member up as mia_li_3668 (a handle's local part, a package@version's name)
+        for word in [whole] + ([w.strip(_STRIP) for w in whole.split("@")] if "@" in whole else []):
+            if not word or len(word) > MAX_TOKEN_CHARS or word in seen:
+                continue
+            seen.add(word)
+            out.append(word)
         if len(out) >= MAX_TOKENS:
             break
-    return out
+    return out[:MAX_TOKENS]
 
 
 def message_call(text: Any) -> Call:

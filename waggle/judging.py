@@ -15,7 +15,7 @@ from waggle.config import WaggleConfig, default_config
 from waggle import evidence
 from waggle.models import FiredPlan, LedgerEntry, Waggle
 from waggle.recorder import Recorder
-from waggle.route import Route, wilson_upper
+from waggle.route import Route, mined_prior, wilson_upper
 from waggle.trace import Call, flatten_args
 from waggle.common import log
 from waggle import recording, speech, sweeping
@@ -371,12 +371,19 @@ def _learn_reach(scope: str, store_key: str, name: str, tail: list, used: list[b
 
 
 def _demote_if_missing(scope: str, store_key: str, name: str, cfg: WaggleConfig) -> bool:
-    """Disable the route when, over its settled replays, the upper bound of "step used" is below
+    """Disable the route when, over its settled replays and what vouched for it beyond the bar
+    when it was mined (:func:`waggle.route.mined_prior`), the upper bound of "step used" is below
     ``min_confidence``: it has shown, beyond small-sample doubt, that it misses too often."""
     agg = LedgerEntry.objects.filter(scope=scope, store_key=store_key, name=name, settled=True,
                                      on_demand=False).aggregate(steps=Sum("steps"), used=Sum("used_steps"))
     steps, used = agg["steps"] or 0, agg["used"] or 0
     if steps == 0 or wilson_upper(used, steps, cfg.confidence_z) >= cfg.min_confidence:
+        return False
+    # what vouched for it when mined counts too: one early miss does not bury a route that many
+    # contexts vouched for (the live misses must outweigh them)
+    stored = Waggle.objects.filter(scope=scope, space_key=store_key, name=name).values_list("route", flat=True).first()
+    prior_steps, prior_used = mined_prior(stored, cfg.min_contexts)
+    if wilson_upper(used + prior_used, steps + prior_steps, cfg.confidence_z) >= cfg.min_confidence:
         return False
     changed = Waggle.objects.filter(scope=scope, space_key=store_key, name=name, disabled=False).update(
         disabled=True, touched=timezone.now())

@@ -83,6 +83,21 @@ def wilson_upper(successes: float, n: float, z: float) -> float:
     return min(1.0, (centre + margin) / (1 + z2 / n))
 
 
+def mined_prior(data: Any, min_contexts: int) -> tuple[float, float]:
+    """What vouched for a stored route (its JSON) beyond the bar when it was mined, as evidence
+    the live ledger adds to: (its distinct contexts past ``min_contexts``, as many times its
+    lower bound of use). A route stored on the bare minimum has nothing to spare (its first live
+    miss may demote it); one that 18 contexts vouched for is not buried by one early miss."""
+    if not isinstance(data, Mapping):
+        return 0.0, 0.0
+    try:
+        n = max(0, int(data.get("contexts") or 0) - max(0, int(min_contexts)))
+        share = min(1.0, max(0.0, float(data.get("confidence") or 0.0)))
+    except (TypeError, ValueError):
+        return 0.0, 0.0
+    return float(n), n * share
+
+
 def _last_index(path: Path) -> int | None:
     """Position of the last list index in a path (where a fan-out iterates), or None."""
     for i in range(len(path) - 1, -1, -1):

@@ -35,8 +35,13 @@ class TokenShape:
         if not vals:
             return None
         sets = [classes(v) for v in vals]
+        lo, hi = min(map(len, vals)), max(map(len, vals))
+        # a length that varied (names: mia_li_3668, mohamed_hernandez_5188) is not a property of
+        # the values: the next one is as likely a little shorter or longer than those seen; a
+        # length every value had (a 6-character code) is kept exactly
+        spread = hi - lo
         return cls(required=frozenset.intersection(*sets), allowed=frozenset.union(*sets),
-                   lo=min(map(len, vals)), hi=max(map(len, vals)))
+                   lo=max(1, lo - spread), hi=hi + spread)
 
     def fits(self, token: str) -> bool:
         if not (self.lo <= len(token) <= self.hi):

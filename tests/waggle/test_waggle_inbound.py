@@ -16,7 +16,7 @@ from waggle.inbound import (INBOUND_TOOL, MAX_TOKEN_CHARS, MAX_TOKENS, TokenShap
 from waggle.models import FiredPlan, ForageCall, LedgerEntry, Waggle
 from waggle.route import Route, render_script, wilson_lower
 from waggle.trace import Call, decode_value
-from waggle_helpers import FakeExec
+from waggle_helpers import FakeExec, teach_heard
 
 USERS = ["mia_li_3668", "noah_smith_1234", "ava_kim_2020", "liam_wu_7781", "emma_roy_4410", "omar_haddad_9001"]
 
@@ -47,7 +47,8 @@ def test_huge_and_odd_tokens_are_not_candidates():
 def test_a_shape_is_learned_from_values_not_the_literals():
     shape = TokenShape.learn(["mia_li_3668", "noah_smith_1234", "liam_wu_7781"])
     assert shape.fits("ava_kim_2020") and shape.fits("omar_hadd_9001")
-    assert not shape.fits("omar_haddad_90012")  # longer than any value seen
+    assert shape.fits("omar_haddad_90012")  # a little longer than any seen: lengths varied (11-15)
+    assert not shape.fits("omar_haddad_" + "9" * 8)  # 20: past the spread seen beyond the longest
     assert not shape.fits("reservation")  # no digits, no underscore
     assert not shape.fits("JG7FMM") and not shape.fits("a_1")  # other classes; too short
     assert TokenShape.from_json(json.loads(json.dumps(shape.to_json()))) == shape
@@ -176,14 +177,7 @@ QUIET = WaggleConfig(mine_period=10_000)
 
 
 def teach(space, users=USERS):
-    for i, u in enumerate(users):
-        s = f"teach-{i}"
-        service.inbound(space, s, "m", f"Hello, my user id is {u}.", None, config=QUIET)
-        service.observe(space, s, "m", "get_user_details", {"user_id": u}, False, json.dumps({"id": u}), config=QUIET)
-        service.observe(space, s, "m", "cancel", {"user_id": u}, True, "ok", config=QUIET)
-    w = service.sweep(space, config=QUIET)
-    assert w is not None and w.name.startswith("heard.")
-    return w
+    return teach_heard(space, users, QUIET)
 
 
 @pytest.mark.django_db

@@ -1,6 +1,8 @@
 """Plain helpers shared by waggle's tests (imported as a module; fixtures live in conftest.py)."""
 from __future__ import annotations
 
+import json
+
 from waggle import service
 
 
@@ -43,3 +45,15 @@ def feed(space_key, session_key, calls, config, member_key="m1", mutates=False):
 def noise(i: int) -> list[tuple[str, dict]]:
     """A read-only call that never repeats (breaks nothing, joins no route)."""
     return [(f"noise_{i}", {"n": i})]
+
+
+def teach_heard(space, users, config):
+    """Sessions where the message names a user id and the agent looks it up first: an inbound route."""
+    for i, u in enumerate(users):
+        s = f"teach-{i}"
+        service.inbound(space, s, "m", f"Hello, my user id is {u}.", None, config=config)
+        service.observe(space, s, "m", "get_user_details", {"user_id": u}, False, json.dumps({"id": u}), config=config)
+        service.observe(space, s, "m", "cancel", {"user_id": u}, True, "ok", config=config)
+    w = service.sweep(space, config=config)
+    assert w is not None and w.name.startswith("heard.")
+    return w
