@@ -18,6 +18,7 @@ A behaviour is a plain dict (so a test in another process can post it as JSON to
     unauthorized()                     401
     context_overflow()                 400 "prompt is too long" / context_length_exceeded
     no_usage(text)                     an answer without a usage block
+    frames(pieces, delay, hold)        a 200 event stream written piece by piece exactly as given
 
 Load (configure(); POST /_mock/config from another process): `latency` seconds before every model
 answer, and `capacity`: a request arriving while that many are already in flight gets 429 with
@@ -102,6 +103,12 @@ def raw(body: bytes | str, status: int = 200, content_type: str = "text/html", h
 def pings(seconds: float = 30, interval: float = 0.3, headers_only: bool = False) -> dict:
     """A 200 event stream that sends only keep-alive comments/pings (or, headers_only, nothing at all)."""
     return {"kind": "pings", "seconds": seconds, "interval": interval, "headers_only": headers_only}
+
+
+def frames(pieces: list[str], delay: float = 0.01, hold: float = 0.0) -> dict:
+    """A 200 event stream written exactly as `pieces` (raw SSE text, split anywhere: mid-line, between
+    CR and LF), each its own write `delay` s apart; then the body stays open `hold` s before it ends."""
+    return {"kind": "frames", "pieces": pieces, "delay": delay, "hold": hold}
 
 
 def empty() -> dict:
@@ -390,6 +397,13 @@ class Handler(BaseHTTPRequestHandler):
                             self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
                             self.wfile.flush()
                 self.end_stream()
+            elif behaviour["kind"] == "frames":
+                self.start_stream()
+                for piece in behaviour["pieces"]:
+                    self.pause(record, behaviour["delay"])
+                    self.send_chunk(record, piece.encode("utf-8", "surrogateescape"))  # "\udcff": the byte 0xff
+                self.pause(record, behaviour["hold"])
+                self.end_stream()
             elif behaviour["kind"] == "hang":
                 self.wait_for_disconnect(record, behaviour["seconds"])
             elif behaviour["kind"] == "stream_error" and not (body or {}).get("stream"):
@@ -459,10 +473,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def send_event(self, record: Record, data: str, event: str | None = None) -> None:
+        frame = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
+        self.send_chunk(record, frame.encode())
+
+    def send_chunk(self, record: Record, raw: bytes) -> None:
+        """One HTTP chunk of the streamed body, sent at once."""
         if self.client_gone():
             raise ClientGone()
-        frame = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
-        raw = frame.encode()
         self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
         self.wfile.flush()
         record.chunks_sent += 1
