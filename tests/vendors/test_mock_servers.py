@@ -51,3 +51,32 @@ def test_a_mock_vendor_as_a_separate_process(module, provider_cls, suffix):
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_a_lean_mock_reads_requests_like_the_standard_one(stream):
+    """Lean mode (the fleet bench) reads request headers without http.server's parser: the key, the body
+    length, keep-alive, a 404, and a scripted conversation of steps all read as they do otherwise."""
+    from tests.vendors.mock_openai import MockOpenAI
+
+    mock = MockOpenAI(api_key="k-lean").configure(steps=2, lean=True).start()
+    try:
+        provider = OpenAIProvider("m", mock.base_url, "k-lean", CallConfig(timeout=5, max_retries=0, stream=stream))
+        messages = [{"role": "user", "content": "list it é " * 50}]
+        reply = provider.complete("S", messages, [], should_stop=lambda: False)
+        assert [c.name for c in reply.tool_calls] == ["list_dir"]
+        messages += [{"role": "assistant", "content": "", "tool_calls": [{"id": reply.tool_calls[0].id, "name": "list_dir",
+                                                                          "args": {"path": "."}}]},
+                     {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "a.py"}]
+        assert provider.complete("S", messages, [], should_stop=lambda: False).text == "done"
+        wrong = OpenAIProvider("m", mock.base_url, "k-wrong", CallConfig(timeout=5, max_retries=0, stream=stream))
+        with pytest.raises(ProviderError) as caught:
+            wrong.complete("S", messages, [], should_stop=lambda: False)
+        assert caught.value.status == 401
+        doubled = OpenAIProvider("m", mock.base_url + "/v1", "k-lean", CallConfig(timeout=5, max_retries=0, stream=stream))
+        with pytest.raises(ProviderError) as caught:
+            doubled.complete("S", messages, [], should_stop=lambda: False)
+        assert caught.value.status == 404
+        assert mock.served == 2 and mock.requests == []  # lean: model answers counted, nothing recorded
+    finally:
+        mock.stop()
