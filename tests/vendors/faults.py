@@ -328,6 +328,10 @@ class _LeanHeaders(dict):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, so connection reuse is observable (client port)
+    # TCP_NODELAY, as a vendor's server (nginx, envoy, uvicorn) sets it: an event stream is small writes,
+    # and with Nagle each one after the first waited for the client's delayed ACK on a reused connection
+    # (~40 ms a call; a new connection hides it, its first ACKs are quick).
+    disable_nagle_algorithm = True
     vendor: MockVendor
 
     def log_message(self, *args) -> None:

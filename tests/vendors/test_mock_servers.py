@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -78,5 +79,24 @@ def test_a_lean_mock_reads_requests_like_the_standard_one(stream):
             doubled.complete("S", messages, [], should_stop=lambda: False)
         assert caught.value.status == 404
         assert mock.served == 2 and mock.requests == []  # lean: model answers counted, nothing recorded
+    finally:
+        mock.stop()
+
+
+def test_a_streamed_reply_on_a_kept_alive_connection_is_not_held_back():
+    """The mock writes an event stream as a vendor's server does, with TCP_NODELAY: without it, on a
+    reused connection each small write after the first waited for the client's delayed ACK (~40 ms a
+    call, read by the fleet bench as the engine's time)."""
+    from tests.vendors.mock_openai import MockOpenAI
+
+    mock = MockOpenAI(api_key="k").configure(steps=3, lean=True).start()
+    try:
+        provider = OpenAIProvider("m", mock.base_url, "k", CallConfig(timeout=5, max_retries=0, stream=True))
+        walls = []
+        for _ in range(15):
+            started = time.monotonic()
+            provider.complete("S", [{"role": "user", "content": "hi"}], [], should_stop=lambda: False)
+            walls.append(time.monotonic() - started)
+        assert sorted(walls)[len(walls) // 2] < 0.03, walls
     finally:
         mock.stop()
