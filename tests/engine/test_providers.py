@@ -114,12 +114,106 @@ def test_streamed_text_reaches_on_event_as_it_is_generated(vendor):
     assert reply.finish_reason == "stop"
 
 
-def test_one_connection_is_reused_across_calls(vendor):
-    provider = vendor.provider(stream=False)
+def test_one_connection_is_reused_across_calls(vendor, stream):
+    """Streamed too: a stream read to its end hands its connection back (the OpenAI SDK's own stream
+    closed it unread at [DONE], so every streamed call opened a new one)."""
+    vendor.mock.push(f.tool_call("list_dir", {"path": "."}))
+    provider = vendor.provider(stream=stream)
     call(provider)
-    call(vendor.provider(stream=False))  # a new provider for the same endpoint shares the pooled client
+    call(vendor.provider(stream=stream))  # a new provider for the same endpoint shares the pooled client
     ports = [r.port for r in vendor.mock.model_requests()]
     assert len(ports) == 2 and ports[0] == ports[1]
+
+
+def test_a_connection_cut_by_a_fault_or_a_cancel_is_not_reused(vendor):
+    vendor.mock.push(f.stream_error(after=1), f.text("recovered"), f.generate(chunks=400, delay=0.05), f.text("again"))
+    provider = vendor.provider(timeout=30.0)
+    assert call(provider).text == "recovered"
+    with pytest.raises(Cancelled):
+        call(provider, [], _cancel_after(0.3))
+    assert call(provider).text == "again"
+    errored, recovered, cancelled, again = vendor.mock.model_requests()
+    assert cancelled.disconnected_at is not None and again.port != cancelled.port
+
+
+# --- the OpenAI event stream, read off the wire --------------------------------------------------------------
+
+def _chunk(delta: dict | None = None, finish: str | None = None, **extra) -> str:
+    import json
+
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": choices, **extra})
+
+
+def test_openai_stream_split_anywhere_is_read_whole():
+    """Events split mid-line, mid-JSON and between CR and LF, CRLF and CR line ends, a keep-alive
+    comment, a multi-line data field, two tool calls whose deltas interleave, the usage chunk after
+    the finish reason: the reply is the same as one written in whole events."""
+    def data(delta=None, finish=None, **extra) -> str:
+        return "data: " + _chunk(delta, finish, **extra)
+
+    second = data({"content": "lo wor"})
+    last_call = data({"tool_calls": [{"index": 1, "function": {"arguments": '{"path": "a.py"}'}}]}, "tool_calls")
+    cut = last_call.index('"object"')  # between two members of the object: a line break there is JSON whitespace
+    pieces = [": keep-alive\r\n\r\n", data({"role": "assistant", "content": "Hel"}) + "\r", "\n\r\n",
+              second[:25], second[25:] + "\n\n", data({"content": "ld!"}) + "\r\r",
+              data({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                    "function": {"name": "list_dir", "arguments": '{"pa'}}]}) + "\n\n"
+              + data({"tool_calls": [{"index": 1, "id": "call_b", "function": {"name": "read_file", "arguments": ""}}]}) + "\n\n",
+              data({"tool_calls": [{"index": 0, "function": {"arguments": 'th": "."}'}}]}) + "\n",
+              "\n" + last_call[:cut] + "\ndata: ", last_call[cut:] + "\n\n",  # one event in two data lines
+              data(usage={"prompt_tokens": 50, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}) + "\n\n",
+              "data: [DONE]\n\n"]
+    mock, v = _vendor("openai")
+    try:
+        mock.push(f.frames(pieces))
+        events: list[dict] = []
+        reply = call(v.provider(), events)
+    finally:
+        mock.stop()
+    assert [e["delta"] for e in events if e["type"] == "text"] == ["Hel", "lo wor", "ld!"]
+    assert reply.text == "Hello world!" and reply.finish_reason == "tool_calls"
+    assert [(c.id, c.name, c.args) for c in reply.tool_calls] == [("call_a", "list_dir", {"path": "."}),
+                                                                  ("call_b", "read_file", {"path": "a.py"})]
+    assert (reply.usage.input, reply.usage.output, reply.usage.estimated) == (50, 9, False)
+
+
+def test_openai_body_held_open_after_done_costs_the_connection_not_the_call():
+    """A server (a proxy) that keeps the body open after [DONE]: the reply is complete, so the call
+    returns at once and that connection is given up, not waited on for the read timeout."""
+    pieces = ["data: " + _chunk({"content": "done"}, "stop") + "\n\n", "data: [DONE]\n\n"]
+    mock, v = _vendor("openai")
+    try:
+        mock.push(f.frames(pieces, hold=5.0), f.text("next"))
+        provider = v.provider(timeout=10.0)
+        started = time.monotonic()
+        assert call(provider).text == "done"
+        assert time.monotonic() - started < 2.0
+        assert call(provider).text == "next"
+        held, after = mock.model_requests()
+        assert after.port != held.port
+    finally:
+        mock.stop()
+
+
+@pytest.mark.parametrize("behaviour,error", [
+    (f.stream_error(after=2), "openai: stream error server: The server is overloaded"),
+    (f.frames(["data: " + _chunk({"content": "par"}) + "\n\n", 'data: {"choices": [\n\n']), "openai: malformed response"),
+    (f.frames(["data: " + _chunk({"content": "x"}) + "\n\n", "data: \udcff\n\n"]), "openai: malformed response"),
+    (f.frames(["data: " + _chunk({"content": "x"}) + "\n\n"], hold=3.0), "openai: timeout"),
+], ids=["error event", "broken json", "not utf-8", "read timeout mid-stream"])
+def test_openai_stream_failures_read_as_before(behaviour, error):
+    """Mid-stream failures keep the words the SDK's own stream gave them (the console and the retry
+    logic read them), and what was streamed before is billed as an estimate."""
+    mock, v = _vendor("openai")
+    try:
+        mock.push(behaviour)
+        with pytest.raises(ProviderError) as caught:
+            call(v.provider(max_retries=0, timeout=0.5))
+    finally:
+        mock.stop()
+    assert str(caught.value).startswith(error) and not caught.value.permanent
+    assert caught.value.usage is not None and caught.value.usage.estimated
 
 
 # --- faults: transient ones are retried (visibly), permanent ones are not ----------------------------------
@@ -333,6 +427,30 @@ def test_the_offline_worker_does_not_count_a_refused_task_done_as_reported():
         {"role": "tool", "tool_call_id": "c2", "content": "task #7 done"},
     ])
     assert work(brief, trace, set()) == "Reported 1 task(s)."
+
+
+SSE_BODY = (b": comment\r\nevent: first\r\ndata: {\"a\": 1}\r\n\r\ndata: line one\rdata:line two\r\r"
+            b"data\n\nevent: named-only\n\ndata: {\"b\": \"\xc3\xa9\"}\n\n\n\ndata: [DONE]\n\ndata: unfinished")
+
+
+def test_server_sent_events_split_anywhere_read_as_the_sdks_decoder_reads_them():
+    """sse.events against the OpenAI SDK's own decoder, on one body split at every byte (and in three
+    pieces at every pair of bytes): the same events, names and data, whatever the split."""
+    from openai._streaming import SSEDecoder
+
+    from veronica.agent.providers import sse
+
+    def reference(chunks):
+        return [((e.event or "").encode(), e.data.encode()) for e in SSEDecoder().iter_bytes(iter(chunks))]
+
+    expected = reference([SSE_BODY])
+    assert [name for name, _ in expected] == [b"first", b"", b"", b"named-only", b"", b""]
+    assert [data for _, data in expected][:3] == [b'{"a": 1}', b"line one\nline two", b""]
+    for i in range(len(SSE_BODY) + 1):
+        assert list(sse.events([SSE_BODY[:i], SSE_BODY[i:]])) == expected, i
+    for i in range(0, len(SSE_BODY), 3):
+        for j in range(i, len(SSE_BODY), 5):
+            assert list(sse.events([SSE_BODY[:i], SSE_BODY[i:j], SSE_BODY[j:]])) == expected, (i, j)
 
 
 def test_openai_stream_chunks_are_read_as_the_json_they_came_in():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -51,3 +52,51 @@ def test_a_mock_vendor_as_a_separate_process(module, provider_cls, suffix):
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_a_lean_mock_reads_requests_like_the_standard_one(stream):
+    """Lean mode (the fleet bench) reads request headers without http.server's parser: the key, the body
+    length, keep-alive, a 404, and a scripted conversation of steps all read as they do otherwise."""
+    from tests.vendors.mock_openai import MockOpenAI
+
+    mock = MockOpenAI(api_key="k-lean").configure(steps=2, lean=True).start()
+    try:
+        provider = OpenAIProvider("m", mock.base_url, "k-lean", CallConfig(timeout=5, max_retries=0, stream=stream))
+        messages = [{"role": "user", "content": "list it é " * 50}]
+        reply = provider.complete("S", messages, [], should_stop=lambda: False)
+        assert [c.name for c in reply.tool_calls] == ["list_dir"]
+        messages += [{"role": "assistant", "content": "", "tool_calls": [{"id": reply.tool_calls[0].id, "name": "list_dir",
+                                                                          "args": {"path": "."}}]},
+                     {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "a.py"}]
+        assert provider.complete("S", messages, [], should_stop=lambda: False).text == "done"
+        wrong = OpenAIProvider("m", mock.base_url, "k-wrong", CallConfig(timeout=5, max_retries=0, stream=stream))
+        with pytest.raises(ProviderError) as caught:
+            wrong.complete("S", messages, [], should_stop=lambda: False)
+        assert caught.value.status == 401
+        doubled = OpenAIProvider("m", mock.base_url + "/v1", "k-lean", CallConfig(timeout=5, max_retries=0, stream=stream))
+        with pytest.raises(ProviderError) as caught:
+            doubled.complete("S", messages, [], should_stop=lambda: False)
+        assert caught.value.status == 404
+        assert mock.served == 2 and mock.requests == []  # lean: model answers counted, nothing recorded
+    finally:
+        mock.stop()
+
+
+def test_a_streamed_reply_on_a_kept_alive_connection_is_not_held_back():
+    """The mock writes an event stream as a vendor's server does, with TCP_NODELAY: without it, on a
+    reused connection each small write after the first waited for the client's delayed ACK (~40 ms a
+    call, read by the fleet bench as the engine's time)."""
+    from tests.vendors.mock_openai import MockOpenAI
+
+    mock = MockOpenAI(api_key="k").configure(steps=3, lean=True).start()
+    try:
+        provider = OpenAIProvider("m", mock.base_url, "k", CallConfig(timeout=5, max_retries=0, stream=True))
+        walls = []
+        for _ in range(15):
+            started = time.monotonic()
+            provider.complete("S", [{"role": "user", "content": "hi"}], [], should_stop=lambda: False)
+            walls.append(time.monotonic() - started)
+        assert sorted(walls)[len(walls) // 2] < 0.03, walls
+    finally:
+        mock.stop()

@@ -12,7 +12,7 @@ import os
 import threading
 import uuid
 
-from veronica.agent.providers import sdk
+from veronica.agent.providers import sdk, sse
 from veronica.agent.providers.base import ProviderError, Reply, ToolCall, Usage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -90,20 +90,26 @@ class OpenAIProvider:
         def attempt(emit, aborted: threading.Event) -> Reply:
             if not self.cfg.stream:
                 return self.parse(client.chat.completions.create(**wire), estimate)
-            # Streamed through the SDK's own post, SSE decoder and error mapping (HTTP errors, an error
-            # event inside the 200 stream, transport errors), but each chunk stays the dict it was parsed
-            # into: Stream[ChatCompletionChunk] built a model object per chunk (construct_type, a fifth of
-            # a pooled worker's CPU per call in bench/fleet_profile.py) only to be read once here.
-            stream = client.post("/chat/completions", body=streamed, cast_to=object, options=STREAM_OPTIONS, stream=True,
-                                 stream_cls=openai_stream())
+            # Through the SDK's own post (auth, base URL, HTTP errors mapped to its exceptions), but the
+            # body is read here: each event's JSON becomes a dict, never a model object per chunk, and
+            # the body is read to its end, so the connection goes back to the pool (the SDK's stream
+            # closed it at [DONE] unread: a new connection per call).
+            response = client.post("/chat/completions", body=streamed, cast_to=http_response(), options=STREAM_OPTIONS,
+                                   stream=True)
             acc = StreamedReply()
-            with stream:  # leaving the block closes the response (and, unread, its connection)
-                for chunk in stream:
+            try:
+                body = sdk.body_chunks(response, openai_sdk())
+                for _, data in sse.events(body):
                     if aborted.is_set():
                         break
-                    delta = acc.add(chunk)
+                    if data.startswith(b"[DONE]"):
+                        sdk.drain(body, sse.DRAIN_SECONDS)
+                        break
+                    delta = acc.add(chunk_of(data, response))
                     if delta:
                         emit(delta)
+            finally:
+                response.close()
             return acc.reply(estimate)
 
         return sdk.call(attempt, vendor="openai", cfg=self.cfg, should_stop=should_stop, on_event=on_event,
@@ -124,10 +130,30 @@ class OpenAIProvider:
 STREAM_OPTIONS = {"security": {"bearer_auth": True}}  # what chat.completions.create sends with its request
 
 
-def openai_stream():
+def openai_sdk():
     import openai
 
-    return openai.Stream[object]
+    return openai
+
+
+def http_response():
+    import httpx2
+
+    return httpx2.Response  # the SDK hands back the response itself, unread
+
+
+def chunk_of(data: bytes, response):
+    """One event's JSON; an error object inside the 200 stream is raised as the SDK's stream raises it."""
+    try:
+        chunk = json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise sdk.Malformed(f"a stream event that is not UTF-8 ({exc})") from None
+    if isinstance(chunk, dict) and chunk.get("error"):
+        error = chunk["error"]
+        message = error.get("message") if isinstance(error, dict) else None
+        raise openai_sdk().APIError(message if isinstance(message, str) and message else "An error occurred during streaming",
+                                    request=response.request, body=error)
+    return chunk
 
 
 class StreamedReply:

@@ -20,10 +20,11 @@ import os
 import queue
 import random
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import httpcore2
 import httpx2
@@ -63,6 +64,7 @@ class CallConfig:
 
 _IN_USE: dict[int, object] = {}
 _IN_USE_LOCK = threading.Lock()
+_local = threading.local()  # per thread: its client shard, its stop mode, a read cap while draining
 
 
 class _TrackedStream(httpcore2.NetworkStream):
@@ -77,6 +79,9 @@ class _TrackedStream(httpcore2.NetworkStream):
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         self._mark()
+        cap = getattr(_local, "read_cap", None)
+        if cap is not None and (timeout is None or timeout > cap):
+            timeout = cap
         return self._inner.read(max_bytes, timeout)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
@@ -105,6 +110,31 @@ class _TrackingBackend(httpcore2.NetworkBackend):
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
+
+
+def drain(body: Iterator, seconds: float) -> None:
+    """Read what is left of a streamed body (its last event was read), each read capped at `seconds`:
+    a body read to its end hands its connection back to the pool. A read that fails or times out only
+    costs the connection (the response is closed unread, as an SDK's stream closes it)."""
+    _local.read_cap = seconds
+    try:
+        for _ in body:
+            pass
+    except Exception:  # noqa: BLE001 - the reply is complete: a late transport error is no failure of the call
+        pass
+    finally:
+        _local.read_cap = None
+
+
+def body_chunks(response, vendor_sdk) -> Iterator[bytes]:
+    """A streamed response's bytes, its transport errors raised as the SDK's own stream raises them
+    (APITimeoutError / APIConnectionError), so `classify` reads them the same."""
+    try:
+        yield from response.iter_bytes()
+    except httpx2.TimeoutException as exc:
+        raise vendor_sdk.APITimeoutError(request=response.request) from exc
+    except (httpx2.RequestError, ssl.SSLError) as exc:
+        raise vendor_sdk.APIConnectionError(request=response.request) from exc
 
 
 def abort_thread_socket(thread_id: int | None) -> bool:
@@ -193,7 +223,6 @@ Attempt = Callable[[Callable[[str], None], threading.Event], object]
 
 
 _WAITING: dict[int, queue.Queue] = {}  # caller thread -> the inbox its model call waits on
-_local = threading.local()
 
 
 def interruptible(on: bool) -> None:
