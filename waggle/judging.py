@@ -156,18 +156,6 @@ def _mark_heard(tail: list) -> bool:
     return True
 
 
-def _learned_since(ring: Recorder, at: int, replayed: set) -> set[str]:
-    """Values the session's own calls and messages brought after position ``at`` (a replay's): a
-    reply naming one of them may have drawn on those, not on the replay."""
-    calls = ring.recent()
-    newer = calls[max(0, len(calls) - max(0, ring.last_seq - at)):] if ring.last_seq > at else []
-    out: set[str] = set()
-    for c in newer:
-        if c.invocation() not in replayed:
-            out |= evidence.values_of(c)
-    return out
-
-
 def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
     pin = recording._pins.get((space_key, session_key))
     if pin is not None and pin.none_pending:
@@ -216,6 +204,8 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
             changed, since = spoke and _mark_heard(tail), None
             drawn: dict[str, int] = {}
             inferred = 0
+            undecided = [step for step in tail if _verdict(step) is None]
+            named: list = []
             for step in tail:
                 if _verdict(step) is not None:
                     continue
@@ -227,10 +217,11 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
                     inferred += verdict == "used"
                 if verdict is None and len(step) > 8 and step[6]:
                     if since is None:
-                        since = _learned_since(ring, int(step[8]), replayed)
+                        since = speech.learned_since(ring, int(step[8]), replayed)
                     verdict = "used" if evidence.drawn(step[6], said, since) else None
                     if verdict:
                         drawn[str(step[0])] = drawn.get(str(step[0]), 0) + 1
+                        named.append(step)
                 if verdict is not None:
                     step.extend([None] * (8 - len(step)))  # (a row written before verdicts were kept)
                     step[7], changed = verdict, True
@@ -240,8 +231,13 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
                 before = sum(_verdict(step) == "used" for step in tail)
                 changed = _walked_past(tail, lists) or changed
                 inferred += sum(_verdict(step) == "used" for step in tail) - before
+            unnamed = [step for step in undecided if _verdict(step) == "used" and not any(step is n for n in named)]
             if drawn or inferred:
-                speech.booked(space_key, session_key, fired.name, drawn=drawn, inferred=inferred)
+                # a step booked used unnamed that a later reply names was drawn on after all (as a
+                # witness is: speech.watch), so it counts towards the route's drawn steps
+                speech.booked(space_key, session_key, fired.name, drawn=drawn, inferred=inferred,
+                              unnamed=[(str(step[0]), list(step[6]), int(step[8]), replayed) for step in unnamed
+                                       if len(step) > 8 and step[6] and step[8] is not None])
             if all(_verdict(step) is not None for step in tail):
                 _close(space_key, session_key, fired, tail, cfg)
                 settled += 1

@@ -54,6 +54,7 @@ class _Session:
     heard: dict = field(default_factory=dict)       # tool -> [witnesses, spoke]
     routes: dict = field(default_factory=dict)  # route -> {tool: replayed steps drawn on (the witnesses' test)}
     inferred: dict = field(default_factory=dict)  # route -> steps booked used unnamed (walked past, walk continued)
+    unnamed: list = field(default_factory=list)  # (route, tool, evidence, replay position, replayed calls) of those
 
 
 _sessions: "OrderedDict[tuple[str, str], _Session]" = OrderedDict()
@@ -119,6 +120,16 @@ def watch(space_key: str, session_key: str, ring: Recorder, since: int | None, r
                 st.heard.setdefault(c.tool, [0, 0])[0] += 1
         st.known |= evidence.values_of(c)
     st.upto = max(st.upto, ring.last_seq)
+    if said and st.unnamed:  # a step booked used unnamed that this reply names is drawn on, as a witness is
+        left = []
+        for route, tool, values, at, made in st.unnamed:
+            if evidence.drawn(values, said, learned_since(ring, at, made)):
+                mine = st.routes.setdefault(route, {})
+                mine[tool] = mine.get(tool, 0) + 1
+                st.inferred[route] = st.inferred.get(route, 0) - 1
+            else:
+                left.append((route, tool, values, at, made))
+        st.unnamed = left
     if said and st.watching:
         left = []
         for tool, values in st.watching:
@@ -147,14 +158,32 @@ def _evidence_of(c: Call, known: set[str]) -> list[str]:
 
 
 def booked(space_key: str, session_key: str, route: str, *, drawn: dict[str, int] | None = None,
-           inferred: int = 0) -> None:
+           inferred: int = 0, unnamed: list[tuple[str, list[str], int, set]] = ()) -> None:
     """Count replayed steps of ``route`` the judge booked used: ``drawn`` (per tool) on a value
-    only they brought, ``inferred`` without being named."""
+    only they brought, ``inferred`` without being named. ``unnamed``: (tool, evidence values,
+    replay position, the replay's calls) of the inferred steps that had something to show: a
+    witness counts as named when any later reply of the run names it, so such a step a later
+    reply names (:func:`watch`) moves from inferred to drawn, and the rate is applied to the
+    steps it was measured on."""
     st = _session(space_key, session_key)
     mine = st.routes.setdefault(route, {})
     for tool, n in (drawn or {}).items():
         mine[tool] = mine.get(tool, 0) + n
     st.inferred[route] = st.inferred.get(route, 0) + inferred
+    room = max(0, MAX_WITNESSES - len(st.unnamed))
+    st.unnamed.extend((route, tool, values, at, made) for tool, values, at, made in list(unnamed)[:room])
+
+
+def learned_since(ring: Recorder, at: int, replayed: set) -> set[str]:
+    """Values the session's own calls and messages brought after position ``at`` (a replay's): a
+    reply naming one of them may have drawn on those, not on the replay."""
+    calls = ring.recent()
+    newer = calls[max(0, len(calls) - max(0, ring.last_seq - at)):] if ring.last_seq > at else []
+    out: set[str] = set()
+    for c in newer:
+        if c.invocation() not in replayed:
+            out |= evidence.values_of(c)
+    return out
 
 
 def rate(space_key: str, tool: str) -> tuple[int, int]:

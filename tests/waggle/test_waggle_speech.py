@@ -123,3 +123,26 @@ def test_the_reads_since_the_last_reply_before_a_replay_are_watched_too(cfg):
     service.end_run("1", session, config=cfg)
     assert speech.rate("1", "grep") == (1, 1)  # read after the last reply, named after the replay
     assert speech.rate("1", "list_dir") == (0, 0)  # read before it: the earlier reply saw it already
+
+
+def test_a_step_booked_used_unnamed_that_a_later_reply_names_counts_as_drawn_on():
+    """A witness counts as named when any later reply of the run names it; a replayed step booked
+    used before it was named (walked past, walk continued) that a later reply names must count the
+    same way, or the rate measured on witnesses is applied to a population it was not measured on
+    and the credit for silent steps comes out short."""
+    from waggle.recorder import Recorder
+    speech.forget()
+    for n in range(3):  # read_file: 6 watched, 3 named
+        st = speech._session("s", f"w{n}")
+        st.heard["read_file"] = [2, 1]
+        assert speech.credit("s", f"w{n}", {}) == {}
+    ring = Recorder()
+    speech.booked("s", "run", "A", drawn={"read_file": 1}, inferred=1,
+                  unnamed=[("read_file", ["Body77"], 0, set())])
+    speech.watch("s", "run", ring, None, set(), "the fix is in Body77")  # a later reply names the inferred step
+    # 2 drawn at a rate of 1/2: 2 more used in silence, none owed to the inferred one (it was named)
+    assert speech.credit("s", "run", {"A": 5}) == {"A": 2}
+    speech.booked("s", "run2", "A", drawn={"read_file": 1}, inferred=1,
+                  unnamed=[("read_file", ["Body88"], 0, set())])
+    speech.watch("s", "run2", ring, None, set(), "done")  # never named: stays inferred, counted against the owed
+    assert speech.credit("s", "run2", {"A": 5}) == {}
