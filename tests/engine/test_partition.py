@@ -96,6 +96,25 @@ def isolated(tmp_path, db_only: bool = False):
         tear_down(launcher, relays)
         log.close()
         close_old_connections()
+        end_backends_left_behind()
+
+
+def end_backends_left_behind(wait: float = 10.0) -> None:
+    """The killed host's sessions end when PostgreSQL next reads from them; one busy in a statement
+    (a lock wait) holds its locks until then, and the test database's flush deadlocked on such a
+    session once (CI). Wait for them, then end the rest: every other session of this test database
+    is the killed host's (the healthy cluster has stopped)."""
+    others = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    deadline = time.monotonic() + wait
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(others)
+            if not cursor.fetchall():
+                return
+            if time.monotonic() > deadline:
+                cursor.execute(f"SELECT pg_terminate_backend(pid) FROM ({others}) AS left_behind")
+                return
+            time.sleep(0.1)
 
 
 def test_a_worker_cut_off_mid_transaction_frees_its_space_logs_retries_and_stops_on_sigterm(tmp_path, isolated_host):
