@@ -474,3 +474,149 @@ def test_openai_stream_chunks_are_read_as_the_json_they_came_in():
     for bad in (["not", "an", "object"], {"choices": "x"}, {"choices": [{"delta": {"tool_calls": [7]}}]}, {"usage": 3}):
         with pytest.raises(sdk.Malformed):
             StreamedReply().add(bad)
+
+
+# --- the worker's CPU per model call (issue 25: bench/model_call_cpu.py) ---------------------------------
+
+def test_model_calls_reuse_their_call_thread():
+    """A model call runs on a kept model-call thread, not one started per call (a third of a streamed
+    call's CPU); still never on the caller's own thread (it relays text and polls should_stop)."""
+    import threading
+
+    from veronica.agent.providers import sdk
+
+    ran = [sdk.run_attempt(lambda emit, aborted: threading.current_thread(), should_stop=NEVER, on_event=None,
+                           streamed=[0]) for _ in range(3)]
+    assert ran[0] is ran[1] is ran[2] and ran[0] is not threading.current_thread()
+
+
+def test_an_aborted_calls_thread_serves_no_other_call_before_its_attempt_returns():
+    """The caller of a cancelled call returns while its attempt still unwinds: the next call runs on
+    another thread, and nothing the late attempt says reaches it."""
+    import threading
+
+    from veronica.agent.providers import sdk
+
+    release, first = threading.Event(), {}
+
+    def slow(emit, aborted):
+        first["thread"] = threading.current_thread()
+        release.wait(5)
+        emit("late text")
+        return "late"
+
+    with pytest.raises(Cancelled):
+        sdk.run_attempt(slow, should_stop=lambda: True, on_event=None, streamed=[0])
+    events: list[dict] = []
+    try:
+        second = sdk.run_attempt(lambda emit, aborted: (emit("mine"), threading.current_thread())[1], should_stop=NEVER,
+                                 on_event=events.append, streamed=[0])
+    finally:
+        release.set()
+    assert second is not first["thread"]
+    assert [e["delta"] for e in events] == ["mine"]
+
+
+def test_a_late_abort_never_cuts_the_next_call_on_the_same_thread():
+    """A cancel that lands after its call ended must not shut the socket of the call its kept thread
+    serves by then (another run's): the abort checks, under the sockets' lock, whose call it is."""
+    import queue
+    import threading
+
+    from veronica.agent.providers import sdk
+
+    class Sock:
+        shut = False
+
+        def shutdown(self, how):
+            self.shut = True
+
+    class Stream:
+        sock = Sock()
+
+        def get_extra_info(self, name):
+            return self.sock
+
+    helper, stream, ready, go = sdk._take_helper(), Stream(), threading.Event(), threading.Event()
+
+    def another_runs_call(emit, aborted):
+        with sdk._IN_USE_LOCK:
+            sdk._IN_USE[threading.get_ident()] = stream
+        ready.set()
+        go.wait(5)
+        return "theirs"
+
+    theirs = queue.SimpleQueue()
+    helper.jobs.put((another_runs_call, theirs, threading.Event()))
+    try:
+        assert ready.wait(5)
+        helper.abort(queue.SimpleQueue())  # the inbox of a call this thread served before
+        assert not stream.sock.shut
+        helper.abort(theirs)
+        assert stream.sock.shut
+    finally:
+        go.set()
+    assert theirs.get(timeout=5) == ("done", "theirs")
+
+
+def test_a_forked_worker_starts_its_own_call_threads():
+    """Kept call threads do not survive a fork (a q2 worker is forked from its cluster): the child
+    must not hand its call to an idle thread of its parent's, which it does not have."""
+    import os
+    import threading
+
+    from veronica.agent.providers import sdk
+
+    sdk.run_attempt(lambda emit, aborted: None, should_stop=NEVER, on_event=None, streamed=[0])  # one idle here
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one call, its answer down the pipe, then out without pytest's teardown
+        try:
+            watchdog = threading.Timer(5, lambda: os._exit(3))
+            watchdog.daemon = True
+            watchdog.start()
+            answer = sdk.run_attempt(lambda emit, aborted: "child ok", should_stop=NEVER, on_event=None, streamed=[0])
+            os.write(write, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 100) == b"child ok" and os.waitstatus_to_exitcode(status) == 0
+    os.close(read)
+
+
+def test_the_shard_clients_of_a_process_share_one_tls_context(settings):
+    """Building a TLS context loads the CA bundle (20 ms of CPU): once per process, not per shard client,
+    which each built one under the clients' lock in a pool's first burst of calls."""
+    import threading
+
+    from veronica.agent.providers import openai_compat
+
+    settings.RUNS_PER_WORKER = 4 * 32  # four shards
+    made = []
+
+    def take() -> None:
+        made.append(openai_compat.make_client("https://tls-context.test/v1", "k", 7.0))
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(client) for client in made}) == 4
+    assert len({id(client._client._transport._pool._ssl_context) for client in made}) == 1
+
+
+def test_the_openai_request_is_encoded_once(monkeypatch):
+    """The streamed body is encoded once and sent as those bytes; the call's estimate is read off them,
+    not from a second encoding of the messages and tools."""
+    from veronica.agent.providers import sdk
+
+    mock, v = _vendor("openai")
+    try:
+        monkeypatch.setattr(sdk, "estimate_tokens", lambda *a: pytest.fail("a second pass over the request"))
+        mock.push(f.text("hi"))
+        reply = call(v.provider())
+        assert reply.text == "hi" and mock.model_requests()[0].body["messages"][1] == MESSAGES[0]
+    finally:
+        mock.stop()

@@ -1,7 +1,9 @@
 """What the two vendor adapters share around the official SDKs.
 
 * One pooled HTTP client per process and endpoint (connection reuse across calls and runs).
-* Each attempt runs on a worker thread; the caller's thread relays streamed text to `on_event`,
+* One TLS context per process, shared by every client (loading the CA bundle is 20 ms of CPU).
+* Each attempt runs on a model-call thread, kept between calls (a thread started per call was a quarter
+  of a streamed call's CPU); the caller's thread relays streamed text to `on_event`,
   polls `should_stop` (both touch the database, so they stay on the caller's thread) and, on cancel,
   shuts down the socket the worker is using. Closing a socket another thread is blocked on does not
   wake it on Linux; `shutdown()` does, and it sends the FIN the vendor needs to stop generating.
@@ -137,10 +139,11 @@ def body_chunks(response, vendor_sdk) -> Iterator[bytes]:
         raise vendor_sdk.APIConnectionError(request=response.request) from exc
 
 
-def abort_thread_socket(thread_id: int | None) -> bool:
-    """Shut down the socket `thread_id` is using: its blocked read returns and the peer sees FIN."""
+def abort_thread_socket(thread_id: int | None, unless: Callable[[], bool] = lambda: False) -> bool:
+    """Shut down the socket `thread_id` is using: its blocked read returns and the peer sees FIN.
+    `unless` is checked under the sockets' lock (the thread's call may have ended meanwhile)."""
     with _IN_USE_LOCK:
-        stream = _IN_USE.pop(thread_id, None) if thread_id is not None else None
+        stream = _IN_USE.pop(thread_id, None) if thread_id is not None and not unless() else None
     sock = stream.get_extra_info("socket") if stream is not None else None
     if sock is None:
         return False
@@ -204,6 +207,21 @@ def shard() -> int:
     return mine % n
 
 
+_SSL_CONTEXTS: dict[int, ssl.SSLContext] = {}
+
+
+def ssl_context() -> ssl.SSLContext:
+    """The process's TLS settings for its vendor clients, built once: the one httpx builds by default
+    (system CA bundle, SSL_CERT_FILE / SSL_CERT_DIR honoured), whose CA bundle costs 20 ms of CPU to
+    load. Every shard's client built its own under _CLIENTS_LOCK, so a pool's first burst of calls
+    queued behind 20 ms per shard and endpoint. An SSLContext is safe to share between threads."""
+    pid = os.getpid()
+    context = _SSL_CONTEXTS.get(pid)
+    if context is None:
+        context = _SSL_CONTEXTS[pid] = httpx2.create_ssl_context()
+    return context
+
+
 def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
     """One SDK client per process, endpoint and shard, over an HTTP client whose sockets can be aborted."""
     full_key = (os.getpid(), timeout, shard(), *key)  # a forked worker never shares its parent's sockets
@@ -211,7 +229,7 @@ def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
         client = _CLIENTS.get(full_key)
         if client is None:
             http = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)), follow_redirects=True,
-                                 limits=connection_limits())
+                                 limits=connection_limits(), verify=ssl_context())
             track_sockets(http)
             client = _CLIENTS[full_key] = make(http)
         return client
@@ -222,7 +240,7 @@ def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
 Attempt = Callable[[Callable[[str], None], threading.Event], object]
 
 
-_WAITING: dict[int, queue.Queue] = {}  # caller thread -> the inbox its model call waits on
+_WAITING: dict[int, queue.SimpleQueue] = {}  # caller thread -> the inbox its model call waits on
 
 
 def interruptible(on: bool) -> None:
@@ -237,14 +255,38 @@ def interrupt(thread_id: int | None) -> None:
         inbox.put(("stop", None))
 
 
-def run_attempt(attempt: Attempt, *, should_stop: CancelCheck, on_event: EventSink | None, streamed: list[int]):
-    """Run `attempt(emit, aborted)` on a worker thread; relay its text, abort it on cancel."""
-    inbox: queue.Queue = queue.Queue()
-    me = threading.get_ident()
-    poll = INTERRUPTIBLE_POLL_SECONDS if getattr(_local, "interruptible", False) else POLL_SECONDS
-    aborted = threading.Event()
+# Model-call threads are kept between calls. A thread started per call (and its inbox a queue.Queue,
+# a Condition per wait) was a quarter of a streamed call's CPU in the worker (bench/model_call_cpu.py).
+# A helper takes one attempt at a time and goes back to the idle list only once that attempt has
+# returned, so a call that was aborted (its caller raised Cancelled while the attempt still unwinds)
+# never shares its helper, nor its inbox, with the next call. Idle helpers beyond MAX_IDLE_HELPERS,
+# or idle for HELPER_IDLE_SECONDS, end.
+MAX_IDLE_HELPERS = 256
+HELPER_IDLE_SECONDS = 60.0
 
-    def work() -> None:
+
+class _Helper:
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue | None = None  # the call it serves now (changed under _IN_USE_LOCK)
+        self.thread = threading.Thread(target=self._serve, name="model-call", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                job = self.jobs.get(timeout=HELPER_IDLE_SECONDS)
+            except queue.Empty:
+                if _retire(self):
+                    return
+                continue  # taken for a call just now: its job is on the way
+            self._run(*job)
+            if not _park(self):
+                return
+
+    def _run(self, attempt: "Attempt", inbox: queue.SimpleQueue, aborted: threading.Event) -> None:
+        with _IN_USE_LOCK:
+            self.inbox = inbox
         try:
             inbox.put(("done", attempt(lambda delta: inbox.put(("text", delta)), aborted)))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
@@ -252,11 +294,60 @@ def run_attempt(attempt: Attempt, *, should_stop: CancelCheck, on_event: EventSi
         finally:
             with _IN_USE_LOCK:
                 _IN_USE.pop(threading.get_ident(), None)
+                self.inbox = None
 
-    worker = threading.Thread(target=work, name="model-call", daemon=True)
+    def abort(self, inbox: queue.SimpleQueue) -> None:
+        """Shut down the socket of the call `inbox` belongs to, if this helper still serves it: one
+        that finished meanwhile may already serve another run's call, whose socket is not ours to cut."""
+        abort_thread_socket(self.thread.ident, unless=lambda: self.inbox is not inbox)
+
+
+_IDLE: list[_Helper] = []
+_IDLE_LOCK = threading.Lock()
+
+
+def _take_helper() -> _Helper:
+    with _IDLE_LOCK:
+        if _IDLE:
+            return _IDLE.pop()
+    return _Helper()
+
+
+def _park(helper: _Helper) -> bool:
+    """The helper's attempt is over: idle it for the next call (False: enough are idle, it ends)."""
+    with _IDLE_LOCK:
+        if len(_IDLE) >= MAX_IDLE_HELPERS:
+            return False
+        _IDLE.append(helper)
+        return True
+
+
+def _retire(helper: _Helper) -> bool:
+    """An idle helper's wait ran out: it ends unless a call took it meanwhile."""
+    with _IDLE_LOCK:
+        if helper in _IDLE:
+            _IDLE.remove(helper)
+            return True
+        return False
+
+
+def _forget_helpers() -> None:
+    _IDLE.clear()  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_helpers)
+
+
+def run_attempt(attempt: Attempt, *, should_stop: CancelCheck, on_event: EventSink | None, streamed: list[int]):
+    """Run `attempt(emit, aborted)` on a model-call thread; relay its text, abort it on cancel."""
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    me = threading.get_ident()
+    poll = INTERRUPTIBLE_POLL_SECONDS if getattr(_local, "interruptible", False) else POLL_SECONDS
+    aborted = threading.Event()
     _WAITING[me] = inbox
     try:
-        worker.start()
+        helper = _take_helper()
+        helper.jobs.put((attempt, inbox, aborted))
         while True:
             try:
                 kind, value = inbox.get(timeout=poll)
@@ -272,7 +363,7 @@ def run_attempt(attempt: Attempt, *, should_stop: CancelCheck, on_event: EventSi
                     on_event({"type": "text", "delta": value})
             if should_stop():
                 aborted.set()
-                abort_thread_socket(worker.ident)
+                helper.abort(inbox)
                 raise Cancelled("model call aborted; the connection was closed")
     finally:
         _WAITING.pop(me, None)
@@ -431,6 +522,16 @@ def _is_vendor_failure(exc: BaseException) -> bool:
     module = type(exc).__module__.split(".")[0]
     return module in ("openai", "anthropic", "httpx2", "httpcore2", "pydantic", "pydantic_core") or \
         isinstance(exc, (Malformed, json.JSONDecodeError, OSError))
+
+
+def json_body(body: dict) -> bytes:
+    """A request body encoded as the SDKs encode one (openai's openapi_dumps: compact, UTF-8, no NaN)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def estimate_of(payload: bytes) -> int:
+    """chars / 4 of an encoded request (bytes: a non-ASCII character counts its UTF-8 length)."""
+    return max(len(payload) // 4, 1)
 
 
 def estimate_tokens(*parts) -> int:
