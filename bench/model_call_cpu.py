@@ -1,12 +1,12 @@
 """CPU of one model call in the worker (issue 25): a loop of `--calls` calls of a provider's complete()
-against the mock OpenAI vendor in a process of its own (no latency, `--steps 5`, lean), one call at a
+against the mock vendor (OpenAI, or --vendor anthropic) in a process of its own (no latency, `--steps 5`, lean), one call at a
 time, so the CPU this process uses during a call (its caller and any helper thread) is that call's.
 
 Printed: median and mean CPU µs per call (time.process_time around each complete(), after `--warmup`
 calls), and wall µs. With --profile, yappi's CPU clock over every thread and the functions with most
 total time. Figures are absolute: run it on each branch and compare.
 
-  .venv/bin/python bench/model_call_cpu.py [--calls 500] [--profile]
+  .venv/bin/python bench/model_call_cpu.py [--calls 500] [--vendor anthropic] [--profile]
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def conversation(turns: int) -> list[dict]:
     return messages
 
 
-def start_mock() -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.vendors.mock_openai", "--port", "0", "--key", "k",
+def start_mock(vendor: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", f"tests.vendors.mock_{vendor}", "--port", "0", "--key", "k",
                              "--latency", "0", "--steps", "5", "--lean"], cwd=REPO, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     return proc, proc.stdout.readline().strip()
@@ -64,15 +64,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--profile", action="store_true", help="yappi (CPU clock, all threads): the top functions")
     parser.add_argument("--top", type=int, default=35)
+    parser.add_argument("--vendor", choices=("openai", "anthropic"), default="openai")
     args = parser.parse_args()
 
     django_setup()
     from veronica.agent.providers import sdk
+    from veronica.agent.providers.anthropic import AnthropicProvider
     from veronica.agent.providers.openai_compat import OpenAIProvider
 
-    proc, root = start_mock()
+    proc, root = start_mock(args.vendor)
     try:
-        provider = OpenAIProvider("mock-model", root + "/v1", "k", cfg=sdk.CallConfig(timeout=30, max_retries=0))
+        cfg = sdk.CallConfig(timeout=30, max_retries=0)
+        provider = (OpenAIProvider("mock-model", root + "/v1", "k", cfg=cfg) if args.vendor == "openai" else
+                    AnthropicProvider("mock-model", root, "k", cfg=cfg))
         measure(provider, args.warmup, 0)  # imports, the shard client, its connection: not a call's cost
         if args.profile:
             import yappi
@@ -90,7 +94,7 @@ def main() -> None:
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    print(f"model call CPU: median {statistics.median(cpu):.0f} µs, mean {statistics.mean(cpu):.0f} µs, "
+    print(f"{args.vendor} model call CPU: median {statistics.median(cpu):.0f} µs, mean {statistics.mean(cpu):.0f} µs, "
           f"p90 {sorted(cpu)[int(len(cpu) * 0.9)]:.0f} µs over {len(cpu)} calls "
           f"(wall median {statistics.median(wall):.0f} µs)")
 
