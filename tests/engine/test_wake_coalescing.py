@@ -249,3 +249,63 @@ def test_a_run_no_mail_ring_started_owns_the_flag_too(space, scripted, post):
     assert runner.wake(w1.pk, "timer") == "done"
     assert during == [], "the ring found the run's flag"
     assert post.queued == [(w1.pk, "message")] and post.deliver() == ["done"] and unread(w1) == 0
+
+
+# --- the rings of one commit ring together ----------------------------------------------------------
+def flag_updates(queries) -> int:
+    return sum(1 for q in queries if q["sql"].startswith("UPDATE") and "wake_queued_at" in q["sql"])
+
+
+def test_the_rings_of_one_commit_set_every_flag_in_one_statement(db, tmp_path, rung, django_capture_on_commit_callbacks):
+    """Mail to many members in one commit (a bench's 500, a manifest's briefs): one flag UPDATE after
+    the commit rings them all, not one UPDATE (and its round trip) per message, one after another."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.conftest import make_space
+
+    space = make_space(tmp_path, workers=tuple(f"w{i}" for i in range(12)))
+    with django_capture_on_commit_callbacks() as hooks:
+        with transaction.atomic():
+            for i in range(12):
+                bus.send(space, "boss", f"w{i}", "go")
+    rings = [hook for hook in hooks if hook.__qualname__.startswith("_pending_ring")]
+    assert len(rings) == 1, "one ring per source, however many messages"
+    with CaptureQueriesContext(connection) as queries:
+        rings[0]()
+    assert flag_updates(queries.captured_queries) == 1
+    woken = sorted(Member.objects.filter(space=space, name__startswith="w").values_list("pk", flat=True))
+    assert sorted(pk for pk, _ in rung) == woken and {source for _, source in rung} == {"message"}
+
+
+def test_mail_in_a_savepoint_rolled_back_rings_nobody(space, rung, django_capture_on_commit_callbacks):
+    from django.db import transaction
+
+    with django_capture_on_commit_callbacks(execute=True):
+        with transaction.atomic():
+            bus.send(space, "boss", "w1", "kept")
+            try:
+                with transaction.atomic():
+                    bus.send(space, "boss", "w2", "rolled back")
+                    raise RuntimeError
+            except RuntimeError:
+                pass
+            bus.send(space, "boss", "w1", "kept too")
+    assert rung == [(w1_of(space).pk, "message")], "w2's mail was rolled back: its ring with it"
+    assert not Message.objects.filter(body="rolled back").exists()
+
+
+def test_a_later_transaction_rings_again_after_one_rolled_back(space, rung, django_capture_on_commit_callbacks):
+    """The hook of a rolled-back transaction is gone: the next transaction's mail registers its own."""
+    from django.db import transaction
+
+    with django_capture_on_commit_callbacks(execute=True):
+        try:
+            with transaction.atomic():
+                bus.send(space, "boss", "w1", "lost")
+                raise RuntimeError
+        except RuntimeError:
+            pass
+        with transaction.atomic():
+            bus.send(space, "boss", "w2", "sent")
+    assert rung == [(supervisor.get_member(space, "w2").pk, "message")]

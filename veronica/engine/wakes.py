@@ -107,10 +107,45 @@ def wake_broker(front: bool = False):
 
 
 def wake_on_commit(member_ids: Iterable[int], source: str) -> None:
-    ids = sorted(set(member_ids))
+    """Ring these members once the current transaction commits (at once outside one). The rings of
+    one transaction coalesce per source: 500 messages mailed in one commit ring with one flag UPDATE
+    after it, not 500 one after another (the last of which woke its member a second late)."""
+    ids = set(member_ids)
     if not ids:
         return
-    transaction.on_commit(lambda: ring(ids, source))
+    conn = transaction.get_connection()
+    if not conn.in_atomic_block:
+        ring(ids, source)
+        return
+    _pending_ring(conn, source).update(ids)
+
+
+def _pending_ring(conn, source: str) -> set[int]:
+    """The ids a ring of `source`, to run after this transaction commits, will wake: this
+    transaction's latest one, when a rollback that could still come discards it exactly when it
+    would discard mail written now (it was registered inside every savepoint open now: the ones it
+    had beyond those were released since, and a released savepoint rolls nothing back); else a new
+    hook, registered here, whose fate is that of this savepoint (as a hook per message was)."""
+    rings = conn.__dict__.setdefault("_veronica_rings", {})  # id(hook) -> (hook, source, ids)
+    active = set(conn.savepoint_ids)
+    for sids, func, _ in reversed(conn.run_on_commit):
+        entry = rings.get(id(func))
+        if entry is not None and entry[0] is func and entry[1] == source:
+            if active <= sids:
+                return entry[2]
+            break
+    live = {id(func) for _, func, _ in conn.run_on_commit}
+    for stale in [key for key in rings if key not in live]:  # ran, or was discarded with a rollback
+        del rings[stale]
+    pending: set[int] = set()
+
+    def hook() -> None:
+        rings.pop(id(hook), None)
+        ring(pending, source)
+
+    rings[id(hook)] = (hook, source, pending)
+    transaction.on_commit(hook)
+    return pending
 
 
 def ring(member_ids: Iterable[int], source: str, *, leftover: bool = False) -> list[int]:

@@ -66,8 +66,6 @@ def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "
     sender = live_members(space).filter(name=sender_name).first()
     with events.transaction_batch():  # the events in one statement, with the commit
         recipients = resolve_recipients(space, to, sender_name)
-        # Registered first, so it runs first after the commit: the wake is the work, the sockets' ring the view.
-        wake_on_commit([m.pk for m in recipients or [] if m.membership == Membership.ACTIVE], wake_source)
         if recipients is None:
             rows = [Message(space=space, sender=sender, sender_name=sender_name, recipient=None,
                             recipient_name=OPERATOR, subject=subject, body=body, task=task)]
@@ -78,6 +76,9 @@ def send(space: Space, sender_name: str, to: str, body: str, *, subject: str = "
             row.save()
             events.emit(space.pk, "message.sent", member=sender, id=row.pk, sender=sender_name, to=row.recipient_name,
                         subject=subject, body=body[:500], task=task.pk if task else None, broadcast=row.broadcast)
+    # After the mail's own savepoint is released: its ring then joins the ring the enclosing transaction
+    # already holds (veronica.engine.wakes), so mail to many in one commit rings them all in one go.
+    wake_on_commit([m.pk for m in recipients or [] if m.membership == Membership.ACTIVE], wake_source)
     return rows
 
 
