@@ -104,22 +104,26 @@ def _session_routes(space_key: str, session_key: str):
     return pin.routes
 
 
-def ready(space_key: str, session_key: str, *, config: WaggleConfig | None = None) -> None:
-    """Call for a pinned session before a host transaction in which waggle will record and hear (the
-    wake's inbound message): read now, in autocommit, what those calls need (the session's ring, the
-    space's routes), so inside the transaction they read nothing and the message's row may ride in the
-    host's last statement. Nothing to read for a session pinned as new whose space's routes are
-    cached. Never raises."""
+def ready(space_key: str, session_key: str, *, config: WaggleConfig | None = None) -> bool:
+    """Call for a pinned session before the host transaction in which it would record the wake's
+    message: read now, in autocommit, what :func:`inbound` needs (the session's ring, the space's
+    routes), so inside the transaction it reads nothing and the message's row may ride in the host's
+    last statement. Nothing to read for a session pinned as new whose space's routes are cached.
+
+    Returns whether an inbound route of the space may fire on the message: then call :func:`inbound`
+    outside the transaction (a replay runs a tool, maybe a remote one, and should not hold the host's
+    locks meanwhile). True when unsure (unpinned, or on an error). Never raises."""
     try:
         if (space_key, session_key) not in recording._pins:
-            return  # unpinned: every call reads afresh anyway
+            return True  # unpinned: nothing is known ahead
         cfg = (config or default_config()).normalized()
         recording._check_key("space_key", space_key)
         recording._check_key("session_key", session_key)
         recording._ring(space_key, session_key, cfg)
-        _session_routes(space_key, session_key)
+        return any(r.heard for r in _session_routes(space_key, session_key))
     except Exception:  # noqa: BLE001 - best effort by contract
         log.exception("waggle: ready failed (space=%r session=%r); ignored", space_key, session_key)
+        return True
 
 
 def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,

@@ -59,3 +59,26 @@ def test_the_next_run_of_the_session_reads_its_ring_but_not_what_waits(space, sc
     assert len([s for s in sqls if s.startswith("SELECT") and '"waggle_foragecall"' in s]) == 1  # its last seq
     assert not [s for s in sqls if s.startswith("SELECT") and '"waggle_firedplan"' in s]
     assert not [s for s in sqls if s.startswith("SELECT") and '"waggle_waggle"' in s]
+
+
+def test_a_space_with_an_inbound_route_hears_the_wake_s_message_before_the_brief(space, scripted):
+    from waggle import service
+    from waggle.config import WaggleConfig
+
+    key, cfg = str(space.pk), WaggleConfig(mine_period=8, min_len=2, max_len=6, k=3, min_prefix=2)
+    for i in range(4):  # sessions in which the message names a file and the agent reads it first
+        name = f"notes{i}.txt"
+        service.inbound(key, f"teach-{i}", "m", f"Hello, please read {name} now.", None, config=cfg)
+        service.observe(key, f"teach-{i}", "m", "read_file", {"path": name}, False, f"notes {i}", config=cfg)
+        service.observe(key, f"teach-{i}", "m", "write_file", {"path": "x"}, True, "ok", config=cfg)
+    learned = service.sweep(key, config=cfg)
+    assert learned is not None and learned.name.startswith("heard."), learned
+    Path(space.workdir, "notes9.txt").write_text("the ninth notes\n")
+    scripted("done")
+    bus.send(space, "boss", "w1", "Hello, please read notes9.txt now.")
+    assert runner.wake(w1(space).pk, "message") == "done"
+    brief = w1(space).sessions.order_by("-id").first().turns.order_by("seq").first().content
+    assert "[waggle: replayed" in brief and "the ninth notes" in brief, brief
+    session = str(w1(space).sessions.order_by("-id").first().pk)
+    assert list(ForageCall.objects.filter(space_key=key, session_key=session).order_by("seq")
+                .values_list("tool", "replayed")) == [("(inbound message)", False), ("read_file", True)]

@@ -132,3 +132,13 @@ def test_a_run_that_fails_leaves_no_ring_behind():
             service.observe("1", "s1", "m1", "list_dir", {"path": "."}, False, "a.txt", config=QUIET)
             raise RuntimeError("the lease was lost: the run's writes roll back, another host takes the session")
     assert ("1", "s1") not in recording._rings and ("1", "s1") not in recording._quiet
+
+
+def test_ready_says_whether_an_inbound_route_may_fire(cfg):
+    from waggle_helpers import teach_heard
+
+    teach_heard("2", ["u1", "u2", "u3", "u4"], cfg)  # space 2 learns an inbound route; space 1 has none
+    with service.pinned("1", "s1", new=True), service.pinned("2", "s2", new=True):
+        assert service.ready("1", "s1", config=cfg) is False  # the host records the message in its transaction
+        assert service.ready("2", "s2", config=cfg) is True  # heard before it: a replay runs a tool
+    assert service.ready("1", "s3", config=cfg) is True  # unpinned: nothing known ahead

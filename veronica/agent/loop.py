@@ -102,14 +102,14 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         return RunOutcome.DONE  # a wake with nothing to do exits cleanly, no model call
     if unread or ctx.source == "timer":
         brief = wake_brief(member, ctx.source, unread)
-        waggle_bridge.before_inbound(member, tctx)  # its reads, outside the fence
+        # the mail is the message that woke the member: waggle records it and may replay a call it names
+        # (then before the fence: a replay runs a tool); else its row rides in the brief's commit
+        mail = "\n\n".join(f"{m.subject}\n{m.body}" if m.subject else m.body for m in unread)
+        heard = waggle_bridge.before_inbound(member, tctx, tools, mail)
         ids = [m.pk for m in unread]
         next_phase(ctx, Phase.THINKING)  # the first model call's phase rides the brief's fence: no commit of its own
         with ctx.fenced():
-            # the mail is the message that woke the member: waggle records it (its row rides in this
-            # commit) and may replay a call it names
-            brief += waggle_bridge.on_inbound(member, tctx, tools, "\n\n".join(
-                f"{m.subject}\n{m.body}" if m.subject else m.body for m in unread))
+            brief += heard if heard is not None else waggle_bridge.on_inbound(member, tctx, tools, mail)
             if unanswered_brief:  # a stopped or failed run left its brief unanswered: fold it into the new one
                 last.content = brief if last.mail_ids else f"{last.content}\n\n{brief}"
                 last.mail_ids = sorted(set(last.mail_ids) | set(ids))
