@@ -24,6 +24,17 @@ def make_space(tmp_path: Path, slug: str = "alpha", workers: tuple[str, ...] = (
 
 
 @pytest.fixture(autouse=True)
+def _fresh_waggle_caches():
+    """A test's rolled-back routes and sessions (whose ids SQLite hands out again) are not this one's:
+    start from empty per-process caches, as a new worker process would."""
+    from waggle import recording, routecache
+
+    routecache.changed()
+    recording._quiet.clear()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def inline_waggle_mining(settings):
     """Tests drive runs in-process with no cluster: waggle mines inline, deterministically."""
     settings.WAGGLE = {**getattr(settings, "WAGGLE", {}), "sweep_async": False}

@@ -19,7 +19,7 @@ from waggle.route import Route, RouteFormatError
 from waggle.told import words_of
 from waggle.trace import Call, args_json, clean_text
 from waggle.common import ExecFn, log
-from waggle import judging, recording
+from waggle import judging, recording, routecache
 
 
 def _routes_for(space_key: str) -> list[Route]:
@@ -94,13 +94,36 @@ def _message_words(events) -> tuple[str, ...]:
 
 
 def _session_routes(space_key: str, session_key: str):
-    """The space's routes; a pinned session keeps the set it first saw (loaded once for it)."""
+    """The space's routes; a pinned session keeps the set it first saw, taken from this process's
+    route cache (waggle.routecache: a change made elsewhere reaches new runs within seconds)."""
     pin = recording._pins.get((space_key, session_key))
     if pin is None:
         return _routes_for(space_key)
     if pin.routes is None:
-        pin.routes = _routes_for(space_key)
+        pin.routes = routecache.routes(space_key, _routes_for)
     return pin.routes
+
+
+def ready(space_key: str, session_key: str, *, config: WaggleConfig | None = None) -> bool:
+    """Call for a pinned session before the host transaction in which it would record the wake's
+    message: read now, in autocommit, what :func:`inbound` needs (the session's ring, the space's
+    routes), so inside the transaction it reads nothing and the message's row may ride in the host's
+    last statement. Nothing to read for a session pinned as new whose space's routes are cached.
+
+    Returns whether an inbound route of the space may fire on the message: then call :func:`inbound`
+    outside the transaction (a replay runs a tool, maybe a remote one, and should not hold the host's
+    locks meanwhile). True when unsure (unpinned, or on an error). Never raises."""
+    try:
+        if (space_key, session_key) not in recording._pins:
+            return True  # unpinned: nothing is known ahead
+        cfg = (config or default_config()).normalized()
+        recording._check_key("space_key", space_key)
+        recording._check_key("session_key", session_key)
+        recording._ring(space_key, session_key, cfg)
+        return any(r.heard for r in _session_routes(space_key, session_key))
+    except Exception:  # noqa: BLE001 - best effort by contract
+        log.exception("waggle: ready failed (space=%r session=%r); ignored", space_key, session_key)
+        return True
 
 
 def _follow(space_key: str, session_key: str, exec: ExecFn, cfg: WaggleConfig,
@@ -180,8 +203,8 @@ def inbound(space_key: str, session_key: str, member_key: str, text: str, exec: 
         if exec is None:
             return None
         pin = recording._pins.get((space_key, session_key))
-        if pin is not None and pin.routes == []:
-            return None
+        if pin is not None and pin.routes is not None and not any(r.heard for r in pin.routes):
+            return None  # no inbound route in this space: no savepoint, no query
         with recording._contained():
             return _hear(space_key, session_key, member_key, exec, cfg)
     except Exception:  # noqa: BLE001 - best effort by contract

@@ -8,8 +8,10 @@
 """
 from __future__ import annotations
 
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
+
+from waggle import routecache
 
 
 class ForageCall(models.Model):
@@ -39,6 +41,35 @@ class ForageCall(models.Model):
         return f"{self.session_key}#{self.seq} {self.tool}"
 
 
+def _routes_changed() -> None:
+    """A write to waggle_waggle: this process's cached routes are stale now, and again at the commit
+    (another thread may read the rows in between; see waggle.routecache)."""
+    routecache.changed()
+    transaction.on_commit(routecache.changed)
+
+
+class WaggleQuerySet(models.QuerySet):
+    """Every bulk write of routes tells the route cache (an update, a delete, a bulk insert)."""
+
+    def update(self, **kwargs):
+        try:
+            return super().update(**kwargs)
+        finally:
+            _routes_changed()
+
+    def delete(self):
+        try:
+            return super().delete()
+        finally:
+            _routes_changed()
+
+    def bulk_create(self, objs, *args, **kwargs):
+        try:
+            return super().bulk_create(objs, *args, **kwargs)
+        finally:
+            _routes_changed()
+
+
 class Waggle(models.Model):
     SCOPE_SPACE = "space"
     SCOPE_GLOBAL = "global"
@@ -57,12 +88,26 @@ class Waggle(models.Model):
     touched = models.DateTimeField(default=timezone.now,
                                    help_text="Creation, or the last demotion / enabling; prune ages from here.")
 
+    objects = WaggleQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["scope", "space_key", "name"], name="waggle_unique_name_per_store"),
         ]
         indexes = [models.Index(fields=["space_key", "scope", "disabled"], name="waggle_w_lookup")]
         ordering = ["scope", "space_key", "name"]
+
+    def save(self, *args, **kwargs):
+        try:
+            super().save(*args, **kwargs)
+        finally:
+            _routes_changed()
+
+    def delete(self, *args, **kwargs):
+        try:
+            return super().delete(*args, **kwargs)
+        finally:
+            _routes_changed()
 
     def __str__(self) -> str:
         where = self.space_key if self.scope == self.SCOPE_SPACE else "global"

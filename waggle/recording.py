@@ -50,18 +50,67 @@ class _Pin:
 _pins: dict[tuple[str, str], _Pin] = {}
 
 
+# Sessions whose last pin in this process ended with no replay waiting, at the seq its ring held then.
+# A replay fired elsewhere always appends calls to the session (the call or message it followed, its
+# steps), so a next pin that finds the session still at that seq knows nothing waits, without a query.
+_quiet: "OrderedDict[tuple[str, str], int]" = OrderedDict()
+
+
 @contextmanager
-def pinned(space_key: str, session_key: str) -> Iterator[None]:
+def pinned(space_key: str, session_key: str, *, new: bool = False) -> Iterator[None]:
     """The host owns this session for a while (a member's run holds its slot): nobody else appends to
     it meanwhile. Then the ring is trusted after its first sync, the routes are read once, and "no
     replay waiting" is known without a query: a read-only call costs one INSERT instead of about eight
-    statements. Routes promoted meanwhile apply from the next pin (the next run)."""
+    statements. Routes promoted meanwhile apply from the next pin (the next run).
+
+    ``new``: the host created the session for this run, so it has no calls and no replay yet: its ring
+    is known empty without reading it (the session's key must be new, as a database id is)."""
     key = (space_key, session_key)
-    _pins[key] = _Pin()
+    pin = _pins[key] = _Pin()
+    if new:
+        _start_empty(key, pin)
     try:
         yield
+    except BaseException:
+        _forget(key)  # the run failed (maybe its lease was lost, its writes rolled back): read it afresh next time
+        raise
+    else:
+        _remember_quiet(key, pin)
     finally:
         _pins.pop(key, None)
+
+
+def _start_empty(key: tuple[str, str], pin: _Pin) -> None:
+    """A new session's pin: the ring synced and empty, its episode from seq 0, nothing waiting."""
+    pin.synced, pin.start, pin.none_pending = True, 0, True
+    _keep_ring(key, Recorder(default_config().normalized().ring_capacity))
+
+
+def _keep_ring(key: tuple[str, str], ring: Recorder) -> None:
+    with _rings_lock:
+        _rings[key] = ring
+        _rings.move_to_end(key)
+        while len(_rings) > _MAX_CACHED_SESSIONS:
+            _rings.popitem(last=False)
+
+
+def _forget(key: tuple[str, str]) -> None:
+    with _rings_lock:
+        _rings.pop(key, None)
+        _quiet.pop(key, None)
+
+
+def _remember_quiet(key: tuple[str, str], pin: _Pin) -> None:
+    """The run ended with no replay waiting (known under the pin): note the seq it ended at."""
+    held = _held_seq(*key)
+    with _rings_lock:
+        if pin.none_pending and pin.synced and held is not None:
+            _quiet[key] = held
+            _quiet.move_to_end(key)
+            while len(_quiet) > _MAX_CACHED_SESSIONS:
+                _quiet.popitem(last=False)
+        else:
+            _quiet.pop(key, None)
 
 
 def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
@@ -80,6 +129,10 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
         pin.synced = True
         if pin.start is None:
             pin.start = last
+        with _rings_lock:
+            quiet = _quiet.get(key)
+        if quiet == last:  # as this process left it, nothing waiting (see _quiet)
+            pin.none_pending = True
     if ring is None or ring.last_seq != last or ring.capacity != cfg.ring_capacity:
         ring = Recorder(cfg.ring_capacity)
         rows = list(ForageCall.objects.filter(space_key=space_key, session_key=session_key)
@@ -87,11 +140,7 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
         for seq, *row in reversed(rows):
             ring.record(_call_from_row(*row), seq=seq)
         ring.last_seq = last
-        with _rings_lock:
-            _rings[key] = ring
-            _rings.move_to_end(key)
-            while len(_rings) > _MAX_CACHED_SESSIONS:
-                _rings.popitem(last=False)
+        _keep_ring(key, ring)
     return ring
 
 

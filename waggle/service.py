@@ -10,7 +10,7 @@ A facade: each verb lives in its own module, and the host's callers keep reading
 
 * waggle.recording — the per-session rings, ``observe``, ``pinned``
 * waggle.sweeping  — mining a space's calls and promoting a route (``sweep``, ``promotable``)
-* waggle.following — replaying a matching waggle (``follow``) and hearing an inbound message (``inbound``)
+* waggle.following — replaying a matching waggle (``follow``), hearing an inbound message (``inbound``), ``ready``
 * waggle.judging   — whether a replay was used (``judge_reply``, ``end_run``, ``settle``)
 * waggle.listing   — the waggles a space sees, ``run_waggle``, ``saved_tokens_per_day``
 * waggle.curation  — the periodic pass (``curate``)
@@ -21,14 +21,15 @@ from __future__ import annotations
 from waggle.common import ExecFn, WaggleError
 from waggle.config import WaggleConfig
 from waggle.curation import CurateSummary, curate
-from waggle.following import follow, inbound
+from waggle.following import follow, inbound, ready
 from waggle.judging import end_run, judge_reply, settle
 from waggle.listing import list_waggles, run_waggle, saved_tokens_per_day
 from waggle.recording import observe, pinned
 from waggle.sweeping import promotable, sweep
 
 __all__ = [
-    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "inbound", "judge_reply", "end_run",
+    "ExecFn", "WaggleConfig", "WaggleError", "CurateSummary", "observe", "follow", "inbound", "ready", "judge_reply",
+    "end_run",
     "settle",
     "list_waggles", "run_waggle", "curate", "saved_tokens_per_day", "sweep", "pinned", "promotable",
 ]

@@ -73,13 +73,14 @@ UNFUSED_VERBS = frozenset({"waggle_run"})
 
 def run_member(member: Member, ctx: RunContext) -> str:
     session = transcript.current_session(member)  # a read: the run's slot keeps other runs from writing it
-    if session is None:
+    new = session is None
+    if new:
         with ctx.fenced():
             session = transcript.new_session(member)
     tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
     log_ = transcript.Log(session)  # the transcript, in memory for the whole run
     tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_, tools=tools)
-    with waggle_bridge.pinned(member, tctx):  # the run holds the slot: waggle may trust its view of the session
+    with waggle_bridge.pinned(member, tctx, new=new):  # the run holds the slot: waggle may trust its view of the session
         return run_steps(member, ctx, tools, tctx)
 
 
@@ -101,12 +102,14 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         return RunOutcome.DONE  # a wake with nothing to do exits cleanly, no model call
     if unread or ctx.source == "timer":
         brief = wake_brief(member, ctx.source, unread)
-        # the mail is the message that woke the member: waggle may replay a call it names
-        brief += waggle_bridge.on_inbound(member, tctx, tools, "\n\n".join(
-            f"{m.subject}\n{m.body}" if m.subject else m.body for m in unread))
+        # the mail is the message that woke the member: waggle records it and may replay a call it names
+        # (then before the fence: a replay runs a tool); else its row rides in the brief's commit
+        mail = "\n\n".join(f"{m.subject}\n{m.body}" if m.subject else m.body for m in unread)
+        heard = waggle_bridge.before_inbound(member, tctx, tools, mail)
         ids = [m.pk for m in unread]
         next_phase(ctx, Phase.THINKING)  # the first model call's phase rides the brief's fence: no commit of its own
         with ctx.fenced():
+            brief += heard if heard is not None else waggle_bridge.on_inbound(member, tctx, tools, mail)
             if unanswered_brief:  # a stopped or failed run left its brief unanswered: fold it into the new one
                 last.content = brief if last.mail_ids else f"{last.content}\n\n{brief}"
                 last.mail_ids = sorted(set(last.mail_ids) | set(ids))

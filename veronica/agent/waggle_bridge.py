@@ -26,15 +26,16 @@ def _flat(args: dict) -> dict:
 
 
 @contextmanager
-def pinned(member: "Member", tctx: ToolContext) -> Iterator[None]:
+def pinned(member: "Member", tctx: ToolContext, *, new: bool = False) -> Iterator[None]:
     """For the length of a run, which holds the member's slot: waggle may trust its view of the session.
-    When the run ends (however: answered, stopped, failed, waiting), a replayed step no reply drew on
-    is booked unused."""
+    ``new``: this run created the session (waggle then knows it empty without reading it). When the
+    run ends (however: answered, stopped, failed, waiting), a replayed step no reply drew on is booked
+    unused."""
     try:
         from waggle import service
 
         space_key, session_key, _ = _keys(member, tctx)
-        pin = service.pinned(space_key, session_key)
+        pin = service.pinned(space_key, session_key, new=new)
     except Exception:  # best effort
         log.warning("waggle pin failed", exc_info=True)
         yield
@@ -92,9 +93,29 @@ def after_call(member: "Member", tctx: ToolContext, tools: dict[str, Tool], name
     return "\n\n" + block
 
 
+def before_inbound(member: "Member", tctx: ToolContext, tools: dict[str, Tool], text: str) -> str | None:
+    """Before the transaction that writes the brief: waggle reads what on_inbound needs (nothing for a
+    new session of a space whose routes it holds). If the space has an inbound route, the message is
+    heard now, outside that transaction (a replay runs a tool: it holds no lock meanwhile) and its
+    block returned; None: call on_inbound inside the transaction, where the message's row rides in
+    its last statement."""
+    if not text:
+        return ""
+    try:
+        from waggle import service
+
+        space_key, session_key, _ = _keys(member, tctx)
+        hears = service.ready(space_key, session_key)
+    except Exception:  # best effort: waggle never fails a turn
+        log.warning("waggle ready failed", exc_info=True)
+        hears = True
+    return on_inbound(member, tctx, tools, text) if hears else None
+
+
 def on_inbound(member: "Member", tctx: ToolContext, tools: dict[str, Tool], text: str) -> str:
     """The mail that woke the member, before the model reads it: waggle records it and, if a learned
-    call takes its argument from such a message, replays it; returns the block to append to the brief."""
+    call takes its argument from such a message, replays it; returns the block to append to the brief.
+    Called by before_inbound, or inside the brief's fence when it says so (the row then commits with the brief)."""
     if not text:
         return ""
     try:
