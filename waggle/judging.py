@@ -38,7 +38,10 @@ def _known(ring: Recorder) -> set[str]:
 def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str | None:
     """How the model's reply treated one replayed step: ``"re-issued"`` (it made the call itself: it
     ignored the replay), ``"contradicted"`` (it asked the same tool about the same object with other
-    settings: the replayed output was not what it needed), or None (neither: see :func:`judge_reply`)."""
+    settings: the replayed output was not what it needed), ``"swapped"`` (it made the call with the
+    same values in other arguments, ``distance(a=y, b=x)`` after a replayed ``distance(a=x, b=y)``:
+    the same question asked again, or the other way round; a miss either way), or None (none of
+    these: see :func:`judge_reply`)."""
     tool, args = step[0], tuple(sorted((step[1] or {}).items()))
     settings = set(step[3]) if len(step) > 3 and isinstance(step[3], list) else set()
     own = dict(args)
@@ -53,6 +56,8 @@ def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str | None:
         differing = {k for k in own if own[k] != other[k]}
         if differing and settings and differing <= settings:
             return "contradicted"
+        if differing and sorted(map(str, own.values())) == sorted(map(str, other.values())):
+            return "swapped"
     return None
 
 

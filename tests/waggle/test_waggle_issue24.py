@@ -313,3 +313,18 @@ def test_an_output_nested_five_thousand_deep_is_still_recorded(cfg):
     from waggle.models import ForageCall
 
     assert ForageCall.objects.filter(session_key="s1").count() == 2
+
+
+def test_the_same_call_with_its_values_swapped_is_a_miss():
+    """``distance(a=y, b=x)`` after a replayed ``distance(a=x, b=y)`` (BFCL's estimate_distance with
+    the cities the other way round): the model asked the question again, or the other way round;
+    either way it did not rely on the replay. A call that changes a value is not one."""
+    from waggle.judging import _judge_step
+    from waggle.trace import flatten_args
+
+    step = ["estimate_distance", dict(flatten_args({"cityA": "94016", "cityB": "83214"})), 5, []]
+    swapped = [("estimate_distance", flatten_args({"cityA": "83214", "cityB": "94016"}))]
+    assert _judge_step(step, swapped) == "swapped"
+    other = [("estimate_distance", flatten_args({"cityA": "83214", "cityB": "10001"}))]
+    assert _judge_step(step, other) is None
+    assert _judge_step(step, [("estimate_distance", flatten_args({"cityA": "94016", "cityB": "83214"}))]) == "re-issued"
