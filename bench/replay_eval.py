@@ -24,7 +24,9 @@ for the model:
   trajectory to ``service.end_run``; what it booked is ``booked_precision_pct`` (used steps over
   replayed steps in the ledger), and its demotions steer the rest of the walk. A replay no reply
   followed (the trajectory ends first: BFCL's turns end on an empty reply) is left unjudged by the
-  host (``waggle.judging.end_run``): ``unjudged_steps`` counts those steps, left out of
+  host (``waggle.judging.end_run``), and so is one the model answered only with calls (no text to the
+  end: BFCL has none) that decided none of its steps, each of which had something to show:
+  ``unjudged_steps`` counts those steps, left out of
   ``booked_precision_pct`` (the harness's truth still counts them in ``precision_pct``). ``--truth-ledger``
   books the harness's truth instead (``service.settle``), as runs before the honest ledger did;
 * tokens: each model request reads the system prompt and every message before it (chars / 4).

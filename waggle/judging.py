@@ -38,7 +38,10 @@ def _known(ring: Recorder) -> set[str]:
 def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str | None:
     """How the model's reply treated one replayed step: ``"re-issued"`` (it made the call itself: it
     ignored the replay), ``"contradicted"`` (it asked the same tool about the same object with other
-    settings: the replayed output was not what it needed), or None (neither: see :func:`judge_reply`)."""
+    settings: the replayed output was not what it needed), ``"swapped"`` (it made the call with the
+    same values in other arguments, ``distance(a=y, b=x)`` after a replayed ``distance(a=x, b=y)``:
+    the same question asked again, or the other way round; a miss either way), or None (none of
+    these: see :func:`judge_reply`)."""
     tool, args = step[0], tuple(sorted((step[1] or {}).items()))
     settings = set(step[3]) if len(step) > 3 and isinstance(step[3], list) else set()
     own = dict(args)
@@ -53,6 +56,8 @@ def _judge_step(step: list, issued: list[tuple[str, tuple]]) -> str | None:
         differing = {k for k in own if own[k] != other[k]}
         if differing and settings and differing <= settings:
             return "contradicted"
+        if differing and sorted(map(str, own.values())) == sorted(map(str, other.values())):
+            return "swapped"
     return None
 
 
@@ -140,20 +145,43 @@ def _verdict(step: list) -> str | None:
     return step[7] if len(step) > 7 else None
 
 
-def _unheard(tail: list) -> bool:
-    """No reply of the model (text or a call) came after the replay: its steps carry where the
-    replay stood (index 8) and no mark that a reply was heard since (index 9, set by
-    :func:`judge_reply`). A row written before replays kept their position counts as heard."""
-    return all(len(step) == 9 for step in tail)
+HEARD, WROTE = 9, 10  # a step's marks after where the replay stood (index 8): a reply came since, one with text
 
 
-def _mark_heard(tail: list) -> bool:
-    """Mark that a reply was heard since the replay; True when the mark is new."""
-    if not _unheard(tail):
+def _lacks(tail: list, mark: int) -> bool:
+    """The replay's steps carry every mark before ``mark`` and not ``mark`` itself (marks are
+    appended in order: :func:`_mark`)."""
+    return all(len(step) == mark for step in tail)
+
+
+def _mark(tail: list, mark: int) -> bool:
+    """Set ``mark`` on the replay's steps, once its earlier marks are set; True when the mark is new."""
+    if not _lacks(tail, mark):
         return False
     for step in tail:
         step.append(True)
     return True
+
+
+def _unheard(tail: list) -> bool:
+    """No reply of the model (text or a call) came after the replay: its steps carry where the
+    replay stood (index 8) and no mark that a reply was heard since (``HEARD``, set by
+    :func:`judge_reply`). A row written before replays kept their position counts as heard."""
+    return _lacks(tail, HEARD)
+
+
+def _unwritten(tail: list) -> bool:
+    """Replies came after the replay, but none with text: its steps carry the ``HEARD`` mark and
+    not the ``WROTE`` one."""
+    return _lacks(tail, WROTE)
+
+
+def _untestable(tail: list) -> bool:
+    """The model replied to the replay only with calls, none of which decided any of its steps,
+    and each of them had something a text could have named: what a read brought for the model's
+    reader (a distance it was asked for, a balance) is drawn on only in text, so calls that did
+    not draw on it do not tell whether the model relied on it (see :func:`end_run`)."""
+    return _unwritten(tail) and all(_silent(step) for step in tail)
 
 
 def _pending(space_key: str, session_key: str) -> list[FiredPlan]:
@@ -200,8 +228,10 @@ def judge_reply(space_key: str, session_key: str, calls: list[tuple[str, dict]] 
         settled = 0
         lists, done = None, set()
         spoke = bool(calls) or bool(text.strip() if isinstance(text, str) else "")
+        wrote = bool(text.strip()) if isinstance(text, str) else False
         for fired, tail, replayed in zip(pending, tails, made):
-            changed, since = spoke and _mark_heard(tail), None
+            changed, since = spoke and _mark(tail, HEARD), None
+            changed = (wrote and _mark(tail, WROTE)) or changed
             drawn: dict[str, int] = {}
             inferred = 0
             undecided = [step for step in tail if _verdict(step) is None]
@@ -258,8 +288,14 @@ def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = N
     was cut off, or ended on an empty reply) is left *unjudged*: there was no reply that could have
     drawn on it, so booking it unused would count a prediction never put to the test as a miss
     (and demote a route for where runs happen to stop), and booking it used is the bug the
-    ledger exists to avoid. Its ledger row stays unsettled (out of the route's figures and its
-    demotion), saying why. Returns how many replays were settled. Never raises."""
+    ledger exists to avoid. So is a replay the model answered only with calls (it wrote no text
+    after it, to the run's end) when those calls decided none of its steps and each of them had
+    something to show (:func:`_untestable`): a call draws on what a later tool needs, the text on
+    what the reader asked for (a distance, a balance), so calls alone that did not draw on it
+    leave open whether the model relied on it. A replay with a step that had nothing to show
+    (no reply could have shown it used), or one of whose steps the calls decided, is booked as
+    ever. Its ledger row stays unsettled (out of the route's figures and its demotion), saying
+    why. Returns how many replays were settled. Never raises."""
     try:
         pin = recording._pins.get((space_key, session_key))
         if pin is not None and not pin.maybe_pending:
@@ -267,10 +303,13 @@ def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = N
         pending = _pending(space_key, session_key)
         cfg = (config or default_config()).normalized()
         tails = [[list(step) for step in fired.tail] for fired in pending]
+        judged = []
         for fired, tail in zip(pending, tails):
-            if _unheard(tail):
-                _leave_unjudged(fired, tail)
-        judged = [(fired, tail) for fired, tail in zip(pending, tails) if not _unheard(tail)]
+            why = UNJUDGED if _unheard(tail) else UNWRITTEN if _untestable(tail) else None
+            if why:
+                _leave_unjudged(fired, tail, why)
+            else:
+                judged.append((fired, tail))
         pending, tails = [f for f, _ in judged], [t for _, t in judged]
         silent: dict[str, int] = {}
         for fired, tail in zip(pending, tails):
@@ -293,16 +332,17 @@ def end_run(space_key: str, session_key: str, *, config: WaggleConfig | None = N
 
 
 UNJUDGED = "unjudged: the run ended before the model replied to the replay"
+UNWRITTEN = "unjudged: the model wrote no text after the replay, and its calls did not draw on it"
 
 
-def _leave_unjudged(fired: FiredPlan, tail: list) -> None:
+def _leave_unjudged(fired: FiredPlan, tail: list, why: str) -> None:
     """Close the replay without a verdict (see :func:`end_run`): its row no longer waits, its ledger
     entry stays unsettled, which keeps it out of every figure and demotion."""
     for step in tail:
         step.extend([None] * (8 - len(step)))
         step[7] = "unjudged"
     if FiredPlan.objects.filter(pk=fired.pk, settled=False).update(settled=True, tail=tail) and fired.ledger_id:
-        LedgerEntry.objects.filter(pk=fired.ledger_id, settled=False).update(detail=UNJUDGED)
+        LedgerEntry.objects.filter(pk=fired.ledger_id, settled=False).update(detail=why)
 
 
 def _close(space_key: str, session_key: str, fired: FiredPlan, tail: list, cfg: WaggleConfig) -> None:

@@ -107,9 +107,59 @@ def test_a_replay_no_reply_followed_is_left_unjudged_not_booked_unused(cfg):
     assert all(e.detail == "unjudged: the run ended before the model replied to the replay" for e in entries)
     # one reply that names nothing is a chance to draw on it: that run's replay is booked unused
     fire("1", "s9", "x9", cfg)
-    service.judge_reply("1", "s9", [("task_done", {})], text="", config=cfg)
+    service.judge_reply("1", "s9", [("task_done", {})], text="Done.", config=cfg)
     service.end_run("1", "s9", config=cfg)
     assert LedgerEntry.objects.filter(settled=True, used_steps=0).count() == 1
+
+
+UNWRITTEN = "unjudged: the model wrote no text after the replay, and its calls did not draw on it"
+
+
+def test_a_replay_the_model_answered_only_with_calls_that_named_nothing_is_left_unjudged(cfg):
+    """A model that writes no text after the replay (BFCL's turns end on an empty reply) has shown
+    only what its calls needed: a read it made for its reader (the distance it was asked for) is
+    drawn on in text alone, so calls that name nothing of it neither book it used nor unused."""
+    w = teach("1", cfg)
+    for n in range(4):
+        fire("1", f"s{n}", f"x{n}", cfg)
+        service.judge_reply("1", f"s{n}", [("task_done", {"result": "ok"})], text="", config=cfg)
+        service.judge_reply("1", f"s{n}", [], text="", config=cfg)  # the run ends on an empty reply
+        service.end_run("1", f"s{n}", config=cfg)
+    assert not Waggle.objects.get(name=w.name).disabled
+    assert all(step[7] == "unjudged" for fired in FiredPlan.objects.all() for step in fired.tail)
+    entries = LedgerEntry.objects.all()
+    assert len(entries) == 4 and not any(e.settled for e in entries)
+    assert all(e.detail == UNWRITTEN for e in entries)
+
+
+def test_text_after_a_call_only_reply_puts_the_replay_to_the_test(cfg):
+    # the model answered with a call, then wrote text naming nothing of the replay: booked unused
+    teach("1", cfg)
+    fire("1", "s1", "fresh", cfg)
+    service.judge_reply("1", "s1", [("task_done", {})], text="", config=cfg)
+    service.judge_reply("1", "s1", [], text="All good.", config=cfg)
+    service.end_run("1", "s1", config=cfg)
+    entry = LedgerEntry.objects.get()
+    assert entry.settled and entry.used_steps == 0 and "3 not drawn on" in entry.detail
+
+
+def test_calls_that_decide_a_step_or_a_step_with_nothing_to_show_keep_the_replay_judged(cfg):
+    # a call drew on one step (git_log's commit id): the replay was put to the test, the rest is unused
+    teach("1", cfg)
+    fire("1", "s1", "fresh", cfg)
+    service.judge_reply("1", "s1", [("git_show", {"commit": "c0ffee42"})], text="", config=cfg)
+    service.end_run("1", "s1", config=cfg)
+    entry = LedgerEntry.objects.get()
+    assert entry.settled and entry.used_steps == 1
+    # a step whose output brought nothing to name could not be shown used by any reply: booked as ever
+    teach("2", cfg)
+    answers = dict(ANSWERS, blackboard_read=json.dumps({"ok": True}))
+    feed("2", "s2", routine("other")[:2], cfg)
+    assert service.follow("2", "s2", FakeExec(answers=answers), config=cfg) is not None
+    service.judge_reply("2", "s2", [("task_done", {})], text="", config=cfg)
+    service.end_run("2", "s2", config=cfg)
+    entry = LedgerEntry.objects.get(space_key="2")
+    assert entry.settled and entry.used_steps == 0
 
 
 # --- 2. one task cannot make a route --------------------------------------------------------------
@@ -263,3 +313,18 @@ def test_an_output_nested_five_thousand_deep_is_still_recorded(cfg):
     from waggle.models import ForageCall
 
     assert ForageCall.objects.filter(session_key="s1").count() == 2
+
+
+def test_the_same_call_with_its_values_swapped_is_a_miss():
+    """``distance(a=y, b=x)`` after a replayed ``distance(a=x, b=y)`` (BFCL's estimate_distance with
+    the cities the other way round): the model asked the question again, or the other way round;
+    either way it did not rely on the replay. A call that changes a value is not one."""
+    from waggle.judging import _judge_step
+    from waggle.trace import flatten_args
+
+    step = ["estimate_distance", dict(flatten_args({"cityA": "94016", "cityB": "83214"})), 5, []]
+    swapped = [("estimate_distance", flatten_args({"cityA": "83214", "cityB": "94016"}))]
+    assert _judge_step(step, swapped) == "swapped"
+    other = [("estimate_distance", flatten_args({"cityA": "83214", "cityB": "10001"}))]
+    assert _judge_step(step, other) is None
+    assert _judge_step(step, [("estimate_distance", flatten_args({"cityA": "94016", "cityB": "83214"}))]) == "re-issued"
