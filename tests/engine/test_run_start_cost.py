@@ -81,3 +81,64 @@ def test_the_days_first_call_makes_its_usage_row_without_reading_it(space, scrip
     one_call_run(space, scripted, "second")
     day.refresh_from_db()
     assert day.model_calls == 2
+
+
+def a_run(space, scripted, text: str) -> list[str]:
+    """one_call_run's statements, without the test's own read of the member."""
+    member_id = w1(space).pk
+    scripted("done")
+    bus.send(space, "boss", "w1", text)
+    with CaptureQueriesContext(connection) as queries:
+        assert runner.wake(member_id, "message") == "done"
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def until_first_model_call(sqls: list[str]) -> list[str]:
+    """The run's statements before its first model turn is written (its brief's fence included)."""
+    out = []
+    for s in sqls:
+        if s.startswith('WITH a AS (UPDATE "veronica_member" SET "lease_expires_at"'):  # the model turn's fence (with its meter)
+            break
+        out.append(s)
+    return out
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement claim is PostgreSQL's")
+def test_a_wake_claims_reads_its_member_and_opens_its_session_in_one_statement(space, scripted):
+    """The claim, its Run row, the claimed member (with its space) and the member's first session:
+    ONE statement (issue 25: five round trips and a commit of their own before)."""
+    sqls = a_run(space, scripted, "first")
+    start = until_first_model_call(sqls)
+    assert not [s for s in start if 'INSERT INTO "veronica_run"' in s and not s.startswith("WITH c AS")]
+    assert not [s for s in start if s.startswith("SELECT") and 'FROM "veronica_member"' in s], "the claim returns the member"
+    assert not [s for s in start if 'FROM "veronica_session"' in s and not s.startswith("WITH c AS")]
+    assert not [s for s in start if 'INSERT INTO "veronica_session"' in s and not s.startswith("WITH c AS")]
+    assert not [s for s in start if s.startswith("SELECT") and 'FROM "veronica_turn"' in s], "a session just opened has no turn"
+    member = w1(space)
+    session = Session.objects.get(member=member, ended_at__isnull=True)
+    assert list(session.turns.values_list("role", flat=True)) == [TurnRole.USER, TurnRole.ASSISTANT]
+    run = member.runs.get()
+    assert run.outcome == "done" and run.source == "message" and run.started_at <= run.ended_at
+    # the next run finds that session in the same statement, and reads its transcript
+    sqls = a_run(space, scripted, "second")
+    assert Session.objects.filter(member=member).count() == 1
+    assert session.turns.count() == 4
+
+
+# A first run's statements before its first model call on PostgreSQL (the test's savepoints included):
+# its claim (one statement), the wake and run.started rows, the run-start reads, the brief's fence.
+# Measured 28 (issue 25: the claim's one statement with the session in it, no transcript read); 36 before.
+FIRST_RUN_START = 28
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="pinned on PostgreSQL")
+def test_a_first_runs_start_costs_a_pinned_number_of_statements(space, scripted):
+    start = until_first_model_call(a_run(space, scripted, "first"))
+    assert len(start) <= FIRST_RUN_START, "\n".join(s[:110] for s in start)
+
+
+def test_the_days_first_call_is_metered_in_one_statement(space, scripted):
+    """An upsert (INSERT ... ON CONFLICT DO UPDATE): no UPDATE that matches nothing, then an INSERT, then the UPDATE again."""
+    sqls = a_run(space, scripted, "first")
+    assert not [s for s in sqls if s.startswith('UPDATE "veronica_usageday"')]
+    assert not [s for s in sqls if s.startswith('INSERT INTO "veronica_usageday"') and "DO NOTHING" in s]

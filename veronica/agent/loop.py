@@ -72,12 +72,15 @@ UNFUSED_VERBS = frozenset({"waggle_run"})
 
 
 def run_member(member: Member, ctx: RunContext) -> str:
-    session = transcript.current_session(member)  # a read: the run's slot keeps other runs from writing it
+    # The engine's claim may have read (or opened) the open session already, in its own statement.
+    session = getattr(ctx, "session", None) or transcript.current_session(member)  # the slot keeps other runs from writing it
     if session is None:
         with ctx.fenced():
             session = transcript.new_session(member)
+            session.fresh = True
     tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
-    log_ = transcript.Log(session)  # the transcript, in memory for the whole run
+    # the transcript, in memory for the whole run (a session opened for this run has no turn to read)
+    log_ = transcript.Log(session, [] if getattr(session, "fresh", False) else None)
     tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_, tools=tools)
     with waggle_bridge.pinned(member, tctx):  # the run holds the slot: waggle may trust its view of the session
         return run_steps(member, ctx, tools, tctx)
