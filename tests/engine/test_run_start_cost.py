@@ -16,8 +16,10 @@ from veronica.plumbing.compiled_select import fetch
 # A one-call run ("done") of a member whose session is open already: the claim with its Run, Wake and
 # event rows, the run's reads (session, MCP servers, A2A remotes, transcript, mail, tasks, blackboard,
 # skills, memory, waggle), its brief (with the first phase), the model turn and the finish with its ring.
-# Measured 40 (PostgreSQL) / 46 (SQLite) statements, savepoints included; 52 / 58 before.
-REPEAT_RUN = 42 if connection.vendor == "postgresql" else 48
+# Measured 28 (PostgreSQL) / 46 (SQLite) statements, savepoints included (issue 25: the claim with its
+# Run row, member, session and probes in one statement, the empty reads skipped, the finish's fence
+# releasing); 40 / 46 before that, 52 / 58 before issue 25.
+REPEAT_RUN = 30 if connection.vendor == "postgresql" else 48
 
 
 def w1(space):
@@ -41,7 +43,8 @@ def test_a_members_next_run_costs_a_pinned_number_of_statements(space, scripted)
 def test_an_open_session_is_read_without_a_fence_of_its_own(space, scripted):
     one_call_run(space, scripted, "first")
     sqls = one_call_run(space, scripted, "second")
-    fences = [s for s in sqls if 'UPDATE "veronica_member" SET "lease_expires_at"' in s]
+    fences = [s for s in sqls if 'UPDATE "veronica_member" SET "lease_expires_at"' in s
+              or s.startswith('WITH a AS (UPDATE "veronica_member" SET "run_status"')]  # PostgreSQL: the finish's fence releases
     assert len(fences) == 3, "the brief (with the first phase), the model turn and the finish: " + "\n".join(f[:90] for f in fences)
 
 
@@ -127,8 +130,8 @@ def test_a_wake_claims_reads_its_member_and_opens_its_session_in_one_statement(s
 
 # A first run's statements before its first model call on PostgreSQL (the test's savepoints included):
 # its claim (one statement), the wake and run.started rows, the run-start reads, the brief's fence.
-# Measured 28 (issue 25: the claim's one statement with the session in it, no transcript read); 36 before.
-FIRST_RUN_START = 28
+# Measured 17 (issue 25: the claim with the session in it, the empty kinds probed in it, no transcript read); 36 before.
+FIRST_RUN_START = 17
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="pinned on PostgreSQL")
@@ -142,3 +145,44 @@ def test_the_days_first_call_is_metered_in_one_statement(space, scripted):
     sqls = a_run(space, scripted, "first")
     assert not [s for s in sqls if s.startswith('UPDATE "veronica_usageday"')]
     assert not [s for s in sqls if s.startswith('INSERT INTO "veronica_usageday"') and "DO NOTHING" in s]
+
+
+START_READS = ('FROM "veronica_mcpserver"', 'FROM "veronica_a2aremote"', 'FROM "veronica_secret"', 'FROM "veronica_skill"',
+               'FROM "veronica_memoryfile"', 'FROM "veronica_task"', 'FROM "veronica_blackboard"')
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the claim's probes are PostgreSQL's")
+def test_a_run_start_skips_the_reads_its_claim_found_empty(space, scripted):
+    """The claim asks "is there any?" of each kind the run's start reads (veronica.agent.runstart): in an
+    empty space none of those round trips is made."""
+    sqls = a_run(space, scripted, "first")
+    made = [s[:80] for s in until_first_model_call(sqls) if s.startswith("SELECT") and any(t in s for t in START_READS)]
+    assert not made, made
+
+
+def test_a_run_start_still_reads_what_is_there(space, scripted):
+    """Each kind present is read as before: skills, memory, open tasks, the blackboard."""
+    from veronica.swarm import blackboard, memory, skills
+    from veronica.models import Run, Task
+
+    member = w1(space)
+    skills.add_skill(space, "triage", "Sort the inbox first.", description="how to triage")
+    memory.write(member, "MEMORY.md", "the index", actor="test")
+    Task.objects.create(space=space, title="ship the report", assignee=member, status="ready")
+    blackboard.write(space, "boss", "the plan is on")
+    a_run(space, scripted, "first")
+    prompt = Run.objects.get(member=member).system_prompt
+    assert "Sort the inbox first." in prompt and "MEMORY.md" in prompt
+    brief = Turn.objects.filter(session__member=member, role=TurnRole.USER).get().content
+    assert "ship the report" in brief and "the plan is on" in brief
+
+
+def test_what_the_claim_found_empty_holds_for_the_start_only(space, scripted):
+    """Skipped reads are the run's start's: after it (the first model call on), every read goes to the database."""
+    from veronica.agent import runstart
+
+    with runstart.known(frozenset({"skills", "memory"})):
+        assert runstart.empty("skills")
+        runstart.forget()
+        assert not runstart.empty("skills") and not runstart.empty("memory")
+    assert not runstart.empty("skills")

@@ -25,8 +25,9 @@ from tests.harness import round_trips
 # its fence, its usage, its turns (one INSERT), its waggle observation, its seq block and its event
 # INSERT = 6 (SQLite); on PostgreSQL 2 round trips: the fence (with the usage) and the event INSERT
 # (with the seq block, the step's turns and waggle's observation).
-# measured 63 / 77 (issue 25: the run's own reads and writes cut); 71 / 84 before; 187 before issue 13
-THREE_CALL_RUN = 65 if connection.vendor == "postgresql" else 79
+# measured 36 / 70 (issue 25: the one-statement claim, the probed start reads, the metering upsert, the
+# releasing finish); 63 / 77 before that; 71 / 84 before; 187 before issue 13
+THREE_CALL_RUN = 38 if connection.vendor == "postgresql" else 72
 PER_STEP = 5 if connection.vendor == "postgresql" else 10  # measured 4.9 / 8.8; 5.6 with waggle's own round trip; ~45 before
 FENCES_PER_STEP = 1  # commits per step (2 before the fused step, 5-6 before issue 13)
 

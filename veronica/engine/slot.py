@@ -38,7 +38,8 @@ from django.db.models.sql import UpdateQuery
 from veronica.swarm import events
 from veronica.plumbing.compiled_select import fetch, instances
 from veronica.plumbing.begin_rides import riding
-from veronica.plumbing.returning import compiled, update_returning, update_then
+from veronica.plumbing.returning import compiled, update_returning, update_returning_compiled, update_then
+from veronica.agent import runstart
 from veronica.agent.providers import sdk
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
 from veronica.engine import budget, failures
@@ -243,14 +244,36 @@ class RunLease:
     def stop_reason(self) -> Cancelled:
         return self._stop or Cancelled("model call aborted")
 
+    def can_release_in_fence(self) -> bool:
+        """PostgreSQL, no fence open, no meter or phase waiting for the next fence: finish() may release
+        the slot and end the Run row in the fence statement itself (fenced(release=...))."""
+        want, member = self._next_phase, self.member
+        return (not self._depth and self._meter is None and (want is None or want == (member.phase, member.phase_tool))
+                and connections[Member.objects.db].vendor == "postgresql")
+
+    def _release_fence(self, end) -> None:
+        """The finish's fence (see finish): the lease checked, the slot released and the Run row ended in
+        one statement, or nothing (LeaseLost)."""
+        self.touched = time.monotonic()
+        if isinstance(self._stop, LeaseLost):
+            raise self._stop
+        self._next_phase = None
+        if _release_statement(self.member.pk, self.token, end) is None:
+            self._stop = LeaseLost(f"the lease {self.token[:8]} of member {self.member.pk} is gone")
+            raise self._stop
+
     @contextmanager
-    def fenced(self):
+    def fenced(self, release=None):
+        """release: the finish's own fence (can_release_in_fence; end_statement's Run row UPDATE)."""
         if self._depth:  # already inside this run's fence: one renew per transaction is enough
             yield
             return
         try:
             with events.transaction_batch():
-                self._fence()
+                if release is not None:
+                    self._release_fence(release)
+                else:
+                    self._fence()
                 self._depth += 1
                 try:
                     yield
@@ -494,7 +517,8 @@ def _one_statement(key: tuple, update_sql: str, update_params: list, token_at: i
                      "ORDER BY o.id LIMIT 1)")
         parts.append(f"n AS ({session_sql})")
         params += session_params
-        pick = ("r.id, r.started_at, COALESCE(o.id, n.id), COALESCE(o.started_at, n.started_at), n.id IS NOT NULL")
+        pick = ("r.id, r.started_at, COALESCE(o.id, n.id), COALESCE(o.started_at, n.started_at), n.id IS NOT NULL, "
+                + ", ".join(sql for _, sql in runstart.probes(qn)))  # what the run's start need not read
         joins = " LEFT JOIN o ON TRUE LEFT JOIN n ON TRUE"
     sql = (f"WITH {', '.join(parts)} SELECT {pick}, c.*, {space_cols} FROM c JOIN {qn(space._meta.db_table)} sp "
            f"ON sp.id = c.space_id CROSS JOIN r{joins}")
@@ -521,7 +545,8 @@ def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates:
     if row is None:
         return None
     run_id, started_at, session_id, session_started, fresh = row[:5]
-    member = instances(("claimed-member",), _claimed_member_query, [row[5:]])[0]
+    probed = len(runstart.KINDS) if open_session else 0
+    member = instances(("claimed-member",), _claimed_member_query, [row[5 + probed:]])[0]
     run = Run(pk=run_id, member_id=member_id, source=source, lease_token=token, started_at=started_at)
     _loaded(run, conn)
     session = None
@@ -530,6 +555,7 @@ def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates:
         _loaded(session, conn)
         session.member = member
         session.fresh = bool(fresh)  # opened by this claim: known to have no turn
+        session.start_empty = runstart.found_empty(row[5:5 + probed])  # what the run's start need not read
     return member, run, session
 
 
@@ -537,14 +563,31 @@ def _loaded(obj, conn) -> None:
     obj._state.adding, obj._state.db = False, conn.alias
 
 
+def released() -> dict:
+    """The member row's slot columns once its run gave the slot back. A suspended member stays suspended.
+    The wake-queued flag goes with it: mail committed from here on rings for itself."""
+    return {"run_status": Case(When(run_status=RunStatus.BUSY, then=Value(RunStatus.IDLE)), default=F("run_status")),
+            "lease_token": "", "lease_expires_at": None, "cancel_requested": False, "wake_queued_at": None}
+
+
 def release(member: Member, token: str) -> None:
-    """Give the slot back (inside the fenced finish). A suspended member stays suspended. The
-    wake-queued flag goes with it: mail committed from here on rings for itself."""
+    """Give the slot back (inside the fenced finish)."""
     def build(slot):
-        return (Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token")),
-                {"run_status": Case(When(run_status=RunStatus.BUSY, then=Value(RunStatus.IDLE)), default=F("run_status")),
-                 "lease_token": "", "lease_expires_at": None, "cancel_requested": False, "wake_queued_at": None})
+        return Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token")), released()
     update_returning(("release",), build, ["id"], {"id": member.pk, "token": token})  # one statement, compiled once
+
+
+def _release_statement(member_id: int, token: str, end):
+    """PostgreSQL, the first statement of a finish's transaction: the fence's condition (our token, not
+    expired, on the database's clock) on an UPDATE that releases the slot (and re-stamps phase_since,
+    as every fence does), and the Run row's end applied only if it matched (update_then). The fence,
+    the Run UPDATE and the release were three round trips; the transaction's events still follow it.
+    None: the lease is gone and nothing was written."""
+    def build(slot):
+        qs = Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token"), lease_expires_at__gt=Now())
+        return qs, {**released(), "phase_since": Now()}
+    first = compiled(("fence-release",), build, ["id"])
+    return update_then(first, {"id": member_id, "token": token}, *end)
 
 
 def has_unread(member_id: int) -> bool:
@@ -558,6 +601,12 @@ def unread_mail() -> Exists:
 
 def end_run(lease: RunLease, outcome: str, error: str) -> None:
     """The Run row's end (inside the fenced finish): one UPDATE, compiled once per shape."""
+    statement, values = end_statement(lease, outcome, error)
+    update_returning_compiled(statement, values)
+
+
+def end_statement(lease: RunLease, outcome: str, error: str):
+    """end_run's UPDATE ... RETURNING, compiled once per shape, and this run's values: (compiled, values)."""
     keep_prompt = bool(lease.system_prompt)
 
     def build(slot):
@@ -570,7 +619,7 @@ def end_run(lease: RunLease, outcome: str, error: str) -> None:
               "tokens": lease.tokens}
     if keep_prompt:
         values["prompt"] = lease.system_prompt
-    update_returning(("end-run", keep_prompt), build, ["id"], values)
+    return compiled(("end-run", keep_prompt), build, ["id"]), values
 
 
 def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = False, settle: bool = True,
@@ -578,6 +627,25 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
     """End the Run row, settle the failure streak, release the slot: all under the lease, or
     nothing at all (LeaseLost) when the watchdog has already ended this run. settle=False (compaction)
     leaves the failure streak as it was."""
+    member = lease.member
+    if outcome not in (RunOutcome.ERROR, RunOutcome.ABORTED) and lease.can_release_in_fence():
+        # The fence statement itself releases the slot and ends the Run row (one statement for three);
+        # the rest of the transaction is as below, and a lost lease still writes nothing.
+        with lease.fenced(release=end_statement(lease, outcome, error)):
+            if settle:
+                failures.clear(member)
+            events.emit(member.space_id, "run.ended", member=member, run=lease.run.pk, outcome=outcome, error=error[:300])
+    else:
+        _finish_after_fence(lease, outcome, error, permanent=permanent, settle=settle, retry_after=retry_after)
+    if outcome not in REWAKE_AFTER:
+        return  # waiting on a person, paused, over budget or failed: the decision, new mail or the backoff wakes it
+    # Mail rung while this run held the flag enqueued nothing: it is this run's to pass on. One
+    # statement: flag it and enqueue if the member is idle and active with unread mail.
+    wakes.ring([member.pk], "message", leftover=True)
+
+
+def _finish_after_fence(lease: RunLease, outcome: str, error: str, *, permanent: bool, settle: bool,
+                        retry_after: float | None) -> None:
     member = lease.member
     with lease.fenced():
         end_run(lease, outcome, error)
@@ -590,8 +658,3 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
             failures.clear(member)
         events.emit(member.space_id, "run.ended", member=member, run=lease.run.pk, outcome=outcome, error=error[:300])
         release(member, lease.token)
-    if outcome not in REWAKE_AFTER:
-        return  # waiting on a person, paused, over budget or failed: the decision, new mail or the backoff wakes it
-    # Mail rung while this run held the flag enqueued nothing: it is this run's to pass on. One
-    # statement: flag it and enqueue if the member is idle and active with unread mail.
-    wakes.ring([member.pk], "message", leftover=True)

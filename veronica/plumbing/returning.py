@@ -93,7 +93,11 @@ def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, di
                      values: dict[str, Any]):
     """Run the UPDATE that build(sentinels) describes (a queryset and its update values) with `values`
     in place of the sentinels; the first row of `columns`, or None when no row matched."""
-    cached = compiled(key, build, columns)
+    return update_returning_compiled(compiled(key, build, columns), values)
+
+
+def update_returning_compiled(cached, values: dict[str, Any]):
+    """update_returning() of a statement compiled already (compiled())."""
     conn = connections[DEFAULT_DB_ALIAS]
     with conn.cursor() as cur:
         with riding(conn):  # a fence opening its transaction: its BEGIN rides along
