@@ -543,6 +543,7 @@ def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates:
             cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
+        instances(("claimed-member",), _claimed_member_query, [])  # its shape compiled all the same (a warm-up claims no row)
         return None
     run_id, started_at, session_id, session_started, fresh = row[:5]
     probed = len(runstart.KINDS) if open_session else 0
