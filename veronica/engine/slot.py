@@ -17,6 +17,12 @@ statement for its lease, its phase, its suspend check and its permission gate. O
 turn's fence also carries the call's usage meter (a second UPDATE in the same statement, applied only
 if the lease holds). The fence's events are batched (veronica.swarm.events.transaction_batch) and written
 just before its commit, which rides the same round trip on PostgreSQL.
+
+On PostgreSQL a run's two ends are one statement each: a wake's claim also writes the Run row, reads
+the claimed member back from its RETURNING, finds or opens the member's session and probes what the
+run's start would read in vain (_claim_in_one); a finish's fence is the release itself, with the Run
+row's end (_release_statement). Either writes nothing unless its condition (the claim's gates, the
+fence's unexpired token) held.
 """
 from __future__ import annotations
 
