@@ -235,3 +235,30 @@ def test_a_run_recounted_by_the_watchdog_then_billed_stale_is_counted_once(space
     run, day = Run.objects.get(member=w1), UsageDay.objects.get(member=w1)
     assert run.outcome == RunOutcome.LEASE_EXPIRED and run.model_calls == 3 == day.model_calls
     assert run.tokens == day.input_tokens + day.output_tokens + day.cache_read_tokens + day.cache_write_tokens
+
+
+def test_finish_of_an_expired_lease_writes_nothing_though_the_token_is_still_its_own(space):
+    """The finish's fence releases the slot in its own statement (PostgreSQL): it still holds only while
+    the lease has not expired on the database's clock (release alone matched the token only)."""
+    w1 = w1_of(space)
+    lease = slot.claim(w1.pk, "message", gates=("breaker",))
+    Member.objects.filter(pk=w1.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+    before = snapshot(space)
+    with pytest.raises(LeaseLost):
+        slot.finish(lease, RunOutcome.DONE)
+    assert snapshot(space) == before
+    row = Member.objects.filter(pk=w1.pk).values("run_status", "lease_token").get()
+    assert row == {"run_status": "busy", "lease_token": lease.token}
+    assert Run.objects.get(pk=lease.run.pk).ended_at is None
+
+
+def test_a_finished_run_releases_its_slot_and_ends_its_run_row(space):
+    w1 = w1_of(space)
+    lease = slot.claim(w1.pk, "message", gates=("breaker",), open_session=True)
+    assert lease.session is not None or slot.connections["default"].vendor != "postgresql"
+    slot.finish(lease, RunOutcome.DONE)
+    row = Member.objects.filter(pk=w1.pk).values("run_status", "lease_token", "lease_expires_at", "wake_queued_at").get()
+    assert row == {"run_status": "idle", "lease_token": "", "lease_expires_at": None, "wake_queued_at": None}
+    run = Run.objects.get(pk=lease.run.pk)
+    assert run.outcome == RunOutcome.DONE and run.ended_at is not None and run.source == "message"
+    assert Event.objects.filter(space=space, kind="run.ended").count() == 1

@@ -19,6 +19,18 @@ def _wake_w1(space):
     return runner.wake(supervisor.get_member(space, "w1").pk, "message")
 
 
+def _with_a_server(space) -> None:
+    """A server row for the tests that stand in for its tools (mcp.tools_of): a run's claim that finds no
+    server skips the listing (veronica.agent.runstart)."""
+    McpServer.objects.create(space=space, name="search", transport="http", url="http://127.0.0.1:9/mcp")
+
+
+def _wake_w1_with_tools(space):
+    _with_a_server(space)
+    bus.send(space, "boss", "w1", "go")
+    return runner.wake(supervisor.get_member(space, "w1").pk, "message")
+
+
 # --- 1. tool names of 61-64 characters / call ids over 80 -----------------------------------------
 
 LONG_MCP = mcp.tool_name("search", "find_documents_matching_the_query_in_the_index_of_everything")  # 64 chars
@@ -29,7 +41,7 @@ def test_an_mcp_tool_with_a_64_character_name_runs(space, scripted, monkeypatch)
     tool = mcp.McpTool(LONG_MCP, "[MCP search] find", lambda ctx, args: "found", mutates=False)
     monkeypatch.setattr(mcp, "tools_of", lambda member: [tool])
     scripted((LONG_MCP, {}), "done")
-    assert _wake_w1(space) == "done"
+    assert _wake_w1_with_tools(space) == "done"
     assert Turn.objects.get(role="tool").content == "found"
 
 
@@ -38,7 +50,7 @@ def test_a_gated_mcp_tool_with_a_64_character_name_is_held(space, scripted, monk
     monkeypatch.setattr(mcp, "tools_of", lambda member: [tool])
     supervisor.set_permission_mode(supervisor.get_member(space, "w1"), "default", actor="op")
     scripted((LONG_MCP, {}), "done")
-    assert _wake_w1(space) == "waiting"
+    assert _wake_w1_with_tools(space) == "waiting"
     assert Approval.objects.get().tool_name == LONG_MCP
 
 

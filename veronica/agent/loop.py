@@ -27,7 +27,7 @@ from django.db.models.functions import Now
 
 from veronica.swarm import bus, chat, events
 from veronica.ops import tracing
-from veronica.agent import compaction, metering, transcript, waggle_bridge
+from veronica.agent import compaction, metering, runstart, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
 from veronica.agent.providers import get_provider, member_key, provider_for
@@ -72,16 +72,19 @@ UNFUSED_VERBS = frozenset({"waggle_run"})
 
 
 def run_member(member: Member, ctx: RunContext) -> str:
-    session = transcript.current_session(member)  # a read: the run's slot keeps other runs from writing it
-    new = session is None
-    if new:
+    # The engine's claim may have read (or opened) the open session already, in its own statement.
+    session = getattr(ctx, "session", None) or transcript.current_session(member)  # the slot keeps other runs from writing it
+    if session is None:
         with ctx.fenced():
             session = transcript.new_session(member)
-    tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
-    log_ = transcript.Log(session)  # the transcript, in memory for the whole run
-    tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_, tools=tools)
-    with waggle_bridge.pinned(member, tctx, new=new):  # the run holds the slot: waggle may trust its view of the session
-        return run_steps(member, ctx, tools, tctx)
+            session.fresh = True
+    new = getattr(session, "fresh", False)  # opened for this run: no turn to read, and nothing of waggle's yet
+    with runstart.known(getattr(session, "start_empty", frozenset())):  # what the claim found none of (until the first call)
+        tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
+        log_ = transcript.Log(session, [] if new else None)  # the transcript, in memory for the whole run
+        tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_, tools=tools)
+        with waggle_bridge.pinned(member, tctx, new=new):  # the run holds the slot: waggle may trust its view of the session
+            return run_steps(member, ctx, tools, tctx)
 
 
 def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext) -> str:
@@ -108,7 +111,7 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         heard = waggle_bridge.before_inbound(member, tctx, tools, mail)
         ids = [m.pk for m in unread]
         next_phase(ctx, Phase.THINKING)  # the first model call's phase rides the brief's fence: no commit of its own
-        with ctx.fenced():
+        with ctx.fenced(), log_.batched():  # the brief's turn rides the fence's event statement (PostgreSQL)
             brief += heard if heard is not None else waggle_bridge.on_inbound(member, tctx, tools, mail)
             if unanswered_brief:  # a stopped or failed run left its brief unanswered: fold it into the new one
                 last.content = brief if last.mail_ids else f"{last.content}\n\n{brief}"
@@ -123,11 +126,12 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
             log_.operator_mail = [m for m in unread if m.sender_name == bus.OPERATOR]
 
     def make(spec: str) -> Provider:  # each model of the chain with the member's key for its vendor, if one is set
-        key = member_key(member, spec)
+        key = None if runstart.empty("secrets") else member_key(member, spec)
         return get_provider(spec, key) if key else get_provider(spec)
 
     provider = provider_for(member.model, member.fallback, make=make)  # its fallback chain on overload and outage
     system = system_prompt(member, tools)
+    runstart.forget()  # the start's reads are done: a tool that writes a row mid-run reads it back
     if hasattr(ctx, "system_prompt"):  # the engine's lease keeps it for the Run row (the prompt inspector)
         ctx.system_prompt = system
     unloaded = deferred_of(member, tools)  # named in the prompt; a tool's schema is sent from its first use

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from veronica.agent import runstart
 from veronica.swarm import blackboard, memory
 from veronica.plumbing.compiled_select import fetch
 from veronica.models import Member, Message, Task, TaskStatus
@@ -48,14 +49,14 @@ def system_parts(member: Member, tools: "dict[str, Tool] | None" = None) -> list
                               "by mail; use the tools to act. Your workspace tools only see the space's folder."))
     if member.when_to_use:
         parts.append(("when to use", f"When the team uses you: {member.when_to_use}"))
-    catalog = skills_for(member)
+    catalog = [] if runstart.empty("skills") else skills_for(member)  # the run's claim found none: no read
     if catalog:
         lines = ["# Skills"]
         for skill in catalog:
             lines.append(f"## {skill.name}" + (f" — {skill.description}" if skill.description else ""))
             lines.append(skill.body.strip())
         parts.append(("skills", "\n".join(lines)))
-    parts.append(("memory index", memory.prompt_block(member)))
+    parts.append(("memory index", memory.prompt_block(member, [] if runstart.empty("memory") else None)))
     block = rules_block(member)
     if block:
         parts.append(("rules", block))
@@ -82,11 +83,12 @@ def brief_parts(member: Member, source: str, unread: list[Message]) -> list[tupl
             task = f" [task #{msg.task_id}]" if msg.task_id else ""
             lines.append(f"\n### From {msg.sender_name}{subject}{task}\n{msg.body}")
         parts.append(("mail", "\n".join(lines)))
-    tasks = fetch(("open-tasks-of",), lambda s: Task.objects.filter(assignee_id=s.int("member")).exclude(
+    tasks = [] if runstart.empty("tasks") else fetch(("open-tasks-of",), lambda s: Task.objects.filter(assignee_id=s.int("member")).exclude(
         status__in=[TaskStatus.DONE, TaskStatus.CANCELLED]).order_by("id")[:20], {"member": member.pk})  # compiled once
     if tasks:
         parts.append(("tasks", "\n".join(["\n## Your open tasks"] + [f"- #{t.pk} [{t.status}] {t.title}" for t in tasks])))
-    board, content = blackboard.for_members(member.space)  # cut at the space's current cap, and says so
+    # cut at the space's current cap, and says so; none to read when the run's claim found it empty
+    board, content = (None, "") if runstart.empty("blackboard") else blackboard.for_members(member.space)
     if content:
         parts.append(("blackboard", f"\n## Blackboard (updated {blackboard.age_string(board.updated_at)} by {board.updated_by})\n"
                                     f"{content}"))

@@ -95,12 +95,12 @@ def claim_for(member_id: int, source: str) -> slot.RunLease | str:
         if flagged and wakes.drop_flag(member_id):
             # This wake held the member's wake-queued flag, so mail committed since its claim looked
             # rang nothing (veronica.engine.wakes): look once more, now that a ring enqueues again.
-            lease = slot.claim(member_id, source, gates=gates, record_wake=True)
+            lease = slot.claim(member_id, source, gates=gates, record_wake=True, open_session=True)
             if lease is None:
                 why, _ = why_not_claimed(member_id, mail)
     if lease is None:
         if why == NOTHING_TO_DO and transcript_open(member_id):
-            lease = slot.claim(member_id, source, gates=("breaker",), record_wake=True)
+            lease = slot.claim(member_id, source, gates=("breaker",), record_wake=True, open_session=True)
         if lease is None:
             if why != "gone":
                 Wake.objects.create(member_id=member_id, source=source)
@@ -203,13 +203,13 @@ def first_claim(member_id: int, source: str, gates: tuple[str, ...]) -> slot.Run
     if skipped:
         conn.health_check_done = True
     try:
-        return slot.claim(member_id, source, gates=gates, record_wake=True)
+        return slot.claim(member_id, source, gates=gates, record_wake=True, open_session=True)
     except (OperationalError, InterfaceError):
         if not skipped:
             raise
         log.info("the wake's connection was dead; claiming again on a new one")
         conn.close()
-        return slot.claim(member_id, source, gates=gates, record_wake=True)
+        return slot.claim(member_id, source, gates=gates, record_wake=True, open_session=True)
 
 
 def why_not_claimed(member_id: int, mail: bool) -> tuple[str, bool]:

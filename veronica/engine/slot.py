@@ -17,6 +17,12 @@ statement for its lease, its phase, its suspend check and its permission gate. O
 turn's fence also carries the call's usage meter (a second UPDATE in the same statement, applied only
 if the lease holds). The fence's events are batched (veronica.swarm.events.transaction_batch) and written
 just before its commit, which rides the same round trip on PostgreSQL.
+
+On PostgreSQL a run's two ends are one statement each: a wake's claim also writes the Run row, reads
+the claimed member back from its RETURNING, finds or opens the member's session and probes what the
+run's start would read in vain (_claim_in_one); a finish's fence is the release itself, with the Run
+row's end (_release_statement). Either writes nothing unless its condition (the claim's gates, the
+fence's unexpired token) held.
 """
 from __future__ import annotations
 
@@ -36,14 +42,15 @@ from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
 from veronica.swarm import events
-from veronica.plumbing.compiled_select import fetch
+from veronica.plumbing.compiled_select import fetch, instances
 from veronica.plumbing.begin_rides import riding
-from veronica.plumbing.returning import compiled, update_returning, update_then
+from veronica.plumbing.returning import compiled, update_returning, update_returning_compiled, update_then
+from veronica.agent import runstart
 from veronica.agent.providers import sdk
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
 from veronica.engine import budget, failures
 from veronica.engine import wakes
-from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus, Wake
+from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus, Session, Wake
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -140,6 +147,7 @@ class RunLease:
         self._last_beat = 0.0
         self.touched = time.monotonic()  # the run's thread last showed it is alive (the heartbeat renews only then)
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
+        self.session = None  # the member's open session when the claim read or opened it (agent.loop reads it)
 
     def count_call(self, tokens: int) -> None:
         self.model_calls += 1
@@ -242,14 +250,36 @@ class RunLease:
     def stop_reason(self) -> Cancelled:
         return self._stop or Cancelled("model call aborted")
 
+    def can_release_in_fence(self) -> bool:
+        """PostgreSQL, no fence open, no meter or phase waiting for the next fence: finish() may release
+        the slot and end the Run row in the fence statement itself (fenced(release=...))."""
+        want, member = self._next_phase, self.member
+        return (not self._depth and self._meter is None and (want is None or want == (member.phase, member.phase_tool))
+                and connections[Member.objects.db].vendor == "postgresql")
+
+    def _release_fence(self, end) -> None:
+        """The finish's fence (see finish): the lease checked, the slot released and the Run row ended in
+        one statement, or nothing (LeaseLost)."""
+        self.touched = time.monotonic()
+        if isinstance(self._stop, LeaseLost):
+            raise self._stop
+        self._next_phase = None
+        if _release_statement(self.member.pk, self.token, end) is None:
+            self._stop = LeaseLost(f"the lease {self.token[:8]} of member {self.member.pk} is gone")
+            raise self._stop
+
     @contextmanager
-    def fenced(self):
+    def fenced(self, release=None):
+        """release: the finish's own fence (can_release_in_fence; end_statement's Run row UPDATE)."""
         if self._depth:  # already inside this run's fence: one renew per transaction is enough
             yield
             return
         try:
             with events.transaction_batch():
-                self._fence()
+                if release is not None:
+                    self._release_fence(release)
+                else:
+                    self._fence()
                 self._depth += 1
                 try:
                     yield
@@ -328,7 +358,7 @@ class RunLease:
 
 
 def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tuple[str, ...] = (),
-          record_wake: bool = False) -> RunLease | None:
+          record_wake: bool = False, open_session: bool = False) -> RunLease | None:
     """One conditional UPDATE takes the slot; the Run row is written in the same commit, so a run
     never exists without its lease nor a lease without its Run row. A parked member is not claimed,
     nor one in backoff unless the wake is the retry itself (source `resume`: the backoff's own ring,
@@ -337,18 +367,28 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
     today) and "mail" (unread mail waiting). Given an id, the member is read inside the claim's
     transaction (the wake's path: nothing is read before the claim); given a Member, that object is
     refreshed. record_wake: the wake's claimed Wake row (the metrics') is written in the claim's commit
-    (on PostgreSQL inside its event statement), not in a statement of its own after it."""
+    (on PostgreSQL inside its event statement), not in a statement of its own after it.
+
+    On PostgreSQL, a claim by id is ONE statement (_claim_in_one): the conditional UPDATE, the Run row's
+    INSERT and the read of the claimed member and its space; with open_session (a wake's run), also the
+    member's open session, opened in the claim's commit when there is none (lease.session, None elsewhere)."""
     by_id = isinstance(member, int)
     member_id = member if by_id else member.pk
     token = uuid.uuid4().hex
+    session = None
     with events.transaction_batch():
-        if not _claim_update(member_id, token, source, held_ok, gates):
-            return None
-        # The Run row first: its started_at is the claim's, not one member read later.
-        run = Run.objects.create(member_id=member_id, source=source, lease_token=token, started_at=Now())
-        if by_id:
-            member = fetch(("claimed-member",), lambda s: Member.objects.select_related("space").filter(pk=s.int("id")),
-                           {"id": member_id})[0]
+        if by_id and connections[Member.objects.db].vendor == "postgresql":
+            taken = _claim_in_one(member_id, token, source, held_ok, gates, open_session)
+            if taken is None:
+                return None
+            member, run, session = taken
+        else:
+            if not _claim_update(member_id, token, source, held_ok, gates):
+                return None
+            # The Run row first: its started_at is the claim's, not one member read later.
+            run = Run.objects.create(member_id=member_id, source=source, lease_token=token, started_at=Now())
+            if by_id:
+                member = _claimed_member(member_id)
         run.member = member
         events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
         if record_wake:
@@ -357,7 +397,17 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
                 woke.save()
     if not by_id:
         member.refresh_from_db()
-    return RunLease(member, token, run, source)
+    lease = RunLease(member, token, run, source)
+    lease.session = session
+    return lease
+
+
+def _claimed_member(member_id: int) -> Member:
+    return fetch(("claimed-member",), _claimed_member_query, {"id": member_id})[0]
+
+
+def _claimed_member_query(s):
+    return Member.objects.select_related("space").filter(pk=s.int("id"))
 
 
 def claimable(source: str, *, held_ok: bool = False, gates: tuple[str, ...] = ()) -> Q:
@@ -379,8 +429,23 @@ _claim_sql: dict[tuple, tuple[str, list, int, int]] = {}
 
 def _claim_update(member_id: int, token: str, source: str, held_ok: bool, gates: tuple[str, ...]) -> int:
     conn = connections[Member.objects.db]
-    key = (conn.alias, conn.vendor, held_ok, source == "resume", tuple(sorted(gates)), settings.RUN_LEASE_SECONDS,
-           budget.today() if "breaker" in gates else None)
+    key = _claim_key(conn, source, held_ok, gates)
+    sql, params, token_at, member_at = _claim_compiled(key, held_ok, source, gates)
+    params = list(params)
+    params[token_at], params[member_at] = token, member_id
+    with conn.cursor() as cursor:
+        with riding(conn):  # the claim opens its transaction: its BEGIN rides along
+            cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def _claim_key(conn, source: str, held_ok: bool, gates: tuple[str, ...]) -> tuple:
+    return (conn.alias, conn.vendor, held_ok, source == "resume", tuple(sorted(gates)), settings.RUN_LEASE_SECONDS,
+            budget.today() if "breaker" in gates else None)
+
+
+def _claim_compiled(key: tuple, held_ok: bool, source: str, gates: tuple[str, ...]) -> tuple[str, list, int, int]:
+    """The claim's UPDATE for this shape: (sql, params, the token's index, the member's index)."""
     compiled = _claim_sql.get(key)
     if compiled is None:
         if len(_claim_sql) > 32:  # a new day (or tests changing the lease): old shapes are dead
@@ -391,30 +456,145 @@ def _claim_update(member_id: int, token: str, source: str, held_ok: bool, gates:
         ).query.chain(UpdateQuery)
         query.add_update_values(dict(run_status=RunStatus.BUSY, lease_token=_TOKEN, lease_expires_at=Now() + lease_delta(),
                                      cancel_requested=False, wake_queued_at=Now()))  # the run owns the flag (wakes.ring)
-        sql, params = query.get_compiler(conn.alias).as_sql()
+        sql, params = query.get_compiler(key[0]).as_sql()
         params = list(params)
         token_at = [i for i, p in enumerate(params) if p == _TOKEN]
         member_at = [i for i, p in enumerate(params) if p == _MEMBER]
         if len(token_at) != 1 or len(member_at) != 1:
             raise RuntimeError("the claim's UPDATE did not compile to one token and one member parameter")
         compiled = _claim_sql[key] = (sql, params, token_at[0], member_at[0])
-    sql, params, token_at, member_at = compiled
+    return compiled
+
+
+# PostgreSQL: the claim, its Run row, the read of the claimed member (and its space) and, for a wake's
+# run, its open session (inserted when there is none), in ONE statement of data-modifying CTEs: a run's
+# start was the claim, the Run INSERT, a SELECT of the member, a SELECT of its open session and a
+# transaction of its own to open one, five round trips (and their ORM compiles) on the path from a wake
+# to its first model call. Each INSERT reads from the claim's RETURNING, so nothing is written unless
+# the claim took the slot: the statement is the claim, as atomic as its UPDATE alone. The member's
+# columns come from that RETURNING (the claimed row as it now is), never from a read of the table,
+# which a CTE's sibling statement would see as it was before the claim.
+_one_sql: dict[tuple, tuple[str, list, int, int]] = {}
+
+
+def _insert_from_claim(model, exprs: dict[str, str], claim_alias: str) -> tuple[str, list]:
+    """INSERT INTO model (every concrete column) SELECT ... FROM the claim: the columns named in exprs
+    take that SQL, every other one its field's default (bound)."""
+    conn = connections[model.objects.db]
+    qn = conn.ops.quote_name
+    columns, values, params = [], [], []
+    for f in model._meta.concrete_fields:
+        if f.primary_key:
+            continue
+        columns.append(qn(f.column))
+        cast = f"%s::{f.cast_db_type(conn)}"  # typed: an INSERT ... SELECT does not type a bare parameter by its column
+        if f.column in exprs:
+            values.append(cast if exprs[f.column] == "%s" else exprs[f.column])
+        else:
+            values.append(cast)
+            params.append(f.get_db_prep_save(f.get_default(), conn))
+    returning = ", ".join(qn(f.column) for f in model._meta.concrete_fields if f.primary_key or f.column in exprs)
+    return (f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(values)} FROM {claim_alias} "
+            f"RETURNING {returning}"), params
+
+
+def _one_statement(key: tuple, update_sql: str, update_params: list, token_at: int, member_at: int, open_session: bool):
+    compiled = _one_sql.get(key)
+    if compiled is not None:
+        return compiled
+    conn = connections[Member.objects.db]
+    qn = conn.ops.quote_name
+    member_cols = ", ".join(f"{qn(Member._meta.db_table)}.{qn(f.column)}" for f in Member._meta.concrete_fields)
+    space = Member._meta.get_field("space").related_model
+    space_cols = ", ".join(f"sp.{qn(f.column)}" for f in space._meta.concrete_fields)
+    run_sql, run_params = _insert_from_claim(Run, {"member_id": "c.id", "source": "%s", "lease_token": "%s",
+                                                   "started_at": "STATEMENT_TIMESTAMP()"}, "c")
+    run_params = [None, None] + run_params  # the source and the token, bound per claim
+    parts = [f"c AS ({update_sql} RETURNING {member_cols})", f"r AS ({run_sql})"]
+    params = list(update_params) + run_params
+    pick = "r.id, r.started_at, NULL::bigint, NULL::timestamptz, FALSE"
+    joins = ""
+    if open_session:
+        sess = qn(Session._meta.db_table)
+        session_sql, session_params = _insert_from_claim(Session, {"member_id": "c.id", "started_at": "STATEMENT_TIMESTAMP()"},
+                                                         f"c WHERE NOT EXISTS (SELECT 1 FROM {sess} o WHERE o.member_id = c.id "
+                                                         "AND o.ended_at IS NULL)")
+        parts.append(f"o AS (SELECT o.id, o.started_at FROM {sess} o, c WHERE o.member_id = c.id AND o.ended_at IS NULL "
+                     "ORDER BY o.id LIMIT 1)")
+        parts.append(f"n AS ({session_sql})")
+        params += session_params
+        pick = ("r.id, r.started_at, COALESCE(o.id, n.id), COALESCE(o.started_at, n.started_at), n.id IS NOT NULL, "
+                + ", ".join(sql for _, sql in runstart.probes(qn)))  # what the run's start need not read
+        joins = " LEFT JOIN o ON TRUE LEFT JOIN n ON TRUE"
+    sql = (f"WITH {', '.join(parts)} SELECT {pick}, c.*, {space_cols} FROM c JOIN {qn(space._meta.db_table)} sp "
+           f"ON sp.id = c.space_id CROSS JOIN r{joins}")
+    if len(_one_sql) > 32:
+        _one_sql.clear()
+    compiled = _one_sql[key] = (sql, params, token_at, member_at)
+    return compiled
+
+
+def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates: tuple[str, ...], open_session: bool):
+    """PostgreSQL: the claim, its Run row and the claimed member in one statement (see _one_sql above).
+    (member, run, session or None), or None when the claim took nothing (then nothing was written)."""
+    conn = connections[Member.objects.db]
+    key = _claim_key(conn, source, held_ok, gates)
+    update_sql, update_params, token_at, member_at = _claim_compiled(key, held_ok, source, gates)
+    sql, params, _, _ = _one_statement((*key, open_session), update_sql, update_params, token_at, member_at, open_session)
     params = list(params)
-    params[token_at], params[member_at] = token, member_id
+    n = len(update_params)
+    params[token_at], params[member_at], params[n], params[n + 1] = token, member_id, source, token
     with conn.cursor() as cursor:
         with riding(conn):  # the claim opens its transaction: its BEGIN rides along
             cursor.execute(sql, params)
-        return cursor.rowcount
+        row = cursor.fetchone()
+    if row is None:
+        instances(("claimed-member",), _claimed_member_query, [])  # its shape compiled all the same (a warm-up claims no row)
+        return None
+    run_id, started_at, session_id, session_started, fresh = row[:5]
+    probed = len(runstart.KINDS) if open_session else 0
+    member = instances(("claimed-member",), _claimed_member_query, [row[5 + probed:]])[0]
+    run = Run(pk=run_id, member_id=member_id, source=source, lease_token=token, started_at=started_at)
+    _loaded(run, conn)
+    session = None
+    if session_id is not None:
+        session = Session(pk=session_id, member_id=member_id, started_at=session_started)
+        _loaded(session, conn)
+        session.member = member
+        session.fresh = bool(fresh)  # opened by this claim: known to have no turn
+        session.start_empty = runstart.found_empty(row[5:5 + probed])  # what the run's start need not read
+    return member, run, session
+
+
+def _loaded(obj, conn) -> None:
+    obj._state.adding, obj._state.db = False, conn.alias
+
+
+def released() -> dict:
+    """The member row's slot columns once its run gave the slot back. A suspended member stays suspended.
+    The wake-queued flag goes with it: mail committed from here on rings for itself."""
+    return {"run_status": Case(When(run_status=RunStatus.BUSY, then=Value(RunStatus.IDLE)), default=F("run_status")),
+            "lease_token": "", "lease_expires_at": None, "cancel_requested": False, "wake_queued_at": None}
 
 
 def release(member: Member, token: str) -> None:
-    """Give the slot back (inside the fenced finish). A suspended member stays suspended. The
-    wake-queued flag goes with it: mail committed from here on rings for itself."""
+    """Give the slot back (inside the fenced finish)."""
     def build(slot):
-        return (Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token")),
-                {"run_status": Case(When(run_status=RunStatus.BUSY, then=Value(RunStatus.IDLE)), default=F("run_status")),
-                 "lease_token": "", "lease_expires_at": None, "cancel_requested": False, "wake_queued_at": None})
+        return Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token")), released()
     update_returning(("release",), build, ["id"], {"id": member.pk, "token": token})  # one statement, compiled once
+
+
+def _release_statement(member_id: int, token: str, end):
+    """PostgreSQL, the first statement of a finish's transaction: the fence's condition (our token, not
+    expired, on the database's clock) on an UPDATE that releases the slot (and re-stamps phase_since,
+    as every fence does), and the Run row's end applied only if it matched (update_then). The fence,
+    the Run UPDATE and the release were three round trips; the transaction's events still follow it.
+    None: the lease is gone and nothing was written."""
+    def build(slot):
+        qs = Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token"), lease_expires_at__gt=Now())
+        return qs, {**released(), "phase_since": Now()}
+    first = compiled(("fence-release",), build, ["id"])
+    return update_then(first, {"id": member_id, "token": token}, *end)
 
 
 def has_unread(member_id: int) -> bool:
@@ -428,6 +608,12 @@ def unread_mail() -> Exists:
 
 def end_run(lease: RunLease, outcome: str, error: str) -> None:
     """The Run row's end (inside the fenced finish): one UPDATE, compiled once per shape."""
+    statement, values = end_statement(lease, outcome, error)
+    update_returning_compiled(statement, values)
+
+
+def end_statement(lease: RunLease, outcome: str, error: str):
+    """end_run's UPDATE ... RETURNING, compiled once per shape, and this run's values: (compiled, values)."""
     keep_prompt = bool(lease.system_prompt)
 
     def build(slot):
@@ -440,7 +626,7 @@ def end_run(lease: RunLease, outcome: str, error: str) -> None:
               "tokens": lease.tokens}
     if keep_prompt:
         values["prompt"] = lease.system_prompt
-    update_returning(("end-run", keep_prompt), build, ["id"], values)
+    return compiled(("end-run", keep_prompt), build, ["id"]), values
 
 
 def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = False, settle: bool = True,
@@ -448,6 +634,25 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
     """End the Run row, settle the failure streak, release the slot: all under the lease, or
     nothing at all (LeaseLost) when the watchdog has already ended this run. settle=False (compaction)
     leaves the failure streak as it was."""
+    member = lease.member
+    if outcome not in (RunOutcome.ERROR, RunOutcome.ABORTED) and lease.can_release_in_fence():
+        # The fence statement itself releases the slot and ends the Run row (one statement for three);
+        # the rest of the transaction is as below, and a lost lease still writes nothing.
+        with lease.fenced(release=end_statement(lease, outcome, error)):
+            if settle:
+                failures.clear(member)
+            events.emit(member.space_id, "run.ended", member=member, run=lease.run.pk, outcome=outcome, error=error[:300])
+    else:
+        _finish_after_fence(lease, outcome, error, permanent=permanent, settle=settle, retry_after=retry_after)
+    if outcome not in REWAKE_AFTER:
+        return  # waiting on a person, paused, over budget or failed: the decision, new mail or the backoff wakes it
+    # Mail rung while this run held the flag enqueued nothing: it is this run's to pass on. One
+    # statement: flag it and enqueue if the member is idle and active with unread mail.
+    wakes.ring([member.pk], "message", leftover=True)
+
+
+def _finish_after_fence(lease: RunLease, outcome: str, error: str, *, permanent: bool, settle: bool,
+                        retry_after: float | None) -> None:
     member = lease.member
     with lease.fenced():
         end_run(lease, outcome, error)
@@ -460,8 +665,3 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
             failures.clear(member)
         events.emit(member.space_id, "run.ended", member=member, run=lease.run.pk, outcome=outcome, error=error[:300])
         release(member, lease.token)
-    if outcome not in REWAKE_AFTER:
-        return  # waiting on a person, paused, over budget or failed: the decision, new mail or the backoff wakes it
-    # Mail rung while this run held the flag enqueued nothing: it is this run's to pass on. One
-    # statement: flag it and enqueue if the member is idle and active with unread mail.
-    wakes.ring([member.pk], "message", leftover=True)

@@ -84,7 +84,8 @@ def warm_worker(**_) -> None:
         from veronica.engine.runner import MAIL_SOURCES
 
         for source in MAIL_SOURCES[:1] + ("timer",):
-            slot.claim(NO_MEMBER, source, gates=("breaker", "mail") if source in MAIL_SOURCES else ("breaker",))
+            slot.claim(NO_MEMBER, source, gates=("breaker", "mail") if source in MAIL_SOURCES else ("breaker",),
+                       open_session=True)  # the shape a wake's claim has (veronica.engine.runner)
         log.info("worker warmed up in %.2fs", time.monotonic() - started)
     except Exception:
         log.warning("worker warm-up failed; its first wake will warm it", exc_info=True)

@@ -63,6 +63,14 @@ def fetch(key: tuple, build: Callable[[Sentinels], QuerySet], values: dict[str, 
     with connection.cursor() as cur:
         cur.execute(sql, bound((sql, params, bind), values))
         raw = cur.fetchall()
+    return instances(key, build, raw)
+
+
+def instances(key: tuple, build: Callable[[Sentinels], QuerySet], raw: list) -> list[Model]:
+    """Model instances (each with its select_related ones attached) from rows some other statement
+    returned with exactly the columns of this shape's SELECT, in its order (e.g. an UPDATE's RETURNING)."""
+    _, _, _, columns, models, related = _compiled(key, build)
+    connection = connections[DEFAULT_DB_ALIAS]
     if not raw:
         return []
     converters = [(i, convs) for i, col in enumerate(columns)

@@ -93,7 +93,11 @@ def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, di
                      values: dict[str, Any]):
     """Run the UPDATE that build(sentinels) describes (a queryset and its update values) with `values`
     in place of the sentinels; the first row of `columns`, or None when no row matched."""
-    cached = compiled(key, build, columns)
+    return update_returning_compiled(compiled(key, build, columns), values)
+
+
+def update_returning_compiled(cached, values: dict[str, Any]):
+    """update_returning() of a statement compiled already (compiled())."""
     conn = connections[DEFAULT_DB_ALIAS]
     with conn.cursor() as cur:
         with riding(conn):  # a fence opening its transaction: its BEGIN rides along
@@ -101,16 +105,24 @@ def update_returning(key: tuple, build: Callable[[Sentinels], tuple[QuerySet, di
         return cur.fetchone()
 
 
+# In a second statement's SQL (update_then), where the condition "the first matched its row" goes.
+GATE = " /*gate*/"
+
+
 def update_then(first, first_values: dict[str, Any], second, second_values: dict[str, Any]):
     """PostgreSQL: two compiled UPDATE ... RETURNING in ONE statement, the second applied only when the
-    first matched its row (data-modifying CTEs). Returns (first's row, second's row or None), or None
+    first matched its row (data-modifying CTEs). The second may be any statement ending in RETURNING
+    that marks with GATE where that condition goes. Returns (first's row, second's row or None), or None
     when the first matched nothing (then neither wrote)."""
     (sql1, _, _), (sql2, _, _) = first, second
     head, sep, returning = sql2.rpartition(" RETURNING ")
-    if not sep or " WHERE " not in head:
+    if GATE in head:  # a statement that says where its condition goes (an upsert's SELECT, not its DO UPDATE)
+        head = head.replace(GATE, " AND EXISTS (SELECT 1 FROM a)")
+    elif not sep or " WHERE " not in head:
         raise RuntimeError("update_then: the second UPDATE has no WHERE ... RETURNING")
-    sql = (f"WITH a AS ({sql1}), b AS ({head} AND EXISTS (SELECT 1 FROM a) RETURNING {returning}) "
-           f"SELECT a.*, b.* FROM a LEFT JOIN b ON TRUE")
+    else:
+        head += " AND EXISTS (SELECT 1 FROM a)"
+    sql = f"WITH a AS ({sql1}), b AS ({head} RETURNING {returning}) SELECT a.*, b.* FROM a LEFT JOIN b ON TRUE"
     conn = connections[DEFAULT_DB_ALIAS]
     with conn.cursor() as cur:
         with riding(conn):

@@ -155,9 +155,10 @@ def index(member: Member) -> list[dict]:
             for f in rows]
 
 
-def prompt_block(member: Member) -> str:
-    """The system prompt's memory section: the index and how to use it (contents stay out)."""
-    rows = index(member)
+def prompt_block(member: Member, rows: list[dict] | None = None) -> str:
+    """The system prompt's memory section: the index and how to use it (contents stay out). rows: the
+    index when the caller knows it already (a run whose claim found no memory file: [])."""
+    rows = index(member) if rows is None else rows
     used = sum(r["chars"] for r in rows)  # what usage() sums in SQL, from the rows the index read anyway
     lines = ["# Memory",
              "Your memory files persist across sessions. Read one with memory_read before relying on it; keep durable "

@@ -83,18 +83,50 @@ METER_COLUMNS = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_wr
 
 def meter_statement(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
                     usd: Decimal = Decimal(0), estimated_calls: int = 0):
-    """meter_returning()'s statement, compiled once, and this call's values: (compiled, values)."""
-    from veronica.plumbing.returning import compiled
+    """meter_returning()'s statement, written once per backend, and this call's values: (compiled, values)."""
+    from django.db import connections
 
-    def build(slot):
-        qs = UsageDay.objects.filter(member_id=slot.int("member"), day=slot.date("day"))
-        return qs, dict(input_tokens=F("input_tokens") + slot.int("i"), output_tokens=F("output_tokens") + slot.int("o"),
-                        cache_read_tokens=F("cache_read_tokens") + slot.int("cr"),
-                        cache_write_tokens=F("cache_write_tokens") + slot.int("cw"), usd=F("usd") + slot.decimal("usd"),
-                        model_calls=F("model_calls") + 1, estimated_calls=F("estimated_calls") + slot.int("est"))
-    values = {"member": member.pk, "day": today().isoformat(), "i": input_tokens, "o": output_tokens, "cr": cache_read,
-              "cw": cache_write, "usd": usd, "est": estimated_calls}
-    return compiled(("meter",), build, METER_COLUMNS), values
+    conn = connections[UsageDay.objects.db]
+    compiled = _upsert.get(conn.vendor)
+    if compiled is None:
+        compiled = _upsert[conn.vendor] = _upsert_sql(conn)
+    values = {"space": member.space_id, "member": member.pk, "day": today().isoformat(), "i": input_tokens, "o": output_tokens,
+              "cr": cache_read, "cw": cache_write, "usd": usd, "calls": 1, "est": estimated_calls}
+    return compiled, values
+
+
+# The meter is one upsert (INSERT ... ON CONFLICT DO UPDATE): the day's first call of a member makes
+# its row in the same statement that adds to it. (It was an UPDATE that matched nothing, an INSERT ...
+# ON CONFLICT DO NOTHING and the UPDATE again: three round trips on every member's first call of a day,
+# which is every call of a fleet's first runs.) GATE marks where a caller may add a condition on the
+# row's write (veronica.plumbing.returning.update_then: only if the fence's lease held); both the
+# insert and the update then depend on it, since it filters the one row the INSERT's SELECT makes.
+_METERED = {"input_tokens": "i", "output_tokens": "o", "cache_read_tokens": "cr", "cache_write_tokens": "cw", "usd": "usd",
+            "model_calls": "calls", "estimated_calls": "est"}
+_upsert: dict[str, tuple[str, list, dict[int, str]]] = {}
+
+
+def _upsert_sql(conn) -> tuple[str, list, dict[int, str]]:
+    from veronica.plumbing.returning import GATE
+
+    qn, table = conn.ops.quote_name, conn.ops.quote_name(UsageDay._meta.db_table)
+    bound = {"space_id": "space", "member_id": "member", "day": "day", **_METERED}
+    columns, values, params, bind = [], [], [], {}
+    for f in UsageDay._meta.concrete_fields:
+        if f.primary_key:
+            continue
+        columns.append(qn(f.column))
+        values.append(f"%s::{f.cast_db_type(conn)}" if conn.vendor == "postgresql" else "%s")  # INSERT ... SELECT: typed
+        if f.column in bound:
+            bind[len(params)] = bound[f.column]
+            params.append(None)
+        else:
+            params.append(f.get_db_prep_save(f.get_default(), conn))
+    adds = ", ".join(f"{qn(c)} = {table}.{qn(c)} + EXCLUDED.{qn(c)}" for c in _METERED)
+    sql = (f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} WHERE TRUE{GATE} "
+           f"ON CONFLICT ({qn('member_id')}, {qn('day')}) DO UPDATE SET {adds} "
+           f"RETURNING {', '.join(qn(c) for c in METER_COLUMNS)}")
+    return sql, params, bind
 
 
 def metered(row) -> tuple[int, bool]:
@@ -106,22 +138,17 @@ def metered(row) -> tuple[int, bool]:
 def meter_returning(member: Member, *, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0,
                     usd: Decimal = Decimal(0), estimated_calls: int = 0) -> tuple[int, bool]:
     """meter() in one statement on the hot path: the increments, and today's tokens (cache reads and
-    writes included) and tripped flag read back (UPDATE ... RETURNING). The day's first call creates the row first.
+    writes included) and tripped flag read back (one upsert ... RETURNING, the day's first call included).
     On PostgreSQL a run's fence usually carries this statement (veronica.engine.slot: meter_in_fence)."""
     from django.db import connections
 
+    from veronica.plumbing.returning import GATE, bound
+
     stmt, values = meter_statement(member, input_tokens=input_tokens, output_tokens=output_tokens, cache_read=cache_read,
                                    cache_write=cache_write, usd=usd, estimated_calls=estimated_calls)
-    from veronica.plumbing.returning import bound
-
-    for _ in range(2):
-        with connections[UsageDay.objects.db].cursor() as cur:
-            cur.execute(stmt[0], bound(stmt, values))
-            row = cur.fetchone()
-        if row is not None:
-            return metered(row)
-        open_day(member)
-    raise RuntimeError(f"no usage row for {member.name} today")
+    with connections[UsageDay.objects.db].cursor() as cur:
+        cur.execute(stmt[0].replace(GATE, ""), bound(stmt, values))
+        return metered(cur.fetchone())
 
 
 TRIP_HELP = ("To let it run again today, raise its budget or the space's ceiling, or reset its day "

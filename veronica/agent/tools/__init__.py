@@ -39,13 +39,12 @@ def tools_for(who: "str | Member") -> dict[str, Tool]:
     role = who if isinstance(who, str) else who.role
     found = builtin_tools(role)
     if not isinstance(who, str):
-        from veronica.agent.tools import mcp
+        from veronica.agent import runstart
+        from veronica.agent.tools import a2a, mcp
 
-        for tool in mcp.tools_of(who):
+        for tool in [] if runstart.empty("mcp") else mcp.tools_of(who):  # the claim found no server: no read
             found.setdefault(tool.name, tool)
-        from veronica.agent.tools import a2a
-
-        for tool in a2a.tools_of(who):
+        for tool in [] if runstart.empty("a2a") else a2a.tools_of(who):
             found.setdefault(tool.name, tool)
         found = offered_tools(who, found)  # its own tool set (active and deferred)
     return found
