@@ -30,8 +30,12 @@ def route(tag: str = "a") -> Route:
 
 
 def store(r: Route, space="1", scope="space") -> Waggle:
-    return Waggle.objects.create(name=r.name, scope=scope, space_key=space if scope == "space" else "",
-                                 route=r.to_json(), length=len(r.steps))
+    """A route written and committed (the test's transaction never commits: its hooks run here)."""
+    from django.test import TestCase
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        return Waggle.objects.create(name=r.name, scope=scope, space_key=space if scope == "space" else "",
+                                     route=r.to_json(), length=len(r.steps))
 
 
 def a_run(session: str, *, new: bool, space="1"):
@@ -154,7 +158,7 @@ def test_a_route_written_in_a_rolled_back_transaction_is_not_kept_in_the_route_c
     r = route("rolled-back")
     with pytest.raises(RuntimeError):
         with transaction.atomic():
-            store(r)
+            Waggle.objects.create(name=r.name, scope="space", space_key="1", route=r.to_json(), length=len(r.steps))
             with service.pinned("1", "s-in"):
                 assert [x.name for x in following._session_routes("1", "s-in")] == [r.name]
             raise RuntimeError
