@@ -332,7 +332,11 @@ def _retire(helper: _Helper) -> bool:
 
 
 def _forget_helpers() -> None:
-    _IDLE.clear()  # a forked child has none of its parent's threads
+    """In a forked child: none of its parent's threads exist, so no helper, and no holder of a lock
+    one of them held at the fork (it would stay taken for ever): the locks are made anew."""
+    global _IDLE_LOCK, _IN_USE_LOCK
+    _IDLE_LOCK, _IN_USE_LOCK = threading.Lock(), threading.Lock()
+    _IDLE.clear()
 
 
 os.register_at_fork(after_in_child=_forget_helpers)
