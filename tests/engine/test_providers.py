@@ -644,3 +644,25 @@ def test_a_child_forked_while_a_parent_thread_holds_the_call_locks_still_makes_m
                 os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child's model call hung or failed"
+
+
+def test_a_forked_child_forgets_the_sockets_its_parent_s_calls_were_using():
+    """A child thread may get the ident of a parent thread that was mid-call at the fork: an abort
+    in the child then shut down the parent's socket (the same file, inherited) instead of nothing."""
+    import os
+    import signal
+
+    from veronica.agent.providers import sdk
+
+    with sdk._IN_USE_LOCK:
+        sdk._IN_USE[12345] = object()  # a parent thread's call, in flight at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(5)
+            os._exit(0 if not sdk._IN_USE else 1)
+    finally:
+        with sdk._IN_USE_LOCK:
+            sdk._IN_USE.pop(12345, None)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child still holds its parent's sockets"
