@@ -100,8 +100,16 @@ def _session_routes(space_key: str, session_key: str):
     if pin is None:
         return _routes_for(space_key)
     if pin.routes is None:
-        pin.routes = routecache.routes(space_key, _routes_for)
+        pin.routes = routecache.routes(space_key, _routes_for, keep=not _route_write_pending())
     return pin.routes
+
+
+def _route_write_pending() -> bool:
+    """This thread's open transaction wrote a route (its commit hook still waits): what it reads now
+    may yet be rolled back, and no rollback tells the route cache, so it must not be kept there."""
+    conn = transaction.get_connection()
+    return conn.in_atomic_block and any(isinstance(func, routecache.AtCommit) and not func.ran
+                                        for _, func, _ in conn.run_on_commit)
 
 
 def ready(space_key: str, session_key: str, *, config: WaggleConfig | None = None) -> bool:

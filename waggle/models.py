@@ -45,7 +45,7 @@ def _routes_changed() -> None:
     """A write to waggle_waggle: this process's cached routes are stale now, and again at the commit
     (another thread may read the rows in between; see waggle.routecache)."""
     routecache.changed()
-    transaction.on_commit(routecache.changed)
+    transaction.on_commit(routecache.AtCommit())
 
 
 class WaggleQuerySet(models.QuerySet):

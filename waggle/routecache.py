@@ -31,9 +31,21 @@ def changed() -> None:
         _cache.clear()
 
 
-def routes(space_key: str, load: Callable[[str], list]) -> list:
-    """The space's routes, from the cache while fresh, else loaded (and kept) anew. A new list each
-    time: a pin may replace its own without touching another's."""
+class AtCommit:
+    """The commit hook of one route write (see waggle.models): until it ran, the writer's transaction
+    may still roll the write back, and what that transaction reads must not be kept."""
+
+    ran = False
+
+    def __call__(self) -> None:
+        self.ran = True
+        changed()
+
+
+def routes(space_key: str, load: Callable[[str], list], *, keep: bool = True) -> list:
+    """The space's routes, from the cache while fresh, else loaded (and kept, unless ``keep`` is false:
+    the caller's transaction holds an uncommitted route write) anew. A new list each time: a pin may
+    replace its own without touching another's."""
     now = time.monotonic()
     with _lock:
         hit = _cache.get(space_key)
@@ -42,6 +54,6 @@ def routes(space_key: str, load: Callable[[str], list]) -> list:
         return list(hit[2])
     loaded = load(space_key)
     with _lock:
-        if generation == _generation:  # no write in this process while it loaded: the rows are current
+        if keep and generation == _generation:  # no write in this process while it loaded: the rows are current
             _cache[space_key] = (generation, now, loaded)
     return list(loaded)

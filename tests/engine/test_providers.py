@@ -620,3 +620,49 @@ def test_the_openai_request_is_encoded_once(monkeypatch):
         assert reply.text == "hi" and mock.model_requests()[0].body["messages"][1] == MESSAGES[0]
     finally:
         mock.stop()
+
+
+def test_a_child_forked_while_a_parent_thread_holds_the_call_locks_still_makes_model_calls():
+    """q2 forks workers: a lock another parent thread held at the fork stays held in the child for
+    ever (nobody there releases it), so the child's first model call hung taking a helper."""
+    import os
+    import signal
+
+    from veronica.agent.providers import sdk
+
+    def attempt(emit, aborted):
+        return 7
+
+    with sdk._IDLE_LOCK, sdk._IN_USE_LOCK:  # as another thread may hold them at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: a hang ends with SIGALRM
+            signal.alarm(5)
+            ok = False
+            try:
+                ok = sdk.run_attempt(attempt, should_stop=NEVER, on_event=None, streamed=[0]) == 7
+            finally:
+                os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's model call hung or failed"
+
+
+def test_a_forked_child_forgets_the_sockets_its_parent_s_calls_were_using():
+    """A child thread may get the ident of a parent thread that was mid-call at the fork: an abort
+    in the child then shut down the parent's socket (the same file, inherited) instead of nothing."""
+    import os
+    import signal
+
+    from veronica.agent.providers import sdk
+
+    with sdk._IN_USE_LOCK:
+        sdk._IN_USE[12345] = object()  # a parent thread's call, in flight at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(5)
+            os._exit(0 if not sdk._IN_USE else 1)
+    finally:
+        with sdk._IN_USE_LOCK:
+            sdk._IN_USE.pop(12345, None)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child still holds its parent's sockets"

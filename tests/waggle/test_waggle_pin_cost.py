@@ -30,8 +30,12 @@ def route(tag: str = "a") -> Route:
 
 
 def store(r: Route, space="1", scope="space") -> Waggle:
-    return Waggle.objects.create(name=r.name, scope=scope, space_key=space if scope == "space" else "",
-                                 route=r.to_json(), length=len(r.steps))
+    """A route written and committed (the test's transaction never commits: its hooks run here)."""
+    from django.test import TestCase
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        return Waggle.objects.create(name=r.name, scope=scope, space_key=space if scope == "space" else "",
+                                     route=r.to_json(), length=len(r.steps))
 
 
 def a_run(session: str, *, new: bool, space="1"):
@@ -142,3 +146,22 @@ def test_ready_says_whether_an_inbound_route_may_fire(cfg):
         assert service.ready("1", "s1", config=cfg) is False  # the host records the message in its transaction
         assert service.ready("2", "s2", config=cfg) is True  # heard before it: a replay runs a tool
     assert service.ready("1", "s3", config=cfg) is True  # unpinned: nothing known ahead
+
+
+def test_a_route_written_in_a_rolled_back_transaction_is_not_kept_in_the_route_cache():
+    """The writing transaction read its own uncommitted route (a pinned run in it): that set must not
+    outlive the rollback in the cache, or the next runs of the process replay a route that is not there."""
+    from django.db import transaction
+
+    from waggle import following
+
+    r = route("rolled-back")
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            Waggle.objects.create(name=r.name, scope="space", space_key="1", route=r.to_json(), length=len(r.steps))
+            with service.pinned("1", "s-in"):
+                assert [x.name for x in following._session_routes("1", "s-in")] == [r.name]
+            raise RuntimeError
+    assert not Waggle.objects.filter(name=r.name).exists()
+    with service.pinned("1", "s-after"):
+        assert following._session_routes("1", "s-after") == []

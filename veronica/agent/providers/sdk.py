@@ -332,7 +332,14 @@ def _retire(helper: _Helper) -> bool:
 
 
 def _forget_helpers() -> None:
-    _IDLE.clear()  # a forked child has none of its parent's threads
+    """In a forked child: none of its parent's threads exist, so no helper, and no holder of a lock
+    one of them held at the fork (it would stay taken for ever): the locks are made anew. Nor the
+    sockets their calls were using: a child thread given such a thread's ident would abort the parent's
+    (the same socket, inherited) when a cancel came before its own first read."""
+    global _IDLE_LOCK, _IN_USE_LOCK
+    _IDLE_LOCK, _IN_USE_LOCK = threading.Lock(), threading.Lock()
+    _IDLE.clear()
+    _IN_USE.clear()
 
 
 os.register_at_fork(after_in_child=_forget_helpers)
