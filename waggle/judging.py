@@ -425,6 +425,13 @@ def _demote_if_missing(scope: str, store_key: str, name: str, cfg: WaggleConfig)
         disabled=True, touched=timezone.now())
     if changed:
         log.info("waggle: demoted %s (%d of %d replayed steps used)", name, used, steps)
-        for pin in list(recording._pins.values()):  # a demoted route stops replaying in this process at once
-            pin.routes = None
+        # A demoted route stops replaying in this process at once, and again at the commit: a pin of
+        # another thread that reloaded its routes in between read the route still enabled.
+        _forget_pinned_routes()
+        transaction.on_commit(_forget_pinned_routes)
     return bool(changed)
+
+
+def _forget_pinned_routes() -> None:
+    for pin in list(recording._pins.values()):
+        pin.routes = None

@@ -165,3 +165,21 @@ def test_a_route_written_in_a_rolled_back_transaction_is_not_kept_in_the_route_c
     assert not Waggle.objects.filter(name=r.name).exists()
     with service.pinned("1", "s-after"):
         assert following._session_routes("1", "s-after") == []
+
+
+def test_a_pin_that_reloaded_its_routes_before_a_demotion_committed_forgets_them_at_the_commit():
+    """Another thread's run reloaded the space's routes while the demoting transaction was still open
+    (it read the route enabled): the commit takes the route from it too, not the end of its run."""
+    from django.test import TestCase
+
+    from waggle import judging
+    from waggle.models import LedgerEntry
+
+    w = store(route())
+    LedgerEntry.objects.create(name=w.name, scope="space", store_key="1", space_key="1", steps=40, used_steps=0)
+    with service.pinned("1", "s-other", new=True):
+        pin = recording._pins[("1", "s-other")]
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            assert judging._demote_if_missing("space", "1", w.name, WaggleConfig())
+            pin.routes = [Route.from_json(w.route, name=w.name)]  # the other thread's reload, before the commit
+        assert pin.routes is None, "the demotion's commit forgets what the pins read before it"
