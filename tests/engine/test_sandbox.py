@@ -228,6 +228,6 @@ def test_commands_start_only_through_the_sandbox():
     """Every place that starts a process: the sandbox's run(), the MCP client (whose argv comes from
     sandboxed(), pinned in test_mcp) and `up`, which starts the server's own web and worker processes."""
     repo = Path(__file__).resolve().parents[2]
-    starts = re.compile(r"subprocess|Popen|open_process|stdio_client|os\.system|os\.exec|os\.spawn|create_subprocess|pty\.")
+    starts = re.compile(r"subprocess|Popen|open_process|stdio_client|os\.system|os\.exec|os\.spawn|create_subprocess|\bpty\.")
     found = {str(p.relative_to(repo)) for p in (repo / "veronica").rglob("*.py") if starts.search(p.read_text())}
     assert found == {"veronica/agent/tools/sandbox.py", "veronica/agent/mcp_client.py", "veronica/management/commands/up.py"}
