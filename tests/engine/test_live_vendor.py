@@ -116,7 +116,12 @@ def test_a_reply_streamed_within_the_throttle_costs_no_commit_for_its_texting_ph
     with round_trips() as sent:
         assert runner.wake(w1.pk, "message") == "done"
     assert [p["phase"] for p in kinds(space, "member.phase")] == ["thinking", "ready"]  # was thinking, texting x2 between
-    assert fences(sent) == 5, "measured 5 (7 when each streamed text paid a fenced commit for its phase)"
+    # measured 3 on PostgreSQL since the claim opens the session in its own statement and the finish's fence
+    # releases the slot (issue 25); 5 before that (and on SQLite); 7 when each streamed text paid a fenced
+    # commit for its phase
+    from django.db import connection
+
+    assert fences(sent) == (3 if connection.vendor == "postgresql" else 5)
     assert Member.objects.get(pk=w1.pk).phase == "ready"
 
 
