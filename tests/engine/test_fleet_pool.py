@@ -153,3 +153,31 @@ def test_a_wake_a_full_pool_took_goes_back_to_the_broker_within_about_a_second(s
     assert runner.wake(w1.pk, "message") == "handed-back"
     assert sent == [((w1.pk, "message"), {"front": True, "owe": False})]
     assert waits and waits[0] <= 2, f"a full pool held the wake {waits[0]} s"
+
+
+def test_the_heartbeat_keeps_a_connection_of_its_own_outside_the_pool(monkeypatch):
+    """A beat drawn from the pool waited behind a burst of runs' writes; the runs, hearing no beat,
+    renewed their own leases on the same pool, and a few hundred leases ran out with their runs alive
+    (bench/fleet.py, 500 members woken at once). The heartbeat's thread opens its own connection."""
+    import threading
+
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    seen = {}
+
+    def in_a_thread():
+        conn = connections[DEFAULT_DB_ALIAS]
+        conn.settings_dict = {**conn.settings_dict, "OPTIONS": {**conn.settings_dict["OPTIONS"], "pool": {"max_size": 8}}}
+        fleet.dedicate_connection()
+        seen["options"] = dict(connections[DEFAULT_DB_ALIAS].settings_dict["OPTIONS"])
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join(timeout=10)
+    assert "pool" not in seen["options"], "the heartbeat's thread draws no connection from the pool"
+    assert "pool" not in connections.settings[DEFAULT_DB_ALIAS]["OPTIONS"], "the other threads' settings are untouched"
+
+    started = threading.Event()
+    monkeypatch.setattr(fleet, "dedicate_connection", started.set)
+    fleet.RunPool(1)  # its heartbeat thread (a daemon: with no lease to renew it only sleeps)
+    assert started.wait(timeout=5), "the heartbeat thread dedicates its connection before it beats"

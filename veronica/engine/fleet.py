@@ -157,6 +157,7 @@ class RunPool:
 
     # --- the heartbeat ---------------------------------------------------------------------------
     def _heartbeat(self) -> None:
+        dedicate_connection()
         while True:
             time.sleep(settings.RUN_HEARTBEAT_SECONDS)
             try:
@@ -183,7 +184,8 @@ class RunPool:
         held = ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
         rows = {pk: (token, cancel, alive) for pk, token, cancel, alive in Member.objects.filter(pk__in=ids).annotate(
             alive=held).values_list("pk", "lease_token", "cancel_requested", "alive")}
-        release_connection()
+        if connections[DEFAULT_DB_ALIAS].settings_dict["OPTIONS"].get("pool"):  # (the heartbeat's own stays open)
+            release_connection()
         for lease in leases:
             token, cancel, alive = rows.get(lease.member.pk, ("", False, False))
             lease.heard(token == lease.token and bool(alive), bool(cancel))
@@ -223,6 +225,20 @@ def use_connection_pool() -> None:
     db["CONN_MAX_AGE"] = 0
     db["CONN_HEALTH_CHECKS"] = False
     db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": settings.DB_POOL_SIZE, "timeout": 30}
+
+
+def dedicate_connection() -> None:
+    """This thread's connection is its own, opened directly and kept, not drawn from the process's pool:
+    the heartbeat's. When a burst of runs queued on the pool (500 members woken at once, eight
+    connections a worker), a beat waiting there behind them went silent; each run then renewed its own
+    lease, on the same pool, and more of them waited: a few hundred leases ran out with their runs
+    alive (bench/fleet.py). The one statement a second that keeps every lease of the process must not
+    queue behind the writes of the runs it keeps."""
+    conn = connections[DEFAULT_DB_ALIAS]
+    options = conn.settings_dict.get("OPTIONS") or {}
+    if options.get("pool"):
+        conn.close()
+        conn.settings_dict = {**conn.settings_dict, "OPTIONS": {k: v for k, v in options.items() if k != "pool"}}
 
 
 def pooled_connections() -> bool:
