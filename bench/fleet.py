@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -385,6 +386,10 @@ def fleet_run(args, kill: bool) -> dict:
         for cluster in clusters:
             cluster.stop()
         mock.stop()
+        if args.keep_logs:  # the clusters' logs outlive the mode's data directory
+            Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+            for log in data.glob("cluster-*.log"):
+                shutil.copy(log, Path(args.keep_logs) / f"{connection.vendor}-{log.name}")
     figures.update(ideal=ideal, completion_ratio_to_ideal=round(figures["elapsed"] / ideal, 3),
                    worker_rss_mb=round(sampler.rss_max, 1), pg_connections_max=int(sampler.pg_max) if sampler.hosted else None,
                    killed_workers=killed, load=os.getloadavg()[0])
@@ -454,7 +459,7 @@ def child(args) -> dict:
 def spawn(mode: str, args) -> dict:
     with isolated_env(mode, "fleet") as env:
         forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                     if k not in ("child", "modes", "skip_kill", "skip_memory", "skip_scale")]
+                     if k not in ("child", "modes", "skip_kill", "skip_memory", "skip_scale") and v is not None]
         forwarded += [flag for flag, on in (("--skip-kill", args.skip_kill), ("--skip-memory", args.skip_memory)) if on]
         proc = subprocess.run([sys.executable, __file__, "--child", mode, *forwarded], cwd=REPO, env=env,
                               capture_output=True, text=True)
@@ -495,6 +500,7 @@ def main() -> None:
     parser.add_argument("--mem-steps", type=int, default=100_000)
     parser.add_argument("--mem-timeout", type=float, default=3600)
     parser.add_argument("--skip-kill", action="store_true")
+    parser.add_argument("--keep-logs", metavar="DIR", help="copy the clusters' logs here")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-scale", action="store_true", help="leave out points 2-4 (bench/fleet_scale.py)")
     parser.add_argument("--child")

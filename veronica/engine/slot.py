@@ -30,7 +30,6 @@ import logging
 import contextvars
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Callable, TypeVar
@@ -48,7 +47,7 @@ from veronica.plumbing.returning import compiled, update_returning, update_retur
 from veronica.agent import runstart
 from veronica.agent.providers import sdk
 from veronica.agent.runctx import STOP, Cancelled, LeaseLost
-from veronica.engine import budget, failures
+from veronica.engine import budget, failures, holders
 from veronica.engine import wakes
 from veronica.models import Member, Membership, Message, Phase, Run, RunOutcome, RunStatus, Session, Wake
 
@@ -374,7 +373,7 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
     member's open session, opened in the claim's commit when there is none (lease.session, None elsewhere)."""
     by_id = isinstance(member, int)
     member_id = member if by_id else member.pk
-    token = uuid.uuid4().hex
+    token = holders.new_token()  # names its holder: a death on this machine is known at once
     session = None
     with events.transaction_batch():
         if by_id and connections[Member.objects.db].vendor == "postgresql":

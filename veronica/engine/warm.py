@@ -90,4 +90,11 @@ def warm_worker(**_) -> None:
     except Exception:
         log.warning("worker warm-up failed; its first wake will warm it", exc_info=True)
         connections.close_all()  # a broken connection is not handed to the first task
+    try:  # a worker of this machine that died (this one's predecessor, a killed host restarted): its runs now
+        from veronica.engine import holders
+
+        holders.reap_dead_here()
+    except Exception:
+        log.warning("could not look for leases of dead processes of this machine; their leases run out", exc_info=True)
+        connections.close_all()
     mark_ready()  # warm or not, this worker takes wakes now

@@ -1,0 +1,129 @@
+"""Run-lease tokens name their holder process (veronica.engine.holders): a holder that died on this
+machine has its leases ended at once, by the next worker that spawns here; a stopped one, one on
+another machine, or a token without a mark waits for its lease as before."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import close_old_connections
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from tests.conftest import make_space
+from tests.harness import REPO, isolate_queue, kill_cluster, qcluster, wait_for
+from veronica.engine import holders, supervisor
+from veronica.models import Event, Member, Message, Run, RunOutcome, RunStatus
+from veronica.swarm import bus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOLDER = ("import sys, time; sys.path.insert(0, '.'); from veronica.engine.holders import new_token; "
+          "print(new_token(), flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def holder():
+    """Another process of this machine that minted a token and then waits: (process, its token)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    token = proc.stdout.readline().strip()
+    yield proc, token
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+    proc.wait(timeout=5)
+
+
+def leased(tmp_path, token: str) -> Member:
+    """w1 busy in a run under `token`, its lease a minute away, its mail unread."""
+    space = make_space(tmp_path, workers=("w1",))
+    bus.send(space, "boss", "w1", "work")
+    w1 = supervisor.get_member(space, "w1")
+    Member.objects.filter(pk=w1.pk).update(lease_token=token, lease_expires_at=timezone.now() + timedelta(seconds=60),
+                                          run_status=RunStatus.BUSY)
+    Run.objects.create(member=w1, source="message", lease_token=token, started_at=Now())
+    return w1
+
+
+def test_a_token_names_its_process_and_machine_and_stays_unique():
+    tokens = {holders.new_token() for _ in range(1000)}
+    assert len(tokens) == 1000
+    mark = holders.process_mark()
+    assert mark and mark.split(".")[1] == f"{os.getpid():x}"
+    for token in tokens:
+        assert token.startswith(mark + ".") and len(token) <= holders.TOKEN_LENGTH
+        assert len(token.split(".")[3]) >= holders.MIN_RANDOM
+        assert not holders.holder_dead(token, mark.split(".")[0])  # this process runs
+
+
+def test_a_live_holders_lease_is_kept(tmp_path, holder):
+    _, token = holder
+    w1 = leased(tmp_path, token)
+    assert holders.reap_dead_here() == []
+    assert Member.objects.get(pk=w1.pk).lease_token == token
+
+
+def test_a_stopped_holder_keeps_its_lease_until_it_runs_out(tmp_path, holder):
+    proc, token = holder
+    w1 = leased(tmp_path, token)
+    os.kill(proc.pid, signal.SIGSTOP)  # a frozen worker: alive, its fence keeps it from writing
+    try:
+        assert holders.reap_dead_here() == []
+        assert Member.objects.get(pk=w1.pk).lease_token == token
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("collected", [True, False], ids=["gone", "zombie"])
+def test_a_dead_holders_lease_ends_at_once_and_its_member_is_owed_a_resume(tmp_path, holder, collected):
+    proc, token = holder
+    w1 = leased(tmp_path, token)
+    proc.kill()
+    if collected:
+        proc.wait(timeout=5)
+    else:  # killed, not yet waited for by its parent (this test): a zombie, which never writes again
+        wait_for(lambda: holders._stat(proc.pid) is None or holders._stat(proc.pid)[0] == "Z", 5, message="a zombie")
+    assert holders.reap_dead_here() == [w1.pk]
+    member = Member.objects.get(pk=w1.pk)
+    assert member.lease_token == "" and member.lease_expires_at is None and member.run_status == RunStatus.IDLE
+    assert member.retry_at is not None, "a resume is owed"
+    run = Run.objects.get(member=w1)
+    assert run.outcome == RunOutcome.LEASE_EXPIRED and run.ended_at is not None
+    assert Event.objects.filter(kind="run.lease_expired", member=w1).count() == 1
+    assert Message.objects.filter(recipient=w1, read_at__isnull=True).count() == 1, "its mail waits for the resume"
+    assert holders.reap_dead_here() == []  # once
+
+
+@pytest.mark.parametrize("token", ["0123abcd.1.5.aaaaaaaaaaaa", "3f0c1d2e4b5a69788796a5b4c3d2e1f0", "x"],
+                         ids=["another-machine", "unmarked", "odd"])
+def test_a_holder_this_machine_cannot_see_waits_for_its_lease(tmp_path, token):
+    w1 = leased(tmp_path, token)
+    assert holders.reap_dead_here() == []
+    assert Member.objects.get(pk=w1.pk).lease_token == token
+
+
+@pytest.mark.cluster
+def test_a_killed_cluster_restarted_on_its_machine_resumes_its_runs_at_once_not_a_lease_later(tmp_path):
+    """kill -9 of a whole qcluster mid-run, then a new one on the same machine: its worker, as it spawns,
+    ends the dead holder's lease, and the member finishes its mail long before the 120 s lease would
+    have run out."""
+    isolate_queue()
+    space = make_space(tmp_path, workers=("w1",))
+    w1 = supervisor.get_member(space, "w1")
+    with qcluster(workers=1, VERONICA_OFFLINE_DELAY_MS="20000", VERONICA_RUN_LEASE_SECONDS="120") as proc:
+        bus.send(space, "boss", "w1", "long job")
+        wait_for(lambda: Run.objects.filter(member=w1, ended_at__isnull=True).exists(), 30, message="run in flight")
+        kill_cluster(proc)
+    close_old_connections()
+    assert Member.objects.get(pk=w1.pk).lease_expires_at > timezone.now() + timedelta(seconds=60)
+    started = time.monotonic()
+    with qcluster(workers=1, VERONICA_RUN_LEASE_SECONDS="120"):
+        wait_for(lambda: Run.objects.filter(member=w1, outcome=RunOutcome.DONE).exists(), 60, message="a clean run")
+    assert time.monotonic() - started < 60, "the restarted cluster waited for the lease"
+    assert Run.objects.filter(member=w1, outcome=RunOutcome.LEASE_EXPIRED).count() == 1
+    assert Message.objects.filter(recipient=w1, read_at__isnull=True).count() == 0
