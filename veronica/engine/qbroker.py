@@ -18,15 +18,21 @@ import logging
 import os
 import time
 
-from django.db import transaction
+from django.db import connections, transaction
 from django_q.brokers.orm import ORM
 from django_q.brokers.redis_broker import Redis
 from django_q.conf import Conf
+from django_q.models import OrmQ
 
 from veronica.plumbing import doorbell
 from veronica.engine import outage, warm
 
 log = logging.getLogger(__name__)
+
+
+# Wakes the embedded pusher locks per statement: a burst of mail goes to the workers in a few writes.
+# (q2's pusher then hands them over one at a time as the workers take them, as before.)
+TAKE_AT_ONCE = 32
 
 
 class DoorbellORM(ORM):
@@ -40,16 +46,27 @@ class DoorbellORM(ORM):
     def dequeue(self):
         if not warm.wait_until_ready():  # no worker of this host is warm yet: leave the wakes to one that is
             return None
-        tasks = self.get_connection().filter(key=self.list_key, lock__lt=self._now())[0:Conf.BULK]
-        if tasks:
-            taken = []
-            for task in tasks:
-                if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=self.timeout(task)):
-                    taken.append((task.pk, task.payload))
-                # else another cluster was faster to it
+        taken = self._take(max(Conf.BULK, TAKE_AT_ONCE))
+        if taken:
             return taken
         self._wait(Conf.POLL)
         return None
+
+    def _take(self, limit: int) -> list[tuple[int, str]]:
+        """Lock up to `limit` due tasks in ONE statement (q2's broker: a select, then an UPDATE per
+        task, each its own write transaction). On SQLite every write queues for the one write lock
+        behind the runs' steps: with 500 wakes at once, a wake's own write transaction per task put
+        seconds between the first member started and the last (bench/fleet.py, embedded). A task
+        another cluster locked meanwhile is not in the UPDATE's rows (its lock is no longer due)."""
+        self.get_connection()  # q2's stale-connection check, outside a transaction
+        conn = connections[Conf.ORM]
+        now, until = (conn.ops.adapt_datetimefield_value(value) for value in (self._now(), self.timeout(None)))
+        table, key, lock = (conn.ops.quote_name(name) for name in (OrmQ._meta.db_table, "key", "lock"))
+        with conn.cursor() as cursor:
+            cursor.execute(f"UPDATE {table} SET {lock} = %s WHERE id IN (SELECT id FROM {table} WHERE {key} = %s AND {lock} < %s "
+                           f"ORDER BY id LIMIT %s) AND {lock} < %s RETURNING id, payload",
+                           [until, self.list_key, now, limit, now])
+            return sorted(cursor.fetchall())
 
     @staticmethod
     def _now():
