@@ -146,7 +146,7 @@ else:
     sqlite_path = env_path("VERONICA_SQLITE_PATH", DATA_DIR / "veronica.sqlite3")
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "veronica.plumbing.sqlite_serial",  # SQLite, its writers queued per process (see there)
             "NAME": private_file(sqlite_path) if sqlite_path.parent.is_dir() else sqlite_path,
             # IMMEDIATE: every transaction takes the write lock up front, so two writers never
             # deadlock on a read->write upgrade; the busy timeout makes them queue instead of fail.
