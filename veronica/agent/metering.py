@@ -84,9 +84,10 @@ def _carry(ctx: RunContext, member, usage: Usage, usd) -> bool:
     carry = getattr(ctx, "meter_in_fence", None)
     if carry is None:
         return False
-    return carry(meter.meter_statement(member, input_tokens=usage.input, output_tokens=usage.output,
-                                        cache_read=usage.cache_read, cache_write=usage.cache_write, usd=usd,
-                                        estimated_calls=int(usage.estimated)))
+    # made only when the fence will carry it (not inside billed()'s fence, already open)
+    return carry(lambda: meter.meter_statement(member, input_tokens=usage.input, output_tokens=usage.output,
+                                                cache_read=usage.cache_read, cache_write=usage.cache_write, usd=usd,
+                                                estimated_calls=int(usage.estimated)))
 
 
 @contextmanager

@@ -180,10 +180,12 @@ class RunLease:
 
     def meter_in_fence(self, statement) -> bool:
         """PostgreSQL: the next fence also runs this usage statement (budget.meter_statement), in its own
-        statement and only if the lease holds; take_metered() then returns its row. False: not carried."""
+        statement and only if the lease holds; take_metered() then returns its row. False: not carried.
+        statement may be a callable that makes it: then it is made only when it will be carried (a
+        record() inside billed()'s open fence need not build one)."""
         if self._depth or connections[Member.objects.db].vendor != "postgresql":
             return False
-        self._meter = statement
+        self._meter = statement() if callable(statement) else statement
         return True
 
     def take_metered(self):

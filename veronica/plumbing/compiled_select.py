@@ -66,6 +66,23 @@ def fetch(key: tuple, build: Callable[[Sentinels], QuerySet], values: dict[str, 
     return instances(key, build, raw)
 
 
+# Per shape: which columns have database converters, and each model's width. Asking every column for
+# its converters on every call cost as much as building the instances (a claim's member row has ~60).
+_converters_cache: dict[tuple, tuple[list, list]] = {}
+
+
+def _converters(key: tuple, connection, columns: list, models: list) -> tuple[list, list]:
+    cache_key = (connection.vendor, *key)
+    found = _converters_cache.get(cache_key)
+    if found is None:
+        converters = [(i, convs) for i, col in enumerate(columns)
+                      if (convs := connection.ops.get_db_converters(col) + col.get_db_converters(connection))]
+        if len(_converters_cache) > 256:
+            _converters_cache.clear()
+        found = _converters_cache[cache_key] = (converters, [len(model._meta.concrete_fields) for model in models])
+    return found
+
+
 def instances(key: tuple, build: Callable[[Sentinels], QuerySet], raw: list) -> list[Model]:
     """Model instances (each with its select_related ones attached) from rows some other statement
     returned with exactly the columns of this shape's SELECT, in its order (e.g. an UPDATE's RETURNING)."""
@@ -73,9 +90,8 @@ def instances(key: tuple, build: Callable[[Sentinels], QuerySet], raw: list) -> 
     connection = connections[DEFAULT_DB_ALIAS]
     if not raw:
         return []
-    converters = [(i, convs) for i, col in enumerate(columns)
-                  if (convs := connection.ops.get_db_converters(col) + col.get_db_converters(connection))]
-    widths = [len(model._meta.concrete_fields) for model in models]
+    converters, widths = _converters(key, connection, columns, models)
+    alias = connection.alias
     out = []
     for row in raw:
         row = list(row)
@@ -85,7 +101,7 @@ def instances(key: tuple, build: Callable[[Sentinels], QuerySet], raw: list) -> 
         start, objs = 0, []
         for model, width in zip(models, widths):
             values_ = row[start:start + width]
-            objs.append(model.from_db(connection.alias, None, values_) if values_[0] is not None or start == 0 else None)
+            objs.append(model.from_db(alias, None, values_) if values_[0] is not None or start == 0 else None)
             start += width
         for field, obj in zip(related, objs[1:]):
             field.set_cached_value(objs[0], obj)
