@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import F
 
 from veronica.ops import alerts, tracing
@@ -48,7 +48,10 @@ class _Batch:
     """The events of one transaction, written together just before it commits."""
 
     def __init__(self, commit: bool = False) -> None:
-        self.depth = len(connection.atomic_blocks)  # emits at exactly this depth are buffered
+        # This thread's connection, looked up once: a batch lives and ends on the thread that opened it
+        # (django.db.connection resolves the thread's connection again on every attribute).
+        self.conn = conn = connections[DEFAULT_DB_ALIAS]
+        self.depth = len(conn.atomic_blocks)  # emits at exactly this depth are buffered
         self.commit = commit  # the block's atomic ends with the batch (transaction_batch)
         self.pending: list[Event] = []
         self.deferred: list[tuple[type, list]] = []  # (model, new rows) written in the events' statement
@@ -56,14 +59,16 @@ class _Batch:
     def covers(self) -> bool:
         """True when no savepoint was opened since the batch began (it would roll back alone)."""
         # savepoint_ids[i] belongs to atomic_blocks[i + 1] (the outermost block has no savepoint)
-        return len(connection.atomic_blocks) >= self.depth >= 1 and not any(connection.savepoint_ids[self.depth - 1:])
+        conn = self.conn
+        return len(conn.atomic_blocks) >= self.depth >= 1 and not any(conn.savepoint_ids[self.depth - 1:])
 
     def commits_here(self) -> bool:
         """PostgreSQL: this batch's block is the outermost transaction and will commit (no rollback is
         due), so its last statement may carry the COMMIT in the same round trip (see _write_block_pg)."""
         import psycopg
 
-        return (self.commit and self.depth == 1 and len(connection.atomic_blocks) == 1 and not connection.needs_rollback
+        conn = self.conn
+        return (self.commit and self.depth == 1 and len(conn.atomic_blocks) == 1 and not conn.needs_rollback
                 and psycopg.capabilities.has_pipeline())
 
     def flush(self) -> None:
@@ -72,7 +77,7 @@ class _Batch:
             by_space.setdefault(event.space_id, []).append(event)
         self.pending, deferred, self.deferred = [], self.deferred, []
         for space_id, rows in by_space.items():
-            if connection.vendor == "postgresql":
+            if self.conn.vendor == "postgresql":
                 commit = len(by_space) == 1 and self.commits_here()
                 last, deferred = _write_block_pg(space_id, rows, deferred, commit=commit), []
             else:
@@ -103,6 +108,7 @@ def _write_block_pg(space_id: int, rows: list[Event], deferred: list[tuple[type,
     atomic block's own commit then finds the transaction ended (psycopg's commit is a no-op when idle),
     and runs the on_commit hooks (the rings) after it as always. A failure of either raises here, in
     the block: the atomic block rolls back (a no-op if the server already did) and re-raises."""
+    connection = connections[DEFAULT_DB_ALIAS]  # this thread's, looked up once (not per attribute)
     heads, params = [], []
     for k, (model, new_rows) in enumerate(deferred):
         insert, insert_params = json_insert_statement(model, new_rows)
@@ -148,7 +154,7 @@ def defer_insert(model, rows: list) -> bool:
     batch's own statement, just before the commit (their ids are set then). False when not taken: the
     caller writes them now. Nothing may read them back before the batch ends."""
     current = getattr(_batch, "current", None)
-    if not rows or current is None or connection.vendor != "postgresql" or not current.covers():
+    if not rows or current is None or current.conn.vendor != "postgresql" or not current.covers():
         return False
     current.deferred.append((model, rows))
     return True
