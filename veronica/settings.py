@@ -213,11 +213,6 @@ Q_WORKERS = env_int("VERONICA_Q_WORKERS", 4, minimum=1, maximum=64)
 # VERONICA_DB_POOL_SIZE PostgreSQL connections, taken only while a run writes (0: one per thread).
 RUNS_PER_WORKER = env_int("VERONICA_RUNS_PER_WORKER", 32, minimum=1, maximum=1024)
 DB_POOL_SIZE = env_int("VERONICA_DB_POOL_SIZE", 8, minimum=0, maximum=200)
-# PostgreSQL: a transaction's BEGIN rides its first statement and a step's COMMIT its last one, in
-# psycopg pipelines (veronica.plumbing.begin_rides): fewer round trips, but each pipeline costs the
-# worker more CPU (and more socket waits) than the round trips it saves when the database is on the
-# same host. Off: the same statements and commits, each BEGIN and COMMIT a round trip of its own.
-PG_PIPELINE = env_bool("VERONICA_PG_PIPELINE", True)
 Q_CLUSTER = {
     "name": env_str("VERONICA_Q_NAME", "veronica"),
     "workers": Q_WORKERS,

@@ -36,17 +36,10 @@ def adopt(sender, connection, **kwargs) -> None:
         connection.connection.__class__ = BeginRides
 
 
-def enabled() -> bool:
-    """settings.PG_PIPELINE: BEGIN and COMMIT ride pipelines (the default), or go as round trips of their own."""
-    from django.conf import settings
-
-    return getattr(settings, "PG_PIPELINE", True)
-
-
 def starts_transaction(connection) -> bool:
     """The next statement on this Django connection will open its transaction (psycopg's BEGIN)."""
     raw = connection.connection
-    return (isinstance(raw, BeginRides) and enabled() and connection.in_atomic_block and raw._pipeline is None
+    return (isinstance(raw, BeginRides) and connection.in_atomic_block and raw._pipeline is None
             and raw.pgconn.transaction_status == IDLE)
 
 

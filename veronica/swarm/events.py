@@ -67,10 +67,8 @@ class _Batch:
         due), so its last statement may carry the COMMIT in the same round trip (see _write_block_pg)."""
         import psycopg
 
-        from veronica.plumbing import begin_rides
-
         conn = self.conn
-        return (self.commit and begin_rides.enabled() and self.depth == 1 and len(conn.atomic_blocks) == 1 and not conn.needs_rollback
+        return (self.commit and self.depth == 1 and len(conn.atomic_blocks) == 1 and not conn.needs_rollback
                 and psycopg.capabilities.has_pipeline())
 
     def flush(self) -> None:
