@@ -92,3 +92,29 @@ def test_a_worker_host_starts_without_the_sdks_few_members_use():
                          env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "veronica.settings"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", f"a worker's start-up imports {out.stdout.strip()}"
+
+
+def _settled(conn) -> None:
+    import gc
+
+    warm.settle_gc()
+    conn.send((gc.get_threshold(), gc.get_freeze_count()))
+    conn.close()
+
+
+def test_a_forked_worker_freezes_what_it_imported_and_collects_young_objects_less_often():
+    import gc
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # as q2's sentinel forks its workers
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_settled, args=(theirs,))
+    child.start()
+    threshold, frozen = ours.recv()
+    child.join(timeout=30)
+    assert threshold == warm.GC_THRESHOLD
+    assert frozen > 10_000, "the imported stack was not frozen"
+    # not a worker: this process's collector is left as it was
+    before = gc.get_threshold(), gc.get_freeze_count()
+    warm.settle_gc()
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
