@@ -10,10 +10,13 @@ then "done"), with real `manage.py qcluster` processes:
    end - t0) over the ideal, total RSS of the cluster's processes (sampled; every q2 process, the
    sentinel and monitor included), peak PostgreSQL connections to the bench's database (hosted),
    lost (members without their final answer, or with unread mail, after the drain) and overlapping
-   runs of one member. Then the same again with the workers split over two hosts (qcluster process
+   runs of one member. Then the same again with one q2 worker SIGKILLed mid-way (its sentinel forks a
+   replacement, which ends the leases the dead one held as it spawns, veronica.engine.holders, and
+   takes their members' resumes; the task queue's read lock a killed worker held is given back at
+   once, veronica.engine.qguard), and again with the workers split over two hosts (qcluster process
    groups) and one host SIGKILLed mid-way and started again on the same machine: as it starts it ends
-   the leases its dead predecessor held (veronica.engine.holders) and their members resume then, not a
-   lease later (a host dead for good on another machine still costs its runs the lease).
+   the leases its dead predecessor held. (A host dead for good on another machine still costs its
+   runs the lease.)
 5. Worker memory: a one-worker cluster that is never recycled (VERONICA_Q_RECYCLE), a zero-latency model, `--mem-members` members each re-mailed
    (its session cleared) as soon as it is idle, until the vendor has answered `--mem-steps` calls:
    the cluster's RSS after 1,000 steps and at the end, and the growth in percent.
@@ -30,6 +33,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -341,23 +345,21 @@ def cluster_env(args, mock: Mock, workers: int, runs: int) -> dict:
     return env
 
 
-def fleet_run(args, kill: bool) -> dict:
-    """One fleet run on fresh members: mail them all. kill: the workers are split over two hosts (two
-    qcluster process groups) and one host is SIGKILLed mid-way, then started again, as in
-    bench/recovery.py. (A lone q2 worker process is not what is killed: django-q2's workers share one
-    multiprocessing task queue, and a worker killed while it waits in that queue's get() takes the
-    queue's lock with it, stalling its cluster's other workers for good. That holds with or without
-    run pools, but a worker with a run pool waits there most of the time.)"""
+def fleet_run(args, kill: str = "") -> dict:
+    """One fleet run on fresh members: mail them all. kill "worker": mid-way, one q2 worker process of
+    the cluster is SIGKILLed (it holds about half the runs; its sentinel replaces it). kill "host": the
+    workers are split over two hosts (two qcluster process groups) and one host is SIGKILLed mid-way,
+    then started again, as in bench/recovery.py."""
     from django.db import connection
 
     members = setup_members(args.members, args.steps + 4)
     warm = setup_members(args.workers * 4, args.steps + 4)
     mock = Mock(args.latency, args.steps)
     data = Path(os.environ["VERONICA_DATA_DIR"])
-    hosts = 2 if kill else 1
+    hosts = 2 if kill == "host" else 1
     per_host = max(1, args.workers // hosts)
     env = cluster_env(args, mock, per_host, args.runs_per_worker)
-    clusters = [start_cluster(env, data / f"cluster-{'kill' if kill else 'run'}-{n}.log") for n in range(hosts)]
+    clusters = [start_cluster(env, data / f"cluster-{kill or 'run'}-{n}.log") for n in range(hosts)]
     mail_all(warm)  # every worker has imported, connected and run once before t0
     deadline = time.time() + 300
     while not drained(warm) and time.time() < deadline:
@@ -369,11 +371,17 @@ def fleet_run(args, kill: bool) -> dict:
         t0 = mail_all(members)
         mailing = sampler.rebase()
         ideal = args.steps * args.latency
-        if kill:
+        if kill == "host":
             time.sleep(ideal / 2)
             clusters[0].kill()  # the host dies at once: SIGKILL to its whole group
             killed = per_host
-            clusters[0] = start_cluster(env, data / "cluster-kill-restarted.log")
+            clusters[0] = start_cluster(env, data / "cluster-host-restarted.log")
+        elif kill == "worker":
+            time.sleep(ideal / 2)
+            pgid = clusters[0].proc.pid
+            workers = sorted(pid for pid, role in cluster_roles(pgid, scan()).items() if role == "worker")
+            os.kill(workers[0], signal.SIGKILL)
+            killed = 1
         deadline = time.time() + max(120.0, ideal * 10 + args.lease * 3)
         while time.time() < deadline and not drained(members):
             time.sleep(1.0)
@@ -449,9 +457,10 @@ def child(args) -> dict:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    result = {"run": fleet_run(args, kill=False)}
+    result = {"run": fleet_run(args)}
     if not args.skip_kill:
-        result["kill"] = fleet_run(args, kill=True)
+        result["kill"] = fleet_run(args, kill="worker")
+        result["host_kill"] = fleet_run(args, kill="host")
     if not args.skip_memory:
         result["memory"] = memory_run(args)
     return result
@@ -520,7 +529,8 @@ def main() -> None:
         r.update(scale={} if args.skip_scale else scale_figures(mode))
         per_mode[mode] = r
         print(f"[{mode}]")
-        for label, key in (("run", "run"), ("with a host SIGKILLed mid-way", "kill")):
+        for label, key in (("run", "run"), ("with a worker SIGKILLed mid-way", "kill"),
+                           ("with a host SIGKILLed mid-way, restarted", "host_kill")):
             f = r.get(key)
             if f is None:
                 continue
@@ -534,7 +544,7 @@ def main() -> None:
             print(f"   mock vendor: {f['mock']}; CPU seconds from t0: " + ", ".join(f"{k} {v}" for k, v in f["cpu_seconds"].items())
                   + "; mailing before t0: " + ", ".join(f"{k} {v}" for k, v in f.get("cpu_seconds_mailing", {}).items() if v))
             show("concurrent_members", f["concurrent_members"], f">= {args.members}")
-            show("completion_ratio_to_ideal", f["completion_ratio_to_ideal"], GOALS["completion_ratio_to_ideal"] if key == "run"
+            show("completion_ratio_to_ideal", f["completion_ratio_to_ideal"], GOALS["completion_ratio_to_ideal"] if key != "host_kill"
                  else GOALS["completion_ratio_to_ideal"] + " (restarted on its machine: leases reaped as it starts)")
             show("worker_rss_mb", f["worker_rss_mb"], GOALS["worker_rss_mb"])
             show("pg_connections_max", f["pg_connections_max"], GOALS["pg_connections_max"] if mode == "hosted" else "")
@@ -551,14 +561,17 @@ def main() -> None:
         print()
     main_mode = "hosted" if "hosted" in per_mode else next(iter(per_mode))
     r = per_mode[main_mode]
-    run, kill, memory = r["run"], r.get("kill") or {}, r.get("memory") or {}
+    run, kill, host_kill, memory = r["run"], r.get("kill") or {}, r.get("host_kill") or {}, r.get("memory") or {}
     summary = {
         "mode": main_mode, "members": args.members, "latency": args.latency, "steps": args.steps,
         "concurrent_members": run["concurrent_members"], "completion_ratio_to_ideal": run["completion_ratio_to_ideal"],
-        "worker_rss_mb": max(run["worker_rss_mb"], kill.get("worker_rss_mb", 0)),
-        "pg_connections_max": max(filter(None, [run["pg_connections_max"], kill.get("pg_connections_max")]), default=None),
-        "lost": run["lost"] + kill.get("lost", 0), "overlaps": run["overlaps"] + kill.get("overlaps", 0),
+        "worker_rss_mb": max(run["worker_rss_mb"], kill.get("worker_rss_mb", 0), host_kill.get("worker_rss_mb", 0)),
+        "pg_connections_max": max(filter(None, [run["pg_connections_max"], kill.get("pg_connections_max"),
+                                                host_kill.get("pg_connections_max")]), default=None),
+        "lost": run["lost"] + kill.get("lost", 0) + host_kill.get("lost", 0),
+        "overlaps": run["overlaps"] + kill.get("overlaps", 0) + host_kill.get("overlaps", 0),
         "killed_workers": kill.get("killed_workers", 0), "kill_completion_ratio": kill.get("completion_ratio_to_ideal"),
+        "host_kill_completion_ratio": host_kill.get("completion_ratio_to_ideal"),
         "idle_members": r["scale"].get("idle_members"), "tick_ms_10k_idle": r["scale"].get("tick_ms_10k_idle"),
         "tick_statements_10k_idle": r["scale"].get("tick_statements_10k_idle"),
         "page_p99_ms_big_space": r["scale"].get("page_p99_ms_big_space"), "rss_growth_pct": memory.get("rss_growth_pct"),

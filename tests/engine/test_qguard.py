@@ -51,7 +51,35 @@ def test_a_worker_killed_while_it_waits_for_a_task_does_not_stall_its_cluster(tm
             os.kill(holder, signal.SIGKILL)
             mail_all(members)
             wait_for(lambda: answered(members), 60, interval=0.5, message="every member answered after the kill")
-    assert "released it for the dead worker" in log.read_text()
+    text = log.read_text()
+    assert f"worker {holder} died holding the task queue's read lock" in text, "given back as the sentinel replaced it"
+    assert "stalled" not in text, "not after a stall"
+
+
+def _wait_for_a_task(queue) -> None:
+    queue.get()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_task_queue_knows_which_process_waits_holding_its_read_lock():
+    import multiprocessing
+
+    from veronica.engine.qguard import GuardedQueue
+
+    queue = GuardedQueue(maxsize=1)
+    reader = multiprocessing.get_context("fork").Process(target=_wait_for_a_task, args=(queue,))
+    reader.start()
+    wait_for(lambda: queue.reader.value == reader.pid, 10, interval=0.01, message="the reader marked")
+    os.kill(reader.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    assert not queue._rlock.acquire(block=False), "the dead reader took the lock with it"
+    assert not queue.release_for(os.getpid()), "only the marked reader's lock is given back"
+    assert queue.release_for(reader.pid)
+    assert queue.reader.value == 0
+    queue.put("wake")
+    assert queue.get() == "wake", "the queue is read again (through the marked path)"
+    assert queue.reader.value == 0, "the mark is cleared once the task is read"
+    assert queue.qsize() == 0
 
 
 class FakeWorker:

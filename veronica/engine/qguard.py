@@ -7,8 +7,15 @@ of the time) and the lock is never released: the sentinel forks a new worker, bu
 other worker queue behind the dead one's lock, the pusher blocks on the full queue, and the cluster
 takes no wake again while it still looks alive (the runs already in flight finish).
 
-GuardedSentinel is q2's sentinel (the process that owns the queues and forks the workers) with a
-thread that notices that state and releases the lock on the dead worker's behalf. It acts only when
+GuardedSentinel is q2's sentinel (the process that owns the queues and forks the workers) over a
+task queue that knows its reader (GuardedQueue: the pid holding the read lock while it waits for a
+task). A worker that dies holding it has the lock given back at once, as the sentinel replaces it, so
+a worker killed mid-fleet costs its cluster no stall: its replacement reaps the dead one's run leases
+as it spawns (veronica.engine.holders) and takes their resumes.
+
+Two instants are not covered by the reader mark: a kill between taking the lock and writing the mark,
+or between clearing it and giving the lock back (a few bytecodes each). For those, a thread of the
+sentinel notices the stall and releases the lock on the dead worker's behalf. It acts only when
 all of these hold: a worker died while idle (waiting for a task) since the last release; a task has
 waited in the queue for STALL_SECONDS while a live worker was idle the whole time; the lock is held;
 and no live worker is stopped (SIGSTOP: a frozen reader, which must not find a second one beside it
@@ -18,11 +25,16 @@ left is the dead one, and nobody alive is reading the queue's pipe when the lock
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import threading
 import time
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 from django_q.cluster import Sentinel
+from django_q.conf import Conf
+from django_q.queues import Queue
 
 log = logging.getLogger("veronica.qguard")
 
@@ -41,6 +53,47 @@ def stopped(pid: int | None) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
     except (OSError, IndexError):
         return False
+
+
+class GuardedQueue(Queue):
+    """q2's task queue, whose blocking get() marks the process holding the read lock while it waits
+    (the worker's `iter(task_queue.get, "STOP")`): the sentinel can tell whether a dead worker took
+    the lock with it. Other gets are q2's own (the mark is for the wait that lasts)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reader = multiprocessing.RawValue("i", 0)  # written only by the lock's holder (or for a dead one)
+
+    def __getstate__(self):
+        return super().__getstate__() + (self.reader,)
+
+    def __setstate__(self, state):
+        super().__setstate__(state[:-1])
+        self.reader = state[-1]
+
+    def get(self, block=True, timeout=None):
+        if not block or timeout is not None:
+            return super().get(block, timeout)
+        # multiprocessing.Queue.get's blocking path, with the mark around the wait
+        if self._closed:
+            raise ValueError(f"Queue {self!r} is closed")
+        with self._rlock:
+            self.reader.value = os.getpid()
+            try:
+                res = self._recv_bytes()
+            finally:
+                self.reader.value = 0
+        self._sem.release()
+        self.size.increment(-1)
+        return ForkingPickler.loads(res)
+
+    def release_for(self, pid: int) -> bool:
+        """`pid` (dead) held the read lock: give it back. False when it did not."""
+        if not pid or self.reader.value != pid:
+            return False
+        self.reader.value = 0
+        self._rlock.release()  # a non-recursive SemLock: any process may post it
+        return True
 
 
 class QueueGuard:
@@ -101,11 +154,17 @@ class GuardedSentinel(Sentinel):
     """q2's sentinel with the QueueGuard beside its guard loop (see the module docstring)."""
 
     def start(self):
+        # q2 made its queue in __init__, which calls start(): nothing has used it yet
+        self.task_queue = GuardedQueue(maxsize=Conf.QUEUE_LIMIT) if Conf.QUEUE_LIMIT else GuardedQueue()
         self.queue_guard = QueueGuard(self)
         threading.Thread(target=self.queue_guard.run, name="queue-guard", daemon=True).start()
         super().start()
 
     def reincarnate(self, process):
         if process in self.pool:
-            self.queue_guard.worker_died(process)
+            if not process.is_alive() and self.task_queue.release_for(process.pid):
+                log.critical("worker %s died holding the task queue's read lock (waiting for a task); given back at once",
+                             process.pid)
+            else:
+                self.queue_guard.worker_died(process)
         super().reincarnate(process)
