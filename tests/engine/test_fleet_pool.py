@@ -181,3 +181,104 @@ def test_the_heartbeat_keeps_a_connection_of_its_own_outside_the_pool(monkeypatc
     monkeypatch.setattr(fleet, "dedicate_connection", started.set)
     fleet.RunPool(1)  # its heartbeat thread (a daemon: with no lease to renew it only sleeps)
     assert started.wait(timeout=5), "the heartbeat thread dedicates its connection before it beats"
+
+
+def _on_a_run_thread(pool, lease, fn):
+    """fn() on a thread registered with the pool, as a pooled run's thread; its result or error."""
+    import threading
+
+    box = {}
+
+    def run() -> None:
+        pool.register(lease)
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+        finally:
+            pool.unregister(lease)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, box
+
+
+def test_a_pooled_call_runs_on_the_run_s_own_thread_only_while_the_heartbeat_beats(space):
+    """The hand-off to a model-call thread (and its caller's polls) was ~6 % of a pooled worker's CPU: a run
+    of a beating pool makes its call itself. Before the first beat, or with the beat lagging, nothing would
+    push a stop into a call that polls nothing: the call goes to a helper, its caller polling."""
+    import threading
+
+    from veronica.agent.providers import sdk
+
+    pool = fleet.RunPool(8, heartbeat=False)
+    (lease,) = claimed(space, "w1")
+
+    def where():
+        return [sdk.run_attempt(lambda emit, aborted: threading.current_thread(), should_stop=lease.should_stop,
+                                on_event=None, streamed=[0]) is threading.current_thread()]
+
+    thread, box = _on_a_run_thread(pool, lease, where)  # no beat yet
+    thread.join(5)
+    assert box == {"value": [False]}
+    pool.beat_once()
+    thread, box = _on_a_run_thread(pool, lease, where)
+    thread.join(5)
+    assert box == {"value": [True]}
+    pool._beat_at -= 3 * 1.0 + 1  # the heartbeat lags three beats
+    thread, box = _on_a_run_thread(pool, lease, where)
+    thread.join(5)
+    assert box == {"value": [False]}
+
+
+@pytest.mark.parametrize("how", ["cancel", "lease lost"])
+def test_an_inline_call_of_a_pooled_run_ends_at_the_beat_that_hears_the_stop(space, how):
+    """The call polls nothing: the beat that reads the stop (or the lost lease) back interrupts it, and it
+    ends within a fraction of a second, its socket shut down; until then the beat keeps renewing the lease
+    of the run whose thread is in the call, however long ago it last polled."""
+    import time
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+
+    from veronica.agent.providers import sdk
+    from veronica.agent.providers.base import Cancelled as CallCancelled
+    from tests.vendors import faults as f
+    from tests.vendors.mock_openai import MockOpenAI
+    from veronica.agent.providers.openai_compat import OpenAIProvider
+
+    pool = fleet.RunPool(8, heartbeat=False)
+    (lease,) = claimed(space, "w1")
+    pool.beat_once()
+    texts = []
+    with MockOpenAI() as mock:
+        mock.push(f.generate(chunks=600, delay=0.05))
+        provider = OpenAIProvider("model-x", mock.base_url, "test-key", sdk.CallConfig(timeout=30.0, max_retries=0))
+        assert provider.client is not None
+        thread, box = _on_a_run_thread(pool, lease, lambda: provider.complete(
+            "SYS", [{"role": "user", "content": "go"}], [], should_stop=lease.should_stop, on_event=texts.append))
+        deadline = time.monotonic() + 10
+        while not (mock.model_requests() and mock.model_requests()[0].chunks_sent > 5) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sdk.calling(lease.thread) and texts
+        lease.touched -= 3600  # no poll since: the call is its life
+        soon = timezone.now() + timedelta(seconds=2)
+        Member.objects.filter(pk=lease.member.pk).update(lease_expires_at=soon)
+        pool.beat_once()
+        assert Member.objects.get(pk=lease.member.pk).lease_expires_at > soon, "the beat left a calling run's lease"
+        if how == "cancel":
+            Member.objects.filter(pk=lease.member.pk).update(cancel_requested=True)
+        else:
+            Member.objects.filter(pk=lease.member.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+        asked = time.monotonic()
+        pool.beat_once()
+        thread.join(5)
+        ended = time.monotonic()
+        record = mock.model_requests()[0]
+        deadline = time.monotonic() + 2
+        while record.disconnected_at is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert isinstance(box.get("error"), CallCancelled), box
+    assert ended - asked < 0.5, f"the call ended {ended - asked:.2f} s after the beat heard the stop"
+    assert record.disconnected_at is not None and record.chunks_sent < 600
+    assert isinstance(lease.stop_reason(), LeaseLost) == (how == "lease lost")

@@ -666,3 +666,122 @@ def test_a_forked_child_forgets_the_sockets_its_parent_s_calls_were_using():
             sdk._IN_USE.pop(12345, None)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child still holds its parent's sockets"
+
+
+# --- a pooled run's model call on its own thread (inline): stopped by the heartbeat's interrupt --------------
+
+@pytest.fixture
+def pushed():
+    """This thread's stops are pushed to it (as a run of a beating run pool): its calls run inline."""
+    from veronica.agent.providers import sdk
+
+    sdk.interruptible(True, lambda: True)
+    yield
+    sdk.interruptible(False)
+
+
+@pytest.mark.parametrize("behaviour", [f.generate(chunks=400, delay=0.05), f.hang(30)], ids=["mid-stream", "before-headers"])
+def test_an_inline_call_ends_at_the_interrupt_and_the_vendor_sees_the_connection_close(vendor, behaviour, pushed, monkeypatch):
+    """Nothing polls an inline call: the stop comes as sdk.interrupt from the heartbeat's thread, which shuts
+    down the socket the run's thread is blocked on (before the headers or mid-stream); the streamed text
+    reached on_event on the run's own thread, and no helper thread was used."""
+    import threading
+
+    from veronica.agent.providers import sdk
+
+    monkeypatch.setattr(sdk, "_take_helper", lambda: (_ for _ in ()).throw(AssertionError("a helper was used")))
+    vendor.mock.push(behaviour)
+    provider = vendor.provider(timeout=30.0)
+    assert provider.client is not None  # the SDK's first import is slow on a loaded machine: not part of the timing
+    me, stop, seen, asked = threading.get_ident(), threading.Event(), [], []
+
+    def on_event(event):
+        seen.append(threading.get_ident())
+
+    def heartbeat():
+        time.sleep(0.5)
+        asked.append(time.monotonic())
+        stop.set()
+        sdk.interrupt(me)
+
+    threading.Thread(target=heartbeat, daemon=True).start()
+    with pytest.raises(Cancelled) as caught:
+        provider.complete("SYS", MESSAGES, TOOLS, should_stop=stop.is_set, on_event=on_event)
+    cancelled_at = time.monotonic()
+    assert asked and cancelled_at - asked[0] < 0.3, "the call outlived the interrupt"
+    if behaviour["kind"] == "generate":
+        assert seen and set(seen) == {me}, "the streamed text did not reach on_event on the run's thread"
+        assert caught.value.usage.estimated and caught.value.usage.output > 0
+    record = vendor.mock.model_requests()[0]
+    deadline = time.monotonic() + 2
+    while record.disconnected_at is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert record.disconnected_at is not None, "the vendor never saw the connection close"
+    assert record.disconnected_at - cancelled_at < 1
+    sent = record.chunks_sent
+    time.sleep(0.3)
+    assert record.chunks_sent == sent and sent < 50
+    assert not sdk.calling(me) and me not in sdk._IN_USE and me not in sdk._STOPPED
+
+
+def test_an_inline_call_stopped_by_its_sink_ends_at_the_next_text(vendor, pushed):
+    """A stop the run finds itself (the live sink's fence lost the lease) ends an inline call at the next
+    streamed text, not at the end of the answer: nothing else polls it."""
+    vendor.mock.push(f.generate(chunks=400, delay=0.02))
+    provider = vendor.provider(timeout=30.0)
+    assert provider.client is not None
+    texts = []
+    with pytest.raises(Cancelled):
+        provider.complete("SYS", MESSAGES, TOOLS, should_stop=lambda: len(texts) >= 3, on_event=texts.append)
+    record = vendor.mock.model_requests()[0]
+    deadline = time.monotonic() + 2
+    while record.disconnected_at is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(texts) == 3 and record.disconnected_at is not None and record.chunks_sent < 50
+
+
+def test_an_interrupt_between_two_socket_operations_fails_the_next_one(pushed):
+    """An interrupt that lands while the inline call is not blocked on its socket (between two reads,
+    relaying text) is not lost: the thread's next read fails, its socket shut down; the call raises
+    Cancelled. Once the call is over, an interrupt cuts nothing (the thread's next request is another's)."""
+    import threading
+
+    from veronica.agent.providers import sdk
+
+    class Sock:
+        shut = 0
+
+        def shutdown(self, how):
+            self.shut += 1
+
+    class Inner:
+        def __init__(self):
+            self.sock = Sock()
+
+        def read(self, max_bytes, timeout=None):
+            return b"x"
+
+        def get_extra_info(self, name):
+            return self.sock
+
+    me, inner = threading.get_ident(), Inner()
+    stream = sdk._TrackedStream(inner)
+
+    def attempt(emit, aborted):
+        stream.read(10)  # this call's socket, marked
+        sdk.interrupt(me)  # as the heartbeat would, from its thread, while this one relays text
+        assert inner.sock.shut == 1
+        stream.read(10)  # fails: the stop is not lost
+        return "never"
+
+    with pytest.raises(Cancelled):
+        sdk.run_attempt(attempt, should_stop=NEVER, on_event=None, streamed=[0])
+    assert inner.sock.shut == 2
+    later = Inner()
+    assert sdk.run_attempt(lambda emit, aborted: sdk._TrackedStream(later).read(1), should_stop=NEVER, on_event=None,
+                           streamed=[0]) == b"x"
+    sdk._TrackedStream(later).read(1)  # a request after the call (not a model call's)
+    sdk.interrupt(me)
+    assert later.sock.shut == 0 and me not in sdk._STOPPED
+    with sdk._IN_USE_LOCK:
+        sdk._IN_USE.pop(me, None)

@@ -28,9 +28,13 @@ What each run keeps, exactly as before
   leases the process holds and a second reads back their cancel flags (and whether each lease still
   holds). A waiting run's `should_stop` is then a memory read; before, each waiting run renewed on
   its own connection every second (500 statements a second for 500 waiting runs). The heartbeat
-  renews only runs whose thread showed life within a lease (a step, or a poll while its model or
-  tool call runs): a hung run's lease runs out within two, and the watchdog takes its member back.
-  That matters more now: q2's task timeout, once the hard stop of a run, bounds only the claim.
+  renews only runs whose thread showed life within a lease (a step, a poll while its tool call runs,
+  or a model call it is making): a hung run's lease runs out within two, and the watchdog takes its
+  member back. That matters more now: q2's task timeout, once the hard stop of a run, bounds only the claim.
+* While the heartbeat beats, a run makes its model call on its own thread, polling nothing: the beat
+  that hears a stop or a lost lease pushes it into the call (sdk.interrupt shuts down the socket the
+  run's thread is using). With the heartbeat lagging, the call goes to a helper thread and the run
+  polls should_stop, as without a pool (veronica.agent.providers.sdk).
 * A SIGKILL of one q2 worker *process* (the OOM killer's pick: with a run pool it is the largest)
   ends all its runs, each recovered by its lease. django-q2's workers share one multiprocessing task
   queue, and a worker killed while it waits in that queue's get() holds the queue's lock for good, so
@@ -99,6 +103,7 @@ class RunPool:
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
         self._leases: dict[int, object] = {}  # member id -> its RunLease, while its run thread lives
+        self._beat_at = float("-inf")  # the last beat that read every lease back (time.monotonic)
         if heartbeat:
             threading.Thread(target=self._heartbeat, name="run-heartbeat", daemon=True).start()
 
@@ -136,10 +141,11 @@ class RunPool:
 
     def register(self, lease) -> None:
         """The heartbeat renews this lease from now on (called on the run's thread) and pushes a stop it
-        hears to the model call the run waits on, which then polls rarely (veronica.agent.providers.sdk)."""
+        hears to the model call the run makes: while the heartbeat beats, the call runs on the run's own
+        thread and polls nothing; else on a helper, should_stop polled rarely (veronica.agent.providers.sdk)."""
         lease.beat = self
         lease.thread = threading.get_ident()
-        sdk.interruptible(True)
+        sdk.interruptible(True, self.beating)
         with self._lock:
             self._leases[lease.member.pk] = lease
 
@@ -150,6 +156,12 @@ class RunPool:
         with self._lock:
             if self._leases.get(lease.member.pk) is lease:
                 del self._leases[lease.member.pk]
+
+    def beating(self) -> bool:
+        """The heartbeat read the leases back lately: a stop or a lost lease reaches a run within a beat or
+        so, pushed (sdk.interrupt). Lagging (the database is slow or away), a model call starts on a helper
+        instead, its caller polling should_stop (which then renews on its own: slot.RunLease.should_stop)."""
+        return time.monotonic() - self._beat_at < 3 * settings.RUN_HEARTBEAT_SECONDS
 
     def running(self) -> int:
         with self._lock:
@@ -169,15 +181,18 @@ class RunPool:
     def beat_once(self) -> None:
         """Renew every lease this process holds in one statement, then read back, in a second, which
         still hold and which were asked to stop: the runs' should_stop reads that, not the database."""
+        started = time.monotonic()
         with self._lock:
             leases = list(self._leases.values())
         if not leases:
+            self._beat_at = started
             return
         ids = [lease.member.pk for lease in leases]
-        # Only runs whose thread showed life within a lease (a step, a poll while its model or tool call
-        # runs): a hung run stops being renewed and its lease runs out, as when each run renewed its own.
-        recent = time.monotonic() - settings.RUN_LEASE_SECONDS
-        live = [lease for lease in leases if lease.touched >= recent]
+        # Only runs whose thread showed life within a lease (a step, a poll while its tool call runs, a model
+        # call it makes inline, which polls nothing): a hung run stops being renewed and its lease runs out,
+        # as when each run renewed its own. A call is bounded by its read timeout, as it was on a helper.
+        recent = started - settings.RUN_LEASE_SECONDS
+        live = [lease for lease in leases if lease.touched >= recent or sdk.calling(lease.thread)]
         if live:
             Member.objects.filter(pk__in=[lease.member.pk for lease in live], lease_token__in=[lease.token for lease in live],
                                   lease_expires_at__gt=Now()).update(lease_expires_at=Now() + lease_delta())
@@ -189,6 +204,7 @@ class RunPool:
         for lease in leases:
             token, cancel, alive = rows.get(lease.member.pk, ("", False, False))
             lease.heard(token == lease.token and bool(alive), bool(cancel))
+        self._beat_at = started
 
 
 _pool: RunPool | None = None
