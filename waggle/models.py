@@ -15,7 +15,9 @@ from waggle import routecache
 
 
 class ForageCall(models.Model):
-    space_key = models.CharField(max_length=64, db_index=True)
+    # indexed by waggle_fc_session_seq and waggle_fc_space_id (space_key first; every read names the space):
+    # no index of its own (and its pattern-ops twin) for each recorded tool call to update too
+    space_key = models.CharField(max_length=64)
     session_key = models.CharField(max_length=64)
     member_key = models.CharField(max_length=64, blank=True, default="")
     seq = models.PositiveBigIntegerField(help_text="Position in the session's call stream.")

@@ -9,9 +9,12 @@ RUN_MARKS = ["run.started", "run.ended", "approval.requested", "approval.resolve
 class Event(models.Model):
     """The durable log. seq is gapless per space and its order is commit order (see events.emit)."""
 
-    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="events")
+    # Every row a step writes updates each of the table's indexes (issue 25: a fleet's hosted steps write
+    # ~4 events each): space_id has no index of its own (event_seq_unique_per_space leads with it) and kind
+    # none at all (every read by kind names the member first: event_member_seq_idx / event_run_marks_idx).
+    space = models.ForeignKey("veronica.Space", on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.BigIntegerField()
-    kind = models.CharField(max_length=60, db_index=True)
+    kind = models.CharField(max_length=60)
     # indexed by event_member_seq_idx (member first), not by a lone member_id index of its own
     member = models.ForeignKey("veronica.Member", null=True, blank=True, on_delete=models.SET_NULL, related_name="events",
                                db_index=False)

@@ -31,7 +31,11 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["recipient", "read_at"], name="msg_unread_idx"),
+        # a member's unread mail, oldest first: the claim's and the wake's "any unread?" probes, the brief's
+        # read, and the backlog watchdog's oldest-unread per member (one index entry, no sort, with or
+        # without planner statistics); a read message leaves it, so marking mail read adds no entry to it
+        indexes = [models.Index(fields=["recipient", "created_at"], condition=models.Q(read_at__isnull=True),
+                                name="msg_unread_recipient_idx"),
                    # the space's chat panel, newest first: without it a small space beside a big one walked the
                    # whole table backwards by id for its last 30 (1.8 s beside 500,000 messages)
                    models.Index(fields=["space", "-id"], name="msg_space_newest_idx"),

@@ -101,7 +101,8 @@ class TurnRole(models.TextChoices):
 class Turn(models.Model):
     """One transcript entry, persisted as it happens so a restart resumes the conversation."""
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
+    # indexed by turn_seq_unique (session first), not by a lone session_id index every step's turns update too
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns", db_index=False)
     seq = models.IntegerField()
     role = models.CharField(max_length=10, choices=TurnRole.choices)
     content = models.TextField(blank=True)
