@@ -395,6 +395,12 @@ def child_big(p: dict) -> dict:
     seed_s = time.perf_counter() - t0
     pages = _pages_for(space, members)
     _analyze()
+    # The pages are served here as daphne serves them once it has answered its first request: with its
+    # collector settled (veronica.plumbing.gcsettle). Unsettled, a full pass walked ~1M objects (~85 ms)
+    # two or three times during the measurement, and the page it landed in read ~100 ms at p99.
+    from veronica.plumbing import gcsettle
+
+    gcsettle.settle()
     at_full = measure_pages(client, pages, p["reps"])
     fixed = {name: at_small[name]["queries"] == at_full[name]["queries"] for name in pages}
     return {

@@ -11,6 +11,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from django.conf import settings  # noqa: E402
 
+from veronica.plumbing.gcsettle import SettleOnFirstRequest, serving_with_daphne  # noqa: E402
 from veronica.web.body_limit import BodyLimit, limit_daphne  # noqa: E402
 from veronica.web.routing import websocket_urlpatterns  # noqa: E402
 from veronica.web.stream_auth import OriginCheckedUnlessBearer  # noqa: E402
@@ -19,7 +20,8 @@ limit_daphne(settings.MAX_REQUEST_BYTES)  # daphne spools a body before it calls
 
 application = ProtocolTypeRouter(
     {
-        "http": BodyLimit(django_asgi_app, settings.MAX_REQUEST_BYTES),  # 413 before the body is spooled
+        # 413 before the body is spooled; the server's collector settles after its first request (gcsettle)
+        "http": SettleOnFirstRequest(BodyLimit(django_asgi_app, settings.MAX_REQUEST_BYTES), serving_with_daphne()),
         # cookie sockets need an allowed Origin (their CSRF check); bearer-token sockets do not
         "websocket": OriginCheckedUnlessBearer(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }

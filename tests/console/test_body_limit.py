@@ -69,6 +69,6 @@ def test_the_served_application_refuses_a_huge_upload(client, settings):
     """Wired in front of Django in veronica.asgi (and only HTTP: sockets are untouched)."""
     from veronica import asgi
 
-    http = asgi.application.application_mapping["http"]
+    http = asgi.application.application_mapping["http"].app  # inside the collector's settle-once wrapper
     assert isinstance(http, BodyLimit) and http.limit == settings.MAX_REQUEST_BYTES
     assert settings.MAX_REQUEST_BYTES >= 5 * 1024 * 1024 + 65536  # an archive upload fits

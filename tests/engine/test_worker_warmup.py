@@ -112,7 +112,9 @@ def test_a_forked_worker_freezes_what_it_imported_and_collects_young_objects_les
     child.start()
     threshold, frozen = ours.recv()
     child.join(timeout=30)
-    assert threshold == warm.GC_THRESHOLD
+    from veronica.plumbing import gcsettle
+
+    assert threshold == gcsettle.THRESHOLD
     assert frozen > 10_000, "the imported stack was not frozen"
     # not a worker: this process's collector is left as it was
     before = gc.get_threshold(), gc.get_freeze_count()

@@ -8,12 +8,13 @@ it reads the task queue, while the other workers take the tasks.
 """
 from __future__ import annotations
 
-import gc
 import importlib
 import logging
 import multiprocessing
 import os
 import time
+
+from veronica.plumbing import gcsettle
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,6 @@ NO_MEMBER = 0  # ids start at 1: the claim compiles, runs and matches no row
 # variable (no qcluster: tests, a shell) there is no pusher to hold back.
 READY_ENV = "VERONICA_WORKER_READY_MARK"
 READY_PAUSE = 0.1  # how often a pusher waiting on its workers looks again
-
-# A worker's garbage collector, set once it is warm. A run pool of hundreds of runs allocates past
-# CPython's 700-object threshold every few hundred microseconds, and each full pass walked every
-# object the worker had imported (~120 ms, three times in a 500-member burst): ~10 % of a pooled
-# worker's CPU (bench/fleet.py). Frozen, what was imported is never walked again (nor written: the
-# pages forked from the sentinel stay shared); young objects are collected every 10,000.
-GC_THRESHOLD = (10_000, 10, 10)
 
 
 def mark_ready() -> None:
@@ -111,9 +105,11 @@ def warm_worker(**_) -> None:
 
 
 def settle_gc() -> None:
-    """A worker forked by a cluster only: a test calling warm_worker keeps its own process's collector."""
+    """The worker's collector, once it is warm (veronica.plumbing.gcsettle): a run pool of hundreds of
+    runs allocated past CPython's young threshold every few hundred microseconds, and each full pass
+    walked everything the worker had imported (~120 ms, three times in a 500-member burst): ~7 % of a
+    pooled worker's CPU (bench/fleet.py). A worker forked by a cluster only: a test calling
+    warm_worker keeps its own process's collector."""
     if multiprocessing.parent_process() is None:
         return
-    gc.collect()  # what the warm-up left as garbage is not frozen with the rest
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
+    gcsettle.settle()
