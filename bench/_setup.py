@@ -1,5 +1,7 @@
 """Set-up the bench scripts share: Django in a child process, a throwaway database and Redis
-namespace per run (unique names, dropped afterwards), percentiles, and a qcluster process group."""
+namespace per run (unique names, dropped afterwards), percentiles, and a qcluster process group.
+BENCH_PG_URL points the hosted runs at another PostgreSQL (a private cluster with pg_stat_statements, to
+see where its CPU goes); BENCH_KEEP_DB=1 keeps the run's database (and Redis keys) for inspection."""
 from __future__ import annotations
 
 import os
@@ -14,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PG = "postgres://postgres@127.0.0.1:5432"
+PG = os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432")  # a private cluster's, to profile its statements
 REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/4")
 
 
@@ -32,7 +34,7 @@ def pct(values: list[float], p: float) -> float:
 
 
 def psql(sql: str) -> None:
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qc", sql], check=True,
+    subprocess.run(["psql", "-d", f"{PG}/postgres", "-qc", sql], check=True,
                    capture_output=True)
 
 
@@ -64,7 +66,7 @@ def isolated_env(mode: str, tag: str):
     try:
         yield env
     finally:
-        if mode == "hosted":
+        if mode == "hosted" and not os.environ.get("BENCH_KEEP_DB"):
             psql(f"DROP DATABASE IF EXISTS {unique} WITH (FORCE)")
             drop_redis_prefix(REDIS, [f"q-{unique}", f"ch-{unique}"])
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -113,7 +113,11 @@ if HOSTED:
     DB_LOCK_TIMEOUT = env_int("VERONICA_DB_LOCK_TIMEOUT", 30, minimum=0)
     # The statements a step runs (its fence, its event statement, waggle's record) are prepared on the
     # server once a connection has run them this many times: parse and plan are skipped, a fifth of a
-    # hosted step. 0 turns prepared statements off (parameters are then bound client-side, Django's
+    # hosted step. 1 prepares a statement at its second run: every connection of a worker's pool (and
+    # each new one, CONN_MAX_AGE) parsed and planned each statement shape 5 times at psycopg's default
+    # of 5, half of the plans PostgreSQL made in bench/fleet.py (2,511 -> 1,267 in a run; the rest are
+    # the plan cache's first custom plans). psycopg keeps at most 100 prepared per connection.
+    # 0 turns prepared statements off (parameters are then bound client-side, Django's
     # default), for a transaction-mode pooler that cannot keep them (PgBouncer before 1.21).
     # VERONICA_DB_POOLER=transaction says DATABASE_URL is such a pooler (PgBouncer, pool_mode =
     # transaction): prepared statements default to off, no server-side cursors (a transaction's
@@ -122,7 +126,7 @@ if HOSTED:
     # connections (connect_query, see README's hosted section). The code keeps no session state
     # (no session SET, advisory lock, LISTEN or WITH HOLD cursor), so nothing else changes.
     DB_POOLER = env_choice("VERONICA_DB_POOLER", ("none", "transaction"), "none")
-    DB_PREPARE_THRESHOLD = env_int("VERONICA_DB_PREPARE_THRESHOLD", 0 if DB_POOLER == "transaction" else 5, minimum=0)
+    DB_PREPARE_THRESHOLD = env_int("VERONICA_DB_PREPARE_THRESHOLD", 0 if DB_POOLER == "transaction" else 1, minimum=0)
     if DB_POOLER == "transaction":
         DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     db_options = DATABASES["default"].setdefault("OPTIONS", {})

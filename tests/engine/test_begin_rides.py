@@ -56,6 +56,7 @@ def test_a_transactions_first_statement_carries_its_begin(space):
         with wire() as sent:
             assert renew(w1.pk) == (w1.pk,)
         assert connection.connection.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        assert renew(w1.pk) == (w1.pk,)  # its second run prepares it (psycopg: Parse, then a round trip of its own)
         with wire() as later:
             assert renew(w1.pk) == (w1.pk,)
     assert "BEGIN" not in sent and round_trips(sent) == 1, sent  # BEGIN (in the pipeline) and the UPDATE
