@@ -282,3 +282,85 @@ def test_an_inline_call_of_a_pooled_run_ends_at_the_beat_that_hears_the_stop(spa
     assert ended - asked < 0.5, f"the call ended {ended - asked:.2f} s after the beat heard the stop"
     assert record.disconnected_at is not None and record.chunks_sent < 600
     assert isinstance(lease.stop_reason(), LeaseLost) == (how == "lease lost")
+
+
+def test_a_prestarted_pool_hands_wakes_to_its_waiting_threads_and_starts_none(monkeypatch):
+    """A worker's pool starts its run threads as the worker warms: handing a wake over is a queue put, so the
+    worker's main thread (the one taking q2's tasks) never waits for a new thread to get the GIL among the
+    pool's busy runs (500 wakes at once started over seconds)."""
+    import threading
+
+    pool = fleet.RunPool(4, heartbeat=False)
+    pool.prestart()
+    threads = {t for t in threading.enumerate() if t.name.startswith("run_")}
+    assert len(threads) >= 4
+    started = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self) or (_ for _ in ()).throw(
+        AssertionError("a thread was started for a wake")))
+    done = threading.Event()
+    assert pool.reserve()
+    pool.start(done.set, name="wake-1")
+    assert done.wait(5) and started == []
+    monkeypatch.undo()
+    pool._threads.shutdown(wait=True)
+
+
+def test_a_run_thread_starts_each_run_in_an_empty_context():
+    """Run threads are reused: what one member's run set in a context variable (its audit actor, its tool stop,
+    the engine clock's reading) must not be what the next run on that thread starts with."""
+    import contextvars
+    import threading
+
+    var = contextvars.ContextVar("test_run_context", default="unset")
+    seen, done = [], threading.Semaphore(0)
+    pool = fleet.RunPool(1, heartbeat=False)
+
+    def first():
+        var.set("member A")
+        seen.append((threading.get_ident(), var.get()))
+        done.release()
+
+    def second():
+        seen.append((threading.get_ident(), var.get()))
+        done.release()
+
+    for body in (first, second):
+        assert pool.reserve()
+        pool.start(body, name="wake")
+        assert done.acquire(timeout=5)
+    assert seen[0][0] == seen[1][0], "one thread ran both (a pool of one)"
+    assert seen[1][1] == "unset"
+    pool._threads.shutdown(wait=True)
+
+
+def test_a_worker_process_that_ends_finishes_its_runs_first(tmp_path):
+    """Run threads are not daemons: a worker that stops or is recycled (q2's worker function returns) finishes
+    the runs its pool holds before the process exits, and its idle pre-started threads do not keep it alive."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from bench._setup import REPO
+
+    out = tmp_path / "finished"
+    script = textwrap.dedent(f"""
+        import multiprocessing, time
+        def worker():
+            import django
+            django.setup()
+            from veronica.engine import fleet
+            pool = fleet.RunPool(8, heartbeat=False)
+            pool.prestart()
+            pool.reserve()
+            pool.start(lambda: (time.sleep(0.5), open({str(out)!r}, "w").write("done")), name="wake-1")
+        if __name__ == "__main__":
+            p = multiprocessing.get_context("fork").Process(target=worker)
+            p.start()
+            p.join(30)
+            raise SystemExit(0 if p.exitcode == 0 else 1)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=60, capture_output=True, text=True,
+                          env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "veronica.settings",
+                               "VERONICA_DATA_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.read_text() == "done"

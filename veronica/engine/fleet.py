@@ -5,7 +5,7 @@ Why threads (and not asyncio, and not one process per run)
 A run spends seconds waiting on the vendor's HTTP stream and a millisecond or two of CPU per step.
 A django-q2 worker process (~100 MB) held for the whole run made the host's concurrency its worker
 count (4 by default). Here the q2 task only takes a free slot of the worker's own run pool and
-hands the wake to one of its threads, which claims the member (the same conditional UPDATE as
+hands the wake to one of its threads (started as the worker warms, each waiting for a wake), which claims the member (the same conditional UPDATE as
 before) and runs it; the task returns at once and the worker takes the next wake while its runs
 wait. A waiting thread costs its stack's touched pages and one socket (tens of KB), so a process
 carries hundreds of runs.
@@ -69,10 +69,12 @@ VERONICA_RUNS_PER_WORKER=1 turns the pool off: the task runs the member itself, 
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import multiprocessing
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from django.conf import settings
@@ -101,6 +103,9 @@ class RunPool:
     def __init__(self, size: int, *, heartbeat: bool = True) -> None:
         self.size = size
         self._slots = threading.BoundedSemaphore(size)
+        # The run threads. Not daemons: a recycled or stopped worker finishes its runs before it exits (the
+        # executor's exit hook lets each finish what it holds, then joins it).
+        self._threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="run")
         self._lock = threading.Lock()
         self._leases: dict[int, object] = {}  # member id -> its RunLease, while its run thread lives
         self._beat_at = float("-inf")  # the last beat that read every lease back (time.monotonic)
@@ -112,10 +117,22 @@ class RunPool:
         # a third of q2's task timeout at most: a task past it gets its worker killed, runs and all
         return self._slots.acquire(timeout=min(SLOT_WAIT_SECONDS, settings.Q_TIMEOUT / 3))
 
+    def prestart(self) -> None:
+        """Start every run thread now, as the worker warms, instead of one per wake. The worker's main
+        thread takes q2's tasks one at a time, and starting a thread made it wait for the new thread to
+        run (a GIL handoff among the pool's busy runs, milliseconds each): 500 members woken at once
+        started over seconds (bench/fleet.py). Handing a wake to a waiting thread is a queue put."""
+        gate = threading.Barrier(self.size + 1)
+        for _ in range(self.size):
+            self._threads.submit(gate.wait)
+        gate.wait(timeout=60)
+
     def start(self, body: Callable[[], object], *, name: str) -> None:
-        """Run body (a wake's claim and its run, to the finish) in a thread of its own; the slot
-        reserved for it is given back when it ends, however it ends."""
+        """Run body (a wake's claim and its run, to the finish) on a run thread; the slot reserved for
+        it is given back when it ends, however it ends. Each run starts in an empty context, as on a
+        thread of its own: nothing a run set in a context variable is seen by the next run of its thread."""
         def target() -> None:
+            threading.current_thread().name = name
             try:
                 body()
             except BaseException:  # the run's own handler logs its errors; this is the last resort
@@ -125,7 +142,7 @@ class RunPool:
                 self._slots.release()
 
         try:
-            threading.Thread(target=target, name=name).start()  # not a daemon: see the docstring
+            self._threads.submit(contextvars.Context().run, target)
         except BaseException:
             self._slots.release()
             raise
@@ -227,6 +244,7 @@ def enable() -> RunPool | None:
         if _pool is None:
             use_connection_pool()
             _pool = RunPool(size)
+            _pool.prestart()
     return _pool
 
 
