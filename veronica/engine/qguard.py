@@ -160,6 +160,16 @@ class GuardedSentinel(Sentinel):
         threading.Thread(target=self.queue_guard.run, name="queue-guard", daemon=True).start()
         super().start()
 
+    def guard(self):
+        # q2 has forked the first workers, the monitor and the pusher: what is loaded from here on is
+        # inherited by the workers forked later only (veronica.engine.warm.preload). The cluster is
+        # told it runs first (q2's guard says so again): its start does not wait for the imports.
+        from veronica.engine import warm
+
+        self.start_event.set()
+        warm.preload()
+        super().guard()
+
     def reincarnate(self, process):
         if process in self.pool:
             if not process.is_alive() and self.task_queue.release_for(process.pid):
