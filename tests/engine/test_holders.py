@@ -198,6 +198,7 @@ def test_the_sentinel_preloads_the_agent_stack_for_the_workers_it_forks_later(mo
     settles its collector, before it guards: a worker it forks for a dead one inherits them, instead of
     importing the SDK on its first model call in the middle of the resumes' burst."""
     import importlib
+    import signal
 
     from django_q.cluster import Sentinel
 
@@ -208,7 +209,9 @@ def test_the_sentinel_preloads_the_agent_stack_for_the_workers_it_forks_later(mo
     monkeypatch.setattr(importlib, "import_module", lambda name: done.append(name))
     monkeypatch.setattr(gcsettle, "settle", lambda: done.append("settle"))
     monkeypatch.setattr(Sentinel, "guard", lambda self: done.append("guard"))
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)  # (its SIGCHLD handler: test_qguard)
     sentinel = object.__new__(qguard.GuardedSentinel)
     sentinel.start_event = type("Event", (), {"set": lambda self: done.append("running")})()
+    sentinel.stop_event = None
     qguard.GuardedSentinel.guard(sentinel)
     assert done == ["running", *warm.MODULES, *warm.SDKS, "settle", "guard"]
