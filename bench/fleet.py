@@ -27,6 +27,9 @@ then "done"), with real `manage.py qcluster` processes:
 The 1-minute load average is printed beside every figure (the host is shared).
 Usage: .venv/bin/python bench/fleet.py [--modes embedded,hosted] [--members 500] [--latency 2] [--steps 5]
        [--workers 2] [--runs-per-worker 256] [--lease 10] [--mem-steps 100000] [--skip-kill] [--skip-memory] [--skip-scale]
+       [--cases run,kill,host_kill]
+The worker-kill case also prints its resumes' timeline (the reap, their claims, first replies, ends); with
+BENCH_PYSPY=path it profiles the replacement worker (profile_replacement).
 The last line is one JSON object: the issue's figures (the hosted run's, the goals' mode) and both modes'.
 """
 from __future__ import annotations
@@ -84,6 +87,12 @@ def scan() -> dict[int, tuple[int, int, float, float]]:
             found[int(entry)] = (int(fields[1]), int(fields[2]), (int(fields[11]) + int(fields[12])) / TICK,
                                  int(fields[21]) * PAGE_MB)
     return found
+
+
+def scan_one(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def cluster_roles(pgid: int, procs: dict) -> dict[int, str]:
@@ -264,6 +273,34 @@ def quantiles(values: list[float]) -> str:
     return "/".join(f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.2f}" for q in (0.5, 0.9, 1.0))
 
 
+def resume_timeline(ids: list[int], t0: float, latency: float) -> dict:
+    """The runs a kill cut off and their resumes (source "resume"), in seconds from t0: when the cut
+    runs ended (the reap), when the resumes started (their claims), their first reply past the latency,
+    and when they ended."""
+    from veronica.models import Event, Run
+
+    cut = sorted(at.timestamp() - t0 for at in Run.objects.filter(member_id__in=ids, outcome="lease_expired")
+                 .values_list("ended_at", flat=True))
+    resumes = list(Run.objects.filter(member_id__in=ids, source="resume").values_list("member_id", "started_at", "ended_at"))
+    counted: dict[int, int] = {}
+    for n in Run.objects.filter(member_id__in=ids, source="resume").values_list("model_calls", flat=True):
+        counted[n] = counted.get(n, 0) + 1
+    if not cut and not resumes:
+        return {}
+    calls: dict[int, list[float]] = {}
+    for member_id, at in Event.objects.filter(member_id__in=[r[0] for r in resumes], kind="model.called").values_list(
+            "member_id", "created_at"):
+        calls.setdefault(member_id, []).append(at.timestamp())
+    first = [min([t for t in calls.get(m, []) if t >= start.timestamp()], default=end.timestamp() if end else t0)
+             - start.timestamp() - latency for m, start, end in resumes]
+    return {"resume_reaped": quantiles(cut), "resume_started": quantiles([s.timestamp() - t0 for _, s, _ in resumes]),
+            "resume_first_reply_over_latency": quantiles(first),
+            "resume_ended": quantiles([e.timestamp() - t0 for _, _, e in resumes if e]), "resumes": len(resumes),
+            "resume_calls": dict(sorted(counted.items())),
+            "others_ended": quantiles([e.timestamp() - t0 for m, e in Run.objects.filter(member_id__in=ids, outcome="done")
+                                       .exclude(source="resume").values_list("member_id", "ended_at")])}
+
+
 def step_timeline(runs: list, ids: list[int], latency: float) -> dict:
     """Where a run's time goes besides its model calls, from each call's `model.called` event (written
     in the fence that persists the reply): the run's start to its first reply, one reply to the next
@@ -297,6 +334,7 @@ def outcome(members: list, t0: float, latency: float) -> dict:
     ids = [m.pk for m in members]
     runs = list(Run.objects.filter(member_id__in=ids).order_by("member_id", "started_at").values_list(
         "member_id", "started_at", "ended_at", "outcome"))
+    resumed = resume_timeline(ids, t0, latency)
     overlaps, points = 0, []
     for (m1, _, end1, _), (m2, start2, _, _) in zip(runs, runs[1:]):
         if m1 == m2 and (end1 is None or start2 < end1):
@@ -314,7 +352,7 @@ def outcome(members: list, t0: float, latency: float) -> dict:
     starts = sorted(start.timestamp() - t0 for _, start, _, _ in runs)
     lengths = sorted(end.timestamp() - start.timestamp() for _, start, end, _ in runs if end)
     timeline = step_timeline(runs, ids, latency)
-    return {**timeline, "start_lag_p50": round(starts[len(starts) // 2], 2) if starts else None,
+    return {**timeline, **resumed, "start_lag_p50": round(starts[len(starts) // 2], 2) if starts else None,
             "start_lag_max": round(starts[-1], 2) if starts else None,
             "start_lag_p90": round(starts[int(len(starts) * 0.9)], 2) if starts else None,
             "started_after_5s": sum(1 for s in starts if s > 5),  # a tail here is wakes that waited for a run slot
@@ -368,8 +406,7 @@ def fleet_run(args, kill: str = "") -> dict:
         time.sleep(0.2)
     sampler = Sampler(clusters, connection.vendor == "postgresql", mock)
     sampler.start()
-    killed = 0
-    killed_at = None
+    killed, killed_at = 0, None
     try:
         t0 = mail_all(members)
         mailing = sampler.rebase()
@@ -384,9 +421,12 @@ def fleet_run(args, kill: str = "") -> dict:
             time.sleep(ideal / 2)
             pgid = clusters[0].proc.pid
             workers = sorted(pid for pid, role in cluster_roles(pgid, scan()).items() if role == "worker")
+            children = set(pid for pid, (_, group, _, _) in scan().items() if group == pgid)
             killed_at = time.time() - t0
             os.kill(workers[0], signal.SIGKILL)
             killed = 1
+            if os.environ.get("BENCH_PYSPY"):  # profile the replacement worker (a raw py-spy file at that path)
+                profile_replacement(pgid, children, os.environ["BENCH_PYSPY"])
         deadline = time.time() + max(120.0, ideal * 10 + args.lease * 3)
         while time.time() < deadline and not drained(members):
             time.sleep(1.0)
@@ -412,8 +452,38 @@ def fleet_run(args, kill: str = "") -> dict:
                        completion_ratio_to_ideal_with_fault=round(figures["elapsed"] / faulted, 3))
     figures.update(ideal=ideal, completion_ratio_to_ideal=round(figures["elapsed"] / ideal, 3),
                    worker_rss_mb=round(sampler.rss_max, 1), pg_connections_max=int(sampler.pg_max) if sampler.hosted else None,
-                   killed_workers=killed, load=os.getloadavg()[0])
+                   killed_workers=killed, killed_at=None if killed_at is None else round(killed_at, 2), t0=t0, load=os.getloadavg()[0])
     return figures
+
+
+def profile_replacement(pgid: int, before: set[int], out: str) -> None:
+    """The worker the sentinel forks for the killed one, from its birth (BENCH_PYSPY=path): py-spy's raw
+    samples for BENCH_PYSPY_SECONDS (12) with BENCH_PYSPY_FLAGS (--gil: the GIL's holder only), or, for a
+    path ending in .cpu, its CPU seconds every 0.1 s for 9 s ("<unix time> <CPU seconds>" lines)."""
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        procs = scan()
+        sentinels = [pid for pid, (ppid, group, _, _) in procs.items() if group == pgid and ppid == pgid]
+        fresh = [pid for pid, (ppid, _, _, _) in procs.items() if ppid in sentinels and pid not in before]
+        if fresh and out.endswith(".cpu"):
+            def trace(pid=fresh[0]) -> None:
+                start, rows = time.time(), []
+                while time.time() - start < 9:
+                    try:
+                        rows.append((round(time.time(), 3), scan_one(pid)))
+                    except OSError:
+                        break
+                    time.sleep(0.1)
+                Path(out).write_text("\n".join(f"{t} {c}" for t, c in rows))
+            threading.Thread(target=trace, daemon=True).start()
+            return
+        if fresh:
+            subprocess.Popen([str(REPO / ".venv/bin/py-spy"), "record", "--pid", str(fresh[0]), "--rate", "250",
+                              "--duration", os.environ.get("BENCH_PYSPY_SECONDS", "12"),
+                              *os.environ.get("BENCH_PYSPY_FLAGS", "--gil").split(), "--format", "raw", "--output", out, "--nonblocking"],
+                             stdout=subprocess.DEVNULL, stderr=open(out + ".err", "w"))
+            return
+        time.sleep(0.005)
 
 
 def memory_run(args) -> dict:
@@ -468,10 +538,13 @@ def child(args) -> dict:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    result = {"run": fleet_run(args)}
+    cases = args.cases.split(",")
+    result = {"run": fleet_run(args)} if "run" in cases else {}
     if not args.skip_kill:
-        result["kill"] = fleet_run(args, kill="worker")
-        result["host_kill"] = fleet_run(args, kill="host")
+        if "kill" in cases:
+            result["kill"] = fleet_run(args, kill="worker")
+        if "host_kill" in cases:
+            result["host_kill"] = fleet_run(args, kill="host")
     if not args.skip_memory:
         result["memory"] = memory_run(args)
     return result
@@ -521,6 +594,7 @@ def main() -> None:
     parser.add_argument("--mem-steps", type=int, default=100_000)
     parser.add_argument("--mem-timeout", type=float, default=3600)
     parser.add_argument("--skip-kill", action="store_true")
+    parser.add_argument("--cases", default="run,kill,host_kill", help="which fleet runs (a subset of run,kill,host_kill)")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the clusters' logs here")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-scale", action="store_true", help="leave out points 2-4 (bench/fleet_scale.py)")
@@ -546,12 +620,16 @@ def main() -> None:
             if f is None:
                 continue
             print(f" {label}: {f['runs']} runs, {f['expired']} lease-expired, ideal {f['ideal']:g}s, took {f['elapsed']:.1f}s"
-                  f" (load at the end {f['load']:.1f})")
+                  f" (load at the end {f['load']:.1f})" + (f"; killed at {f['killed_at']}s" if f.get("killed_at") else ""))
             print(f"   runs started {f['start_lag_p50']}s (p50), {f.get('start_lag_p90')}s (p90), {f['start_lag_max']}s (last) after t0, "
                   f"{f.get('started_after_5s')} after 5s; a run took "
                   f"{f['run_seconds_p50']}s (p50), {f['run_seconds_max']}s (max)")
             print(f"   seconds past the model's latency (p50/p90/max): start to first reply {f['first_reply_over_latency']}, "
                   f"reply to reply {f['step_over_latency']}; last reply to the run's end {f['last_reply_to_end']}")
+            if f.get("resumes"):
+                print(f"   resumes (s from t0, p50/p90/max): {f['resumes']} runs; cut runs ended {f['resume_reaped']}, resumes started "
+                      f"{f['resume_started']}, first reply past latency {f['resume_first_reply_over_latency']}, ended {f['resume_ended']};"
+                      f" model calls per resumed run {f.get('resume_calls')}; the runs not cut ended {f.get('others_ended')}")
             print(f"   mock vendor: {f['mock']}; CPU seconds from t0: " + ", ".join(f"{k} {v}" for k, v in f["cpu_seconds"].items())
                   + "; mailing before t0: " + ", ".join(f"{k} {v}" for k, v in f.get("cpu_seconds_mailing", {}).items() if v))
             show("concurrent_members", f["concurrent_members"], f">= {args.members}")
@@ -576,7 +654,8 @@ def main() -> None:
         print()
     main_mode = "hosted" if "hosted" in per_mode else next(iter(per_mode))
     r = per_mode[main_mode]
-    run, kill, host_kill, memory = r["run"], r.get("kill") or {}, r.get("host_kill") or {}, r.get("memory") or {}
+    kill, host_kill, memory = r.get("kill") or {}, r.get("host_kill") or {}, r.get("memory") or {}
+    run = r.get("run") or kill or host_kill  # --cases without the plain run: its figures are the first case's
     summary = {
         "mode": main_mode, "members": args.members, "latency": args.latency, "steps": args.steps,
         "concurrent_members": run["concurrent_members"], "completion_ratio_to_ideal": run["completion_ratio_to_ideal"],

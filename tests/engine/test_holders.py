@@ -127,3 +127,91 @@ def test_a_killed_cluster_restarted_on_its_machine_resumes_its_runs_at_once_not_
     assert time.monotonic() - started < 60, "the restarted cluster waited for the lease"
     assert Run.objects.filter(member=w1, outcome=RunOutcome.LEASE_EXPIRED).count() == 1
     assert Message.objects.filter(recipient=w1, read_at__isnull=True).count() == 0
+
+
+class FakePool:
+    """A run pool that records the runs it is asked to start (and runs none), with `free` slots."""
+
+    def __init__(self, free: int) -> None:
+        self.free, self.started = free, []
+
+    def try_reserve(self) -> bool:
+        if self.free <= 0:
+            return False
+        self.free -= 1
+        return True
+
+    def start(self, body, *, name: str) -> None:
+        self.started.append(name)
+
+
+@pytest.fixture
+def broker(monkeypatch):
+    """The resume wakes pushed to the broker: (member id, source)."""
+    import django_q.tasks
+
+    pushed = []
+    monkeypatch.setattr(django_q.tasks, "async_task",
+                        lambda func, member_id, source, **kw: source == "resume" and pushed.append((member_id, source)))
+    return pushed
+
+
+@pytest.mark.parametrize("free", [1, 0], ids=["slot-free", "pool-full"])
+def test_a_spawning_worker_resumes_its_dead_predecessors_members_in_its_own_run_pool(tmp_path, holder, broker, monkeypatch, free):
+    """The replacement of a killed worker reaps the dead one's leases as it spawns and starts their resumes
+    on its own run pool's threads, not through the broker (Redis, the pusher, q2's queue and its main
+    thread, one task at a time): a free slot takes the resume at once; without one it goes to the broker.
+    Either way the resume stays owed (retry_at), so one that no run claims is rung again by the tick."""
+    from veronica.engine import fleet, warm
+
+    proc, token = holder
+    w1 = leased(tmp_path, token)
+    proc.kill()
+    proc.wait(timeout=5)
+    pool = FakePool(free)
+    monkeypatch.setattr(fleet, "enable", lambda: pool)
+    monkeypatch.setattr(warm, "settle_gc", lambda: None)
+    warm.warm_worker(proc_name="Process-1")
+    assert Member.objects.get(pk=w1.pk).lease_token == "", "reaped"
+    assert Member.objects.get(pk=w1.pk).retry_at is not None, "the resume stays owed"
+    if free:
+        assert pool.started == [f"wake-{w1.pk}"] and broker == [], "started here, not rung through the broker"
+    else:
+        assert pool.started == [] and broker == [(w1.pk, "resume")]
+
+
+def test_a_worker_without_a_run_pool_rings_its_reaped_members_through_the_broker(tmp_path, holder, broker, monkeypatch):
+    from veronica.engine import fleet, warm
+
+    proc, token = holder
+    w1 = leased(tmp_path, token)
+    proc.kill()
+    proc.wait(timeout=5)
+    monkeypatch.setattr(fleet, "enable", lambda: None)
+    monkeypatch.setattr(warm, "settle_gc", lambda: None)
+    warm.warm_worker(proc_name="Process-1")
+    assert broker == [(w1.pk, "resume")], "rung once, by the reap"
+
+
+def test_the_sentinel_preloads_the_agent_stack_for_the_workers_it_forks_later(monkeypatch):
+    """q2's sentinel, once it has forked the cluster, imports the agent stack and the vendors' SDKs and
+    settles its collector, before it guards: a worker it forks for a dead one inherits them, instead of
+    importing the SDK on its first model call in the middle of the resumes' burst."""
+    import importlib
+    import signal
+
+    from django_q.cluster import Sentinel
+
+    from veronica.engine import qguard, warm
+    from veronica.plumbing import gcsettle
+
+    done = []
+    monkeypatch.setattr(importlib, "import_module", lambda name: done.append(name))
+    monkeypatch.setattr(gcsettle, "settle", lambda: done.append("settle"))
+    monkeypatch.setattr(Sentinel, "guard", lambda self: done.append("guard"))
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)  # (its SIGCHLD handler: test_qguard)
+    sentinel = object.__new__(qguard.GuardedSentinel)
+    sentinel.start_event = type("Event", (), {"set": lambda self: done.append("running")})()
+    sentinel.stop_event = None
+    qguard.GuardedSentinel.guard(sentinel)
+    assert done == ["running", *warm.MODULES, *warm.SDKS, "settle", "guard"]

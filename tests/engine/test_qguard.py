@@ -124,3 +124,34 @@ def test_the_guard_gives_back_only_a_dead_idle_workers_lock_behind_which_a_task_
     if released:
         sentinel.task_queue._rlock.release()
         assert sentinel.task_queue.get(timeout=5) == "wake", "a live worker reads the queue again"
+
+
+def test_a_dead_worker_is_replaced_on_its_sigchld_while_the_guard_loop_waits(monkeypatch):
+    """q2's guard loop looks at its workers every guard_cycle (0.5 s); the replacement of a killed worker
+    reaps and resumes its runs, so each resume waited for that look. The sentinel replaces it on SIGCHLD,
+    when its loop is waiting (and so not walking the pool), and only in the sentinel itself."""
+    import os
+
+    from veronica.engine.qguard import GuardedSentinel, WatchedWait
+
+    class Proc:
+        def __init__(self, alive):
+            self.alive = alive
+
+        def is_alive(self):
+            return self.alive
+
+    dead, live = Proc(False), Proc(True)
+    sentinel = object.__new__(GuardedSentinel)
+    sentinel.pool, sentinel.guard_pid = [live, dead], os.getpid()
+    sentinel.stop_event = WatchedWait(type("Event", (), {"is_set": lambda self: False})())
+    replaced = []
+    monkeypatch.setattr(GuardedSentinel, "reincarnate", lambda self, p: replaced.append(p))
+    sentinel.child_died()
+    assert replaced == [], "the guard loop is walking its pool: it replaces the dead itself"
+    sentinel.stop_event.waiting = True
+    sentinel.child_died()
+    assert replaced == [dead]
+    sentinel.guard_pid = os.getpid() + 1  # a process forked from the sentinel inherits the handler
+    sentinel.child_died()
+    assert replaced == [dead]

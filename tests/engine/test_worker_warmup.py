@@ -120,3 +120,31 @@ def test_a_forked_worker_freezes_what_it_imported_and_collects_young_objects_les
     before = gc.get_threshold(), gc.get_freeze_count()
     warm.settle_gc()
     assert (gc.get_threshold(), gc.get_freeze_count()) == before
+
+
+def _child_signal(conn) -> None:
+    import signal
+
+    warm.reset_child_signal()
+    conn.send(signal.getsignal(signal.SIGCHLD) is signal.SIG_DFL)
+    conn.close()
+
+
+def test_a_worker_forked_by_the_guarding_sentinel_drops_its_sigchld_handler():
+    """The sentinel replaces a dead worker on SIGCHLD (veronica.engine.qguard); a worker it forks afterwards
+    inherits that handler and must not run it for its own children's exits."""
+    import multiprocessing
+    import signal
+
+    previous = signal.signal(signal.SIGCHLD, lambda *_: None)  # as the sentinel's guard has it
+    try:
+        ctx = multiprocessing.get_context("fork")
+        ours, theirs = ctx.Pipe()
+        child = ctx.Process(target=_child_signal, args=(theirs,))
+        child.start()
+        assert ours.recv() is True
+        child.join(timeout=30)
+        warm.reset_child_signal()  # not a forked worker: this process keeps its handler
+        assert callable(signal.getsignal(signal.SIGCHLD))
+    finally:
+        signal.signal(signal.SIGCHLD, previous)

@@ -42,11 +42,16 @@ def ring_again_seconds() -> float:
     return max(2.0, float(settings.ENGINE_TICK_SECONDS))
 
 
-def owe_resume(member_ids: list[int]) -> None:
+def owe_resume(member_ids: list[int], *, ring_now: bool = True) -> None:
     """Runs cut off by their leases (their worker died) owe their members a resume: a retry due now,
     rung at once and again every ring_again_seconds() until a run takes the slot (a lost doorbell
-    costs seconds, not the work). The next run's finish settles it like any retry."""
+    costs seconds, not the work). The next run's finish settles it like any retry. ring_now=False: the
+    caller starts the resumes itself (a worker's reap, veronica.engine.runner.resume_here); the owed
+    retry still rings any that no run took in time."""
     Member.objects.filter(pk__in=member_ids).update(retry_at=Now() + timedelta(seconds=ring_again_seconds()))
+    if not ring_now:
+        return
+
     def ring() -> None:
         for member_id in member_ids:
             enqueue_wake(member_id, "resume")

@@ -117,6 +117,10 @@ class RunPool:
         # a third of q2's task timeout at most: a task past it gets its worker killed, runs and all
         return self._slots.acquire(timeout=min(SLOT_WAIT_SECONDS, settings.Q_TIMEOUT / 3))
 
+    def try_reserve(self) -> bool:
+        """A free slot now, or False at once (a worker starting runs of its own: the rest go to the broker)."""
+        return self._slots.acquire(blocking=False)
+
     def prestart(self) -> None:
         """Start every run thread now, as the worker warms, instead of one per wake. The worker's main
         thread takes q2's tasks one at a time, and starting a thread made it wait for the new thread to

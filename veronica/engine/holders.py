@@ -86,10 +86,11 @@ def holder_dead(token: str, machine: str) -> bool:
     return stat is None or stat[1] != start or stat[0] in ("Z", "X", "x")
 
 
-def reap_dead_here() -> list[int]:
+def reap_dead_here(*, ring_now: bool = True) -> list[int]:
     """End at once the run leases whose holder was a process of this machine that no longer runs:
     they are made to have run out and the lease watchdog's path takes them (events, the Run's outcome,
-    the resume). Returns the members re-woken. One select when nothing is held here."""
+    the resume). Returns the members re-woken (ring_now=False: owed a resume, which the caller starts,
+    leases.expire_leases). One select when nothing is held here."""
     from django.db.models.functions import Now
 
     from veronica.engine import leases
@@ -106,4 +107,4 @@ def reap_dead_here() -> list[int]:
     cut = Member.objects.filter(pk__in=list(dead), lease_token__in=list(dead.values())).update(
         lease_expires_at=Now() - timedelta(seconds=1))
     log.warning("%d run lease(s) held by processes of this machine that no longer run: ended now, not at their expiry", cut)
-    return leases.expire_leases()
+    return leases.expire_leases(ring_now=ring_now)

@@ -28,19 +28,20 @@ def db_now_plus(seconds: float):
 EXPIRE_BATCH = 100
 
 
-def expire_leases() -> list[int]:
+def expire_leases(*, ring_now: bool = True) -> list[int]:
     """Watchdog: a run lease past its time means the worker died. Release and re-wake (durably: see
-    failures.owe_resume); nothing lost.
+    failures.owe_resume); nothing lost. ring_now=False: the caller starts the returned members' resumes
+    itself (failures.owe_resume).
     Idle cost: one indexed select that matches no row (no per-member work)."""
     woken: list[int] = []
     while True:
-        batch, looked = _expire_batch()
+        batch, looked = _expire_batch(ring_now)
         woken += batch
         if looked < EXPIRE_BATCH:
             return woken
 
 
-def _expire_batch() -> tuple[list[int], int]:
+def _expire_batch(ring_now: bool = True) -> tuple[list[int], int]:
     """One transaction: up to EXPIRE_BATCH run-out leases released, their runs ended and their members
     owed a resume. Returns (the members expired, how many the select found)."""
     run_out = Member.objects.filter(lease_expires_at__lt=Now()).exclude(lease_token="")
@@ -72,7 +73,7 @@ def _expire_batch() -> tuple[list[int], int]:
             # The run id lets the timeline link the expiry to the run it cut off (one run per member).
             run = run_of.get(member.pk)
             events.emit(member.space_id, "run.lease_expired", member=member, **({"run": run} if run else {}))
-        failures.owe_resume(ids)  # rung now, and again until a run takes the slot
+        failures.owe_resume(ids, ring_now=ring_now)  # rung now (or started by the caller), and again until a run takes the slot
     return ids, len(found)
 
 

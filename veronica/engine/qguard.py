@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from multiprocessing.reduction import ForkingPickler
@@ -150,8 +151,28 @@ class QueueGuard:
                 log.warning("queue guard look failed", exc_info=True)
 
 
+class WatchedWait:
+    """The sentinel's stop event, marking while q2's guard loop waits on it: then (and only then) the loop
+    is not walking its pool, and a SIGCHLD handler may replace a dead worker itself."""
+
+    def __init__(self, event) -> None:
+        self.event, self.waiting = event, False
+
+    def wait(self, timeout=None):
+        self.waiting = True
+        try:
+            return self.event.wait(timeout)
+        finally:
+            self.waiting = False
+
+    def __getattr__(self, name):
+        return getattr(self.event, name)
+
+
 class GuardedSentinel(Sentinel):
-    """q2's sentinel with the QueueGuard beside its guard loop (see the module docstring)."""
+    """q2's sentinel with the QueueGuard beside its guard loop (see the module docstring). It also
+    replaces a dead worker on its SIGCHLD (child_died) and preloads what the workers it forks later
+    inherit (veronica.engine.warm.preload)."""
 
     def start(self):
         # q2 made its queue in __init__, which calls start(): nothing has used it yet
@@ -159,6 +180,36 @@ class GuardedSentinel(Sentinel):
         self.queue_guard = QueueGuard(self)
         threading.Thread(target=self.queue_guard.run, name="queue-guard", daemon=True).start()
         super().start()
+
+    def guard(self):
+        # q2 has forked the first workers, the monitor and the pusher: what is loaded from here on is
+        # inherited by the workers forked later only (veronica.engine.warm.preload). The cluster is
+        # told it runs first (q2's guard says so again): its start does not wait for the imports.
+        from veronica.engine import warm
+
+        self.start_event.set()
+        warm.preload()
+        self.stop_event = WatchedWait(self.stop_event)
+        self.guard_pid = os.getpid()
+        signal.signal(signal.SIGCHLD, self.child_died)
+        super().guard()
+
+    def child_died(self, signum=None, frame=None) -> None:
+        """SIGCHLD: a worker that died is replaced now, not at the guard loop's next look (up to q2's
+        guard_cycle, 0.5 s, later): its replacement reaps the dead one's runs and resumes them, so every
+        resume waited for that look (bench/fleet.py, a worker SIGKILLed mid-way). Only while the loop
+        waits (it walks the pool otherwise, and replaces the dead itself); never in a process forked
+        from here, which inherits the handler."""
+        if os.getpid() != getattr(self, "guard_pid", None) or not getattr(self.stop_event, "waiting", False):
+            return
+        if self.stop_event.is_set():  # the cluster is stopping: its workers end, none is replaced
+            return
+        try:
+            for process in list(self.pool):
+                if not process.is_alive():
+                    self.reincarnate(process)
+        except Exception:  # the guard loop's next look replaces it as before
+            log.warning("could not replace a dead worker on its SIGCHLD", exc_info=True)
 
     def reincarnate(self, process):
         if process in self.pool:

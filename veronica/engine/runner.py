@@ -66,6 +66,28 @@ def wake(member_id: int, source: str) -> str:
     return "pooled"
 
 
+def resume_here(pool: fleet.RunPool, member_ids: list[int]) -> int:
+    """A worker that has just reaped its dead predecessor's leases (veronica.engine.warm) resumes their
+    members in its own run pool, as many as it has free slots; the rest are rung through the broker.
+    Through the broker, a resume went Redis -> the pusher -> q2's task queue -> this worker's main
+    thread, one task at a time among the pool's starting runs (the GIL's): 250 resumes took seconds
+    to reach their claims (bench/fleet.py, a worker SIGKILLed mid-way). The claim is a wake's own
+    (one conditional UPDATE: no second run of a member), and each member still owes its resume
+    (failures.owe_resume): one this worker dies before claiming is rung again by the engine tick.
+    Returns how many started here."""
+    started = 0
+    for member_id in member_ids:
+        if pool.try_reserve():
+            try:
+                pool.start(lambda member_id=member_id: claim_and_run(pool, member_id, "resume"), name=f"wake-{member_id}")
+                started += 1
+                continue
+            except Exception:
+                log.warning("could not start the resume of member %s here; rung through the broker", member_id, exc_info=True)
+        wakes.enqueue_wake(member_id, "resume")
+    return started
+
+
 def claim_and_run(pool: fleet.RunPool, member_id: int, source: str) -> str:
     """A wake on a run pool's thread: the claim, then the run under the pool's heartbeat. A wake lost
     with a killed worker before its claim is a lost doorbell, as one lost with its broker: the flag

@@ -12,6 +12,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import signal
 import time
 
 from veronica.plumbing import gcsettle
@@ -26,6 +27,8 @@ MODULES = (
     "veronica.agent.providers.openai_compat",
     "veronica.agent.providers.anthropic",
 )
+# The vendors' SDKs, which the provider modules import on a run's first model call.
+SDKS = ("openai", "anthropic")
 NO_MEMBER = 0  # ids start at 1: the claim compiles, runs and matches no row
 
 # The host's "a worker is ready" note, shared by its qcluster's processes like the outage note
@@ -71,6 +74,22 @@ def wait_until_ready() -> bool:
     return False
 
 
+def preload() -> None:
+    """In q2's sentinel, once it has forked the cluster (veronica.engine.qguard): the agent stack and the
+    vendors' SDKs, so a worker it forks later (for one that died or was recycled) inherits them, shared,
+    instead of importing them itself. A worker killed mid-fleet is replaced by one that reaps its
+    predecessor's runs and resumes them all at once: their first model calls imported the SDK (~0.3 s
+    of the GIL, openai), in the middle of that burst. Best effort: a worker imports what is missing.
+    Then the sentinel's collector is settled: the frozen heap is inherited too, so such a worker's own
+    settle (settle_gc, between its reap and its resumes) walks only what it made itself."""
+    for name in MODULES + SDKS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # an SDK not installed, or broken: its provider's own import reports it
+            log.info("could not preload %s", name, exc_info=True)
+    gcsettle.settle()
+
+
 def warm_worker(**_) -> None:
     """post_spawn receiver: the worker's run pool (veronica.engine.fleet), then the warm-up. Best effort: a worker that cannot warm up (the database down at spawn)
     still starts, and its first wake pays the cost as before."""
@@ -79,7 +98,8 @@ def warm_worker(**_) -> None:
     from veronica.engine import fleet
 
     started = time.monotonic()
-    fleet.enable()  # this worker's run pool (and its connection pool), before it reads a task
+    reset_child_signal()
+    pool = fleet.enable()  # this worker's run pool (and its connection pool), before it reads a task
     try:
         for name in MODULES:
             importlib.import_module(name)
@@ -93,15 +113,32 @@ def warm_worker(**_) -> None:
     except Exception:
         log.warning("worker warm-up failed; its first wake will warm it", exc_info=True)
         connections.close_all()  # a broken connection is not handed to the first task
+    resumes: list[int] = []
     try:  # a worker of this machine that died (this one's predecessor, a killed host restarted): its runs now
         from veronica.engine import holders
 
-        holders.reap_dead_here()
+        # With a run pool, this worker starts their resumes itself (runner.resume_here), not via the broker.
+        resumes = holders.reap_dead_here(ring_now=pool is None)
     except Exception:
         log.warning("could not look for leases of dead processes of this machine; their leases run out", exc_info=True)
         connections.close_all()
     settle_gc()
     mark_ready()  # warm or not, this worker takes wakes now
+    if resumes and pool is not None:  # (without one the reap rang them through the broker)
+        from veronica.engine.runner import resume_here
+
+        try:
+            resume_here(pool, resumes)
+        except Exception:  # owed all the same: the engine tick rings them within ring_again_seconds
+            log.warning("could not start the reaped members' resumes; the engine tick rings them", exc_info=True)
+
+
+def reset_child_signal() -> None:
+    """A worker the sentinel forks once its guard runs (a replacement, a recycle) inherits the sentinel's
+    SIGCHLD handler (veronica.engine.qguard): the exits of a worker's own children (sandboxed commands, MCP
+    servers) are none of its business."""
+    if multiprocessing.parent_process() is not None and callable(signal.getsignal(signal.SIGCHLD)):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def settle_gc() -> None:
