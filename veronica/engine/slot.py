@@ -21,8 +21,8 @@ just before its commit, which rides the same round trip on PostgreSQL.
 On PostgreSQL a run's two ends are one statement each: a wake's claim also writes the Run row, reads
 the claimed member back from its RETURNING, finds or opens the member's session and probes what the
 run's start would read in vain (_claim_in_one); a finish's fence is the release itself, with the Run
-row's end (_release_statement). Either writes nothing unless its condition (the claim's gates, the
-fence's unexpired token) held.
+row's end (_release_statement), which for a done run also flags the leftover wake its mailbox asks
+for. Either writes nothing unless its condition (the claim's gates, the fence's unexpired token) held.
 """
 from __future__ import annotations
 
@@ -147,6 +147,7 @@ class RunLease:
         self.touched = time.monotonic()  # the run's thread last showed it is alive (the heartbeat renews only then)
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
         self.session = None  # the member's open session when the claim read or opened it (agent.loop reads it)
+        self.rewake = False  # the finish's release flagged the member for a leftover wake (finish enqueues it)
 
     def count_call(self, tokens: int) -> None:
         self.model_calls += 1
@@ -258,27 +259,31 @@ class RunLease:
         return (not self._depth and self._meter is None and (want is None or want == (member.phase, member.phase_tool))
                 and connections[Member.objects.db].vendor == "postgresql")
 
-    def _release_fence(self, end) -> None:
+    def _release_fence(self, end, look: bool) -> None:
         """The finish's fence (see finish): the lease checked, the slot released and the Run row ended in
-        one statement, or nothing (LeaseLost)."""
+        one statement, or nothing (LeaseLost). look: the same statement flags the member for a leftover
+        wake when unread mail waits (self.rewake says whether it did)."""
         self.touched = time.monotonic()
         if isinstance(self._stop, LeaseLost):
             raise self._stop
         self._next_phase = None
-        if _release_statement(self.member.pk, self.token, end) is None:
+        both = _release_statement(self.member.pk, self.token, end, look)
+        if both is None:
             self._stop = LeaseLost(f"the lease {self.token[:8]} of member {self.member.pk} is gone")
             raise self._stop
+        self.rewake = look and both[0][0] is not None
 
     @contextmanager
-    def fenced(self, release=None):
-        """release: the finish's own fence (can_release_in_fence; end_statement's Run row UPDATE)."""
+    def fenced(self, release=None, look: bool = False):
+        """release: the finish's own fence (can_release_in_fence; end_statement's Run row UPDATE); look:
+        it also flags a leftover wake (_release_statement)."""
         if self._depth:  # already inside this run's fence: one renew per transaction is enough
             yield
             return
         try:
             with events.transaction_batch():
                 if release is not None:
-                    self._release_fence(release)
+                    self._release_fence(release, look)
                 else:
                     self._fence()
                 self._depth += 1
@@ -585,16 +590,26 @@ def release(member: Member, token: str) -> None:
     update_returning(("release",), build, ["id"], {"id": member.pk, "token": token})  # one statement, compiled once
 
 
-def _release_statement(member_id: int, token: str, end):
+def _release_statement(member_id: int, token: str, end, look: bool = False):
     """PostgreSQL, the first statement of a finish's transaction: the fence's condition (our token, not
     expired, on the database's clock) on an UPDATE that releases the slot (and re-stamps phase_since,
     as every fence does), and the Run row's end applied only if it matched (update_then). The fence,
     the Run UPDATE and the release were three round trips; the transaction's events still follow it.
+
+    look: the release also looks at the mailbox (what wakes.ring(leftover=True) did in a statement and
+    a connection checkout of its own after the commit): the wake-queued flag is set instead of cleared
+    when the member will be idle and active with unread mail, and the first row returned is the flag.
+    Mail committed before this statement is seen by it; mail committed after it rings for itself, since
+    its ring's UPDATE waits on this row's lock and then finds the flag as this commit left it.
     None: the lease is gone and nothing was written."""
     def build(slot):
         qs = Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token"), lease_expires_at__gt=Now())
-        return qs, {**released(), "phase_since": Now()}
-    first = compiled(("fence-release",), build, ["id"])
+        values = {**released(), "phase_since": Now()}
+        if look:  # the old row's values: busy becomes idle here, a suspended member stays suspended
+            values["wake_queued_at"] = Case(When(Q(run_status__in=(RunStatus.BUSY, RunStatus.IDLE), membership=Membership.ACTIVE,
+                                                   removed_at__isnull=True) & unread_mail(), then=Now()), default=None)
+        return qs, values
+    first = compiled(("fence-release", look), build, ["wake_queued_at" if look else "id"])
     return update_then(first, {"id": member_id, "token": token}, *end)
 
 
@@ -637,14 +652,17 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
     leaves the failure streak as it was."""
     member = lease.member
     if outcome not in (RunOutcome.ERROR, RunOutcome.ABORTED) and lease.can_release_in_fence():
-        # The fence statement itself releases the slot and ends the Run row (one statement for three);
-        # the rest of the transaction is as below, and a lost lease still writes nothing.
-        with lease.fenced(release=end_statement(lease, outcome, error)):
+        # The fence statement itself releases the slot and ends the Run row (one statement for three),
+        # and looks at the mailbox for the leftover wake below; the rest of the transaction is as below,
+        # and a lost lease still writes nothing.
+        with lease.fenced(release=end_statement(lease, outcome, error), look=outcome in REWAKE_AFTER):
             if settle:
                 failures.clear(member)
             events.emit(member.space_id, "run.ended", member=member, run=lease.run.pk, outcome=outcome, error=error[:300])
-    else:
-        _finish_after_fence(lease, outcome, error, permanent=permanent, settle=settle, retry_after=retry_after)
+        if lease.rewake and wakes.enqueue_wake(member.pk, "message") is False:
+            wakes.drop_flag(member.pk)  # nothing is queued: the next ring (or the sweep) tries again
+        return
+    _finish_after_fence(lease, outcome, error, permanent=permanent, settle=settle, retry_after=retry_after)
     if outcome not in REWAKE_AFTER:
         return  # waiting on a person, paused, over budget or failed: the decision, new mail or the backoff wakes it
     # Mail rung while this run held the flag enqueued nothing: it is this run's to pass on. One
