@@ -622,6 +622,35 @@ def test_the_openai_request_is_encoded_once(monkeypatch):
         mock.stop()
 
 
+def test_a_streamed_openai_call_sends_the_sdks_own_request_without_rebuilding_it(monkeypatch):
+    """The request the SDK builds once per client is the one every streamed call sends (its headers, path
+    and body as the SDK's post sends them), without the SDK's per-call request() and its rebuild."""
+    from veronica.agent.providers import openai_compat
+
+    mock, v = _vendor("openai")
+    try:
+        provider = v.provider()
+        mock.push(f.text("by the SDK"))
+        with monkeypatch.context() as m:
+            m.setattr(openai_compat, "prepared", lambda client: None)  # the SDK's post, as before
+            assert call(provider).text == "by the SDK"
+        client = provider.client
+        monkeypatch.setattr(type(client), "request", lambda *a, **k: pytest.fail("the SDK rebuilt the request"))
+        for text in ("prepared", "prepared again"):
+            mock.push(f.text(text))
+            assert call(provider).text == text
+        sdk_sent, *ours = mock.model_requests()
+        for sent in ours:
+            assert (sent.method, sent.path, sent.body) == (sdk_sent.method, sdk_sent.path, sdk_sent.body)
+            assert sent.headers == sdk_sent.headers
+        mock.push(f.status(403, "forbidden"))
+        with pytest.raises(ProviderError, match="403") as failed:
+            call(provider)
+        assert failed.value.permanent
+    finally:
+        mock.stop()
+
+
 def test_a_child_forked_while_a_parent_thread_holds_the_call_locks_still_makes_model_calls():
     """q2 forks workers: a lock another parent thread held at the fork stays held in the child for
     ever (nobody there releases it), so the child's first model call hung taking a helper."""

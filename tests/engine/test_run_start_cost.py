@@ -16,11 +16,12 @@ from veronica.plumbing.compiled_select import fetch
 # A one-call run ("done") of a member whose session is open already: the claim with its Run, Wake and
 # event rows, the run's reads (session, MCP servers, A2A remotes, transcript, mail, tasks, blackboard,
 # skills, memory, waggle), its brief (with the first phase), the model turn and the finish with its ring.
-# Measured 22 (PostgreSQL) / 42 (SQLite) statements, savepoints included (issue 25: the claim with its
-# Run row, member, session and probes in one statement, the empty reads skipped, the finish's fence
-# releasing; waggle: its ring's last seq only, the routes cached, nothing waiting, the message's row in
-# the brief's commit); 40 / 46 before that, 52 / 58 before issue 25.
-REPEAT_RUN = 24 if connection.vendor == "postgresql" else 44
+# Measured 20 (PostgreSQL) / 42 (SQLite) statements, savepoints included (issue 25: the claim with its
+# Run row, member, session, probes and unread mail in one statement, the empty reads skipped, the finish's
+# fence releasing and looking at the mailbox; waggle: its ring's last seq only, the routes cached, nothing
+# waiting, the message's row in the brief's commit); 22 before the claim read the mail and the release
+# looked, 40 / 46 before that, 52 / 58 before issue 25.
+REPEAT_RUN = 22 if connection.vendor == "postgresql" else 44
 
 
 def w1(space):
@@ -131,9 +132,10 @@ def test_a_wake_claims_reads_its_member_and_opens_its_session_in_one_statement(s
 
 # A first run's statements before its first model call on PostgreSQL (the test's savepoints included):
 # its claim (one statement), the wake and run.started rows, the run-start reads, the brief's fence.
-# Measured 11 (issue 25: the claim with the session in it, the empty kinds probed in it, no transcript read,
-# nothing of waggle's read for the session it opened); 17 without waggle's cut; 36 before.
-FIRST_RUN_START = 12
+# Measured 10 (issue 25: the claim with the session and the unread mail in it, the empty kinds probed in it,
+# no transcript read, nothing of waggle's read for the session it opened); 11 before the claim read the
+# mail, 17 without waggle's cut; 36 before.
+FIRST_RUN_START = 11
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="pinned on PostgreSQL")
@@ -188,3 +190,26 @@ def test_what_the_claim_found_empty_holds_for_the_start_only(space, scripted):
         runstart.forget()
         assert not runstart.empty("skills") and not runstart.empty("memory")
     assert not runstart.empty("skills")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement claim is PostgreSQL's")
+def test_a_wakes_claim_reads_the_mailbox_its_run_starts_with(space, scripted):
+    """The claim's statement returns the member's unread mail: the run's start makes no read of it."""
+    sqls = a_run(space, scripted, "first")
+    start = until_first_model_call(sqls)
+    assert not [s for s in start if s.startswith("SELECT") and 'FROM "veronica_message"' in s], "the claim read the mail"
+    brief = Turn.objects.filter(session__member=w1(space), role=TurnRole.USER).get()
+    assert "first" in brief.content and len(brief.mail_ids) == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement claim is PostgreSQL's")
+def test_a_mailbox_longer_than_the_claim_reads_is_read_whole_by_the_run(space, scripted):
+    from veronica.engine import slot
+
+    scripted("done")
+    for i in range(slot.CLAIM_MAIL + 3):
+        bus.send(space, "boss", "w1", f"job {i}")
+    assert runner.wake(w1(space).pk, "message") == "done"
+    brief = Turn.objects.filter(session__member=w1(space), role=TurnRole.USER).get()
+    assert len(brief.mail_ids) == slot.CLAIM_MAIL + 3 and f"job {slot.CLAIM_MAIL + 2}" in brief.content
+    assert not bus.unread_list(w1(space))

@@ -9,7 +9,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
 from veronica.swarm import bus
 from veronica.engine import leases, runner, slot, supervisor, tick, wakes
@@ -96,6 +98,7 @@ def test_mail_committed_between_the_runs_last_read_and_finish_still_gets_a_run(s
     assert unread(w1) == 0 and len(provider.systems) == 2
 
 
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="PostgreSQL's release looks in its own statement: no gap")
 def test_mail_committed_after_the_release_but_before_finish_looks_rings_for_itself(space, scripted, post, monkeypatch):
     """The release's commit cleared the flag: the late mail's own ring enqueues, finish's look finds
     the flag up again and enqueues nothing more."""
@@ -113,6 +116,32 @@ def test_mail_committed_after_the_release_but_before_finish_looks_rings_for_itse
     assert post.deliver() == ["done", "done"]
     assert unread(w1) == 0 and len(provider.systems) == 2
     assert Wake.objects.filter(member=w1).count() == 2
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the release that looks is PostgreSQL's")
+def test_the_release_itself_looks_at_the_mailbox_and_nothing_follows_its_commit(space, scripted, post, monkeypatch):
+    """PostgreSQL: a done run's release statement flags the leftover wake for mail that came during the
+    run (no statement and no connection of its own after the commit); mail that comes after the commit
+    rings for itself, and a run with nothing left flags nothing."""
+    provider = scripted("answered", "the late one answered", "and the last")
+    w1 = w1_of(space)
+    real_finish, statements = slot.finish, []
+
+    def finish(lease, *args, **kwargs):
+        if not statements:
+            post.send(space, "w1", "late: during the run")
+        with CaptureQueriesContext(connection) as queries:
+            real_finish(lease, *args, **kwargs)
+        statements.append([q["sql"] for q in queries.captured_queries])
+    monkeypatch.setattr(slot, "finish", finish)
+    post.send(space, "w1", "first")
+    assert post.deliver() == ["done", "done"]
+    assert unread(w1) == 0 and len(provider.systems) == 2 and flag(w1) is None
+    for sqls in statements:
+        assert sqls[-1].startswith("RELEASE SAVEPOINT") or "veronica_event" in sqls[-1], sqls[-1][:120]
+        assert not [s for s in sqls if s.startswith('UPDATE "veronica_member" SET "wake_queued_at"')], "no look after the commit"
+    post.send(space, "w1", "after the commit")
+    assert post.deliver() == ["done"] and unread(w1) == 0
 
 
 def test_a_wake_that_claims_nothing_gives_the_flag_back_and_looks_again(space, scripted, post, monkeypatch):

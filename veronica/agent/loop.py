@@ -89,13 +89,18 @@ def run_member(member: Member, ctx: RunContext) -> str:
 
 def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: ToolContext) -> str:
     log_, session = tctx.log, tctx.session
-    for call in transcript.dangling_calls(log_.rows):
+    held = transcript.dangling_calls(log_.rows)
+    for call in held:
         result = resolve_held(member, ctx, tools, tctx, call)
         if result is WAITING:
             return WAITING
     rows = log_.rows
 
-    unread = bus.unread_list(member)
+    unread = getattr(ctx, "unread", None)  # the engine's claim read the mailbox (PostgreSQL), in its own statement
+    if unread is not None:
+        ctx.unread = None  # read once: at this run's start
+    if unread is None or held:  # (a held call that ran since may have changed it)
+        unread = bus.unread_list(member)
     last = rows[-1] if rows else None
     unanswered_brief = last is not None and last.role == TurnRole.USER
     resumed_tools = bool(rows) and rows[-1].role == TurnRole.TOOL

@@ -19,10 +19,10 @@ if the lease holds). The fence's events are batched (veronica.swarm.events.trans
 just before its commit, which rides the same round trip on PostgreSQL.
 
 On PostgreSQL a run's two ends are one statement each: a wake's claim also writes the Run row, reads
-the claimed member back from its RETURNING, finds or opens the member's session and probes what the
-run's start would read in vain (_claim_in_one); a finish's fence is the release itself, with the Run
-row's end (_release_statement). Either writes nothing unless its condition (the claim's gates, the
-fence's unexpired token) held.
+the claimed member back from its RETURNING, finds or opens the member's session, reads its unread mail
+and probes what the run's start would read in vain (_claim_in_one); a finish's fence is the release itself, with the Run
+row's end (_release_statement), which for a done run also flags the leftover wake its mailbox asks
+for. Either writes nothing unless its condition (the claim's gates, the fence's unexpired token) held.
 """
 from __future__ import annotations
 
@@ -147,6 +147,8 @@ class RunLease:
         self.touched = time.monotonic()  # the run's thread last showed it is alive (the heartbeat renews only then)
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
         self.session = None  # the member's open session when the claim read or opened it (agent.loop reads it)
+        self.unread = None  # the member's unread mail when the claim read it (agent.loop's start reads it once)
+        self.rewake = False  # the finish's release flagged the member for a leftover wake (finish enqueues it)
 
     def count_call(self, tokens: int) -> None:
         self.model_calls += 1
@@ -258,27 +260,31 @@ class RunLease:
         return (not self._depth and self._meter is None and (want is None or want == (member.phase, member.phase_tool))
                 and connections[Member.objects.db].vendor == "postgresql")
 
-    def _release_fence(self, end) -> None:
+    def _release_fence(self, end, look: bool) -> None:
         """The finish's fence (see finish): the lease checked, the slot released and the Run row ended in
-        one statement, or nothing (LeaseLost)."""
+        one statement, or nothing (LeaseLost). look: the same statement flags the member for a leftover
+        wake when unread mail waits (self.rewake says whether it did)."""
         self.touched = time.monotonic()
         if isinstance(self._stop, LeaseLost):
             raise self._stop
         self._next_phase = None
-        if _release_statement(self.member.pk, self.token, end) is None:
+        both = _release_statement(self.member.pk, self.token, end, look)
+        if both is None:
             self._stop = LeaseLost(f"the lease {self.token[:8]} of member {self.member.pk} is gone")
             raise self._stop
+        self.rewake = look and both[0][0] is not None
 
     @contextmanager
-    def fenced(self, release=None):
-        """release: the finish's own fence (can_release_in_fence; end_statement's Run row UPDATE)."""
+    def fenced(self, release=None, look: bool = False):
+        """release: the finish's own fence (can_release_in_fence; end_statement's Run row UPDATE); look:
+        it also flags a leftover wake (_release_statement)."""
         if self._depth:  # already inside this run's fence: one renew per transaction is enough
             yield
             return
         try:
             with events.transaction_batch():
                 if release is not None:
-                    self._release_fence(release)
+                    self._release_fence(release, look)
                 else:
                     self._fence()
                 self._depth += 1
@@ -372,17 +378,20 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
 
     On PostgreSQL, a claim by id is ONE statement (_claim_in_one): the conditional UPDATE, the Run row's
     INSERT and the read of the claimed member and its space; with open_session (a wake's run), also the
-    member's open session, opened in the claim's commit when there is none (lease.session, None elsewhere)."""
+    member's open session, opened in the claim's commit when there is none (lease.session, None elsewhere),
+    and its unread mail (lease.unread; None when not read: another backend, or more than CLAIM_MAIL).
+    Mail committed after the claim's statement is the finish's to pass on, as mail after the run's own
+    read always was: the claim holds the wake-queued flag, and the release looks at the mailbox."""
     by_id = isinstance(member, int)
     member_id = member if by_id else member.pk
     token = holders.new_token()  # names its holder: a death on this machine is known at once
-    session = None
+    session = unread = None
     with events.transaction_batch():
         if by_id and connections[Member.objects.db].vendor == "postgresql":
             taken = _claim_in_one(member_id, token, source, held_ok, gates, open_session)
             if taken is None:
                 return None
-            member, run, session = taken
+            member, run, session, unread = taken
         else:
             if not _claim_update(member_id, token, source, held_ok, gates):
                 return None
@@ -400,6 +409,7 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
         member.refresh_from_db()
     lease = RunLease(member, token, run, source)
     lease.session = session
+    lease.unread = unread
     return lease
 
 
@@ -476,6 +486,10 @@ def _claim_compiled(key: tuple, held_ok: bool, source: str, gates: tuple[str, ..
 # columns come from that RETURNING (the claimed row as it now is), never from a read of the table,
 # which a CTE's sibling statement would see as it was before the claim.
 _one_sql: dict[tuple, tuple[str, list, int, int]] = {}
+# A wake's claim also reads its member's unread mail (the claim's row repeated per message), up to this
+# many: a longer mailbox is read by the run's start as before (bus.unread_list) rather than repeat the
+# member's and space's columns on every row.
+CLAIM_MAIL = 8
 
 
 def _insert_from_claim(model, exprs: dict[str, str], claim_alias: str) -> tuple[str, list]:
@@ -526,7 +540,12 @@ def _one_statement(key: tuple, update_sql: str, update_params: list, token_at: i
         params += session_params
         pick = ("r.id, r.started_at, COALESCE(o.id, n.id), COALESCE(o.started_at, n.started_at), n.id IS NOT NULL, "
                 + ", ".join(sql for _, sql in runstart.probes(qn)))  # what the run's start need not read
-        joins = " LEFT JOIN o ON TRUE LEFT JOIN n ON TRUE"
+        msg = qn(Message._meta.db_table)
+        mail_cols = ", ".join(f"m.{qn(f.column)}" for f in Message._meta.concrete_fields)
+        # the mailbox the run's start reads (bus.unread_list), a row per message (one row of NULLs: none)
+        joins = (f" LEFT JOIN o ON TRUE LEFT JOIN n ON TRUE LEFT JOIN LATERAL (SELECT {mail_cols} FROM {msg} m WHERE "
+                 f"m.recipient_id = c.id AND m.read_at IS NULL ORDER BY m.id LIMIT {CLAIM_MAIL + 1}) um ON TRUE")
+        space_cols += ", " + ", ".join(f"um.{qn(f.column)}" for f in Message._meta.concrete_fields)
     sql = (f"WITH {', '.join(parts)} SELECT {pick}, c.*, {space_cols} FROM c JOIN {qn(space._meta.db_table)} sp "
            f"ON sp.id = c.space_id CROSS JOIN r{joins}")
     if len(_one_sql) > 32:
@@ -537,7 +556,8 @@ def _one_statement(key: tuple, update_sql: str, update_params: list, token_at: i
 
 def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates: tuple[str, ...], open_session: bool):
     """PostgreSQL: the claim, its Run row and the claimed member in one statement (see _one_sql above).
-    (member, run, session or None), or None when the claim took nothing (then nothing was written)."""
+    (member, run, session or None, unread mail or None: not read), or None when the claim took nothing (then
+    nothing was written)."""
     conn = connections[Member.objects.db]
     key = _claim_key(conn, source, held_ok, gates)
     update_sql, update_params, token_at, member_at = _claim_compiled(key, held_ok, source, gates)
@@ -548,13 +568,15 @@ def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates:
     with conn.cursor() as cursor:
         with riding(conn):  # the claim opens its transaction: its BEGIN rides along
             cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+        rows = cursor.fetchall()
+    if not rows:
         instances(("claimed-member",), _claimed_member_query, [])  # its shape compiled all the same (a warm-up claims no row)
         return None
+    row = rows[0]
     run_id, started_at, session_id, session_started, fresh = row[:5]
     probed = len(runstart.KINDS) if open_session else 0
-    member = instances(("claimed-member",), _claimed_member_query, [row[5 + probed:]])[0]
+    mail = len(Message._meta.concrete_fields) if open_session else 0
+    member = instances(("claimed-member",), _claimed_member_query, [row[5 + probed:len(row) - mail]])[0]
     run = Run(pk=run_id, member_id=member_id, source=source, lease_token=token, started_at=started_at)
     _loaded(run, conn)
     session = None
@@ -564,7 +586,12 @@ def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates:
         session.member = member
         session.fresh = bool(fresh)  # opened by this claim: known to have no turn
         session.start_empty = runstart.found_empty(row[5:5 + probed])  # what the run's start need not read
-    return member, run, session
+    unread = None
+    if mail and len(rows) <= CLAIM_MAIL:
+        from veronica.swarm import bus
+
+        unread = bus.unread_from([r[-mail:] for r in rows if r[-mail] is not None])
+    return member, run, session, unread
 
 
 def _loaded(obj, conn) -> None:
@@ -585,16 +612,26 @@ def release(member: Member, token: str) -> None:
     update_returning(("release",), build, ["id"], {"id": member.pk, "token": token})  # one statement, compiled once
 
 
-def _release_statement(member_id: int, token: str, end):
+def _release_statement(member_id: int, token: str, end, look: bool = False):
     """PostgreSQL, the first statement of a finish's transaction: the fence's condition (our token, not
     expired, on the database's clock) on an UPDATE that releases the slot (and re-stamps phase_since,
     as every fence does), and the Run row's end applied only if it matched (update_then). The fence,
     the Run UPDATE and the release were three round trips; the transaction's events still follow it.
+
+    look: the release also looks at the mailbox (what wakes.ring(leftover=True) did in a statement and
+    a connection checkout of its own after the commit): the wake-queued flag is set instead of cleared
+    when the member will be idle and active with unread mail, and the first row returned is the flag.
+    Mail committed before this statement is seen by it; mail committed after it rings for itself, since
+    its ring's UPDATE waits on this row's lock and then finds the flag as this commit left it.
     None: the lease is gone and nothing was written."""
     def build(slot):
         qs = Member.objects.filter(pk=slot.int("id"), lease_token=slot.str("token"), lease_expires_at__gt=Now())
-        return qs, {**released(), "phase_since": Now()}
-    first = compiled(("fence-release",), build, ["id"])
+        values = {**released(), "phase_since": Now()}
+        if look:  # the old row's values: busy becomes idle here, a suspended member stays suspended
+            values["wake_queued_at"] = Case(When(Q(run_status__in=(RunStatus.BUSY, RunStatus.IDLE), membership=Membership.ACTIVE,
+                                                   removed_at__isnull=True) & unread_mail(), then=Now()), default=None)
+        return qs, values
+    first = compiled(("fence-release", look), build, ["wake_queued_at" if look else "id"])
     return update_then(first, {"id": member_id, "token": token}, *end)
 
 
@@ -637,14 +674,17 @@ def finish(lease: RunLease, outcome: str, error: str = "", *, permanent: bool = 
     leaves the failure streak as it was."""
     member = lease.member
     if outcome not in (RunOutcome.ERROR, RunOutcome.ABORTED) and lease.can_release_in_fence():
-        # The fence statement itself releases the slot and ends the Run row (one statement for three);
-        # the rest of the transaction is as below, and a lost lease still writes nothing.
-        with lease.fenced(release=end_statement(lease, outcome, error)):
+        # The fence statement itself releases the slot and ends the Run row (one statement for three),
+        # and looks at the mailbox for the leftover wake below; the rest of the transaction is as below,
+        # and a lost lease still writes nothing.
+        with lease.fenced(release=end_statement(lease, outcome, error), look=outcome in REWAKE_AFTER):
             if settle:
                 failures.clear(member)
             events.emit(member.space_id, "run.ended", member=member, run=lease.run.pk, outcome=outcome, error=error[:300])
-    else:
-        _finish_after_fence(lease, outcome, error, permanent=permanent, settle=settle, retry_after=retry_after)
+        if lease.rewake and wakes.enqueue_wake(member.pk, "message") is False:
+            wakes.drop_flag(member.pk)  # nothing is queued: the next ring (or the sweep) tries again
+        return
+    _finish_after_fence(lease, outcome, error, permanent=permanent, settle=settle, retry_after=retry_after)
     if outcome not in REWAKE_AFTER:
         return  # waiting on a person, paused, over budget or failed: the decision, new mail or the backoff wakes it
     # Mail rung while this run held the flag enqueued nothing: it is this run's to pass on. One

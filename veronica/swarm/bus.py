@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from veronica.swarm import audit, events
 from veronica.engine.wakes import wake_on_commit
-from veronica.plumbing.compiled_select import fetch
+from veronica.plumbing.compiled_select import fetch, instances
 from veronica.plumbing.errors import RecipientError, column_limit, require_text, text_problem
 from veronica.models import Member, Membership, Message, Space, Task
 
@@ -91,7 +91,16 @@ def unread_for(member: Member | int):
 
 def unread_list(member: Member) -> list[Message]:
     """unread_for(member) as a list, its SELECT compiled once (every run's start reads it)."""
-    return fetch(("unread-of",), lambda s: unread_for(s.int("member")), {"member": member.pk})
+    return fetch(("unread-of",), _unread_query, {"member": member.pk})
+
+
+def unread_from(rows: list) -> list[Message]:
+    """unread_list() from rows another statement read (a wake's claim): Message's columns, in order."""
+    return instances(("unread-of",), _unread_query, rows)
+
+
+def _unread_query(s):
+    return unread_for(s.int("member"))
 
 
 def mark_read(member: Member, message_ids: list[int]) -> int:

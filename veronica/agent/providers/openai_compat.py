@@ -8,12 +8,16 @@ asks for the usage chunk). Tool-call deltas are accumulated here rather than by 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import uuid
+import weakref
 
 from veronica.agent.providers import sdk, sse
 from veronica.agent.providers.base import ProviderError, Reply, ToolCall, Usage
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length",
@@ -97,8 +101,7 @@ class OpenAIProvider:
             # body is read here: each event's JSON becomes a dict, never a model object per chunk, and
             # the body is read to its end, so the connection goes back to the pool (the SDK's stream
             # closed it at [DONE] unread: a new connection per call).
-            response = client.post("/chat/completions", content=payload, cast_to=http_response(), options=STREAM_OPTIONS,
-                                   stream=True)
+            response = stream_post(client, payload)
             acc = StreamedReply()
             try:
                 body = sdk.body_chunks(response, openai_sdk())
@@ -131,6 +134,67 @@ class OpenAIProvider:
 
 
 STREAM_OPTIONS = {"security": {"bearer_auth": True}}  # what chat.completions.create sends with its request
+
+# The SDK's request for a streamed call, built by the SDK once per client: (url, headers, extensions).
+# Its request() rebuilt it on every call (options copied twice, headers, URL and query merged, the
+# httpx request built through the client's merges): a quarter of a model call's CPU in a pooled worker
+# (bench/fleet_profile.py --profile), for the same URL and headers every time. None: a client whose
+# requests differ per call (a key provider, workload identity, a provider runtime, an idempotency
+# header, a custom auth) goes through client.post as before.
+_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PER_CALL = ("_api_key_provider", "_workload_identity_auth", "_provider_runtime", "_idempotency_header")
+
+
+def prepared(client):
+    try:
+        return _prepared[client]
+    except KeyError:
+        pass
+    template = None
+    try:
+        from openai._models import FinalRequestOptions
+
+        if not any(getattr(client, name, None) is not None for name in _PER_CALL) and client._custom_auth(
+                STREAM_OPTIONS["security"]) is None:
+            options = client._prepare_options(FinalRequestOptions.construct(method="post", url="/chat/completions",
+                                                                            content=b"", **STREAM_OPTIONS))
+            request = client._build_request(options)
+            client._prepare_request(request)
+            headers = request.headers.copy()
+            headers.pop("content-length", None)  # set per call from its body
+            template = (request.url, headers, dict(request.extensions))
+    except Exception:  # noqa: BLE001 - an SDK whose internals moved: its own post() still works
+        log.debug("no prepared request for this client; each call goes through the SDK's post", exc_info=True)
+    _prepared[client] = template
+    return template
+
+
+def stream_post(client, payload: bytes):
+    """POST the streamed call as the SDK's request() would (the same request, its errors mapped the same:
+    APITimeoutError, APIConnectionError, the status error of a response that is not a success), the
+    request built from the client's prepared one; the response is returned unread."""
+    template = prepared(client)
+    if template is None:
+        return client.post("/chat/completions", content=payload, cast_to=http_response(), options=STREAM_OPTIONS, stream=True)
+    import httpx2
+    from openai import APIConnectionError, APITimeoutError, OpenAIError
+    from openai._httpx2 import request_exceptions, timeout_exceptions
+
+    url, headers, extensions = template
+    request = httpx2.Request("POST", url, headers=headers, content=payload, extensions=dict(extensions))
+    try:
+        response = client._send_request(request, stream=True)
+    except timeout_exceptions() as exc:
+        raise APITimeoutError(request=request) from exc
+    except OpenAIError:
+        raise
+    except request_exceptions() as exc:
+        raise APIConnectionError(request=request) from exc
+    if not response.is_success:
+        if not response.is_closed:
+            response.read()
+        raise client._make_status_error_from_response(response) from None
+    return response
 
 
 def openai_sdk():
