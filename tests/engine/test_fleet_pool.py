@@ -391,3 +391,30 @@ def test_the_thread_that_went_idle_last_takes_the_next_run():
             time.sleep(0.001)
     assert len(used) == 1
     pool._threads.shutdown(wait=True)
+
+
+def test_a_run_let_in_while_every_thread_is_busy_waits_for_the_thread_on_its_way_back():
+    """A run gives its slot back before its thread is idle again: a wake let in by that slot in between finds
+    no idle thread, and must wait for that one (not fail: its wake would wait for the unread sweep)."""
+    import threading
+
+    threads = fleet.RunThreads(1)
+    first_may_end, ran = threading.Event(), threading.Event()
+    threads.submit(lambda: first_may_end.wait(5))
+    errors = []
+
+    def second():
+        try:
+            threads.submit(ran.set)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    submitter = threading.Thread(target=second)
+    submitter.start()
+    import time
+
+    time.sleep(0.2)  # the second submit is in while the only thread is busy
+    first_may_end.set()
+    submitter.join(5)
+    assert errors == [] and ran.wait(5)
+    threads.shutdown(wait=True)

@@ -110,6 +110,7 @@ class RunThreads:
     def __init__(self, size: int) -> None:
         self.size = size
         self._lock = threading.Lock()
+        self._back = threading.Condition(self._lock)  # a thread went idle
         self._idle: list[_RunThread] = []
         self._started = 0
         self._closing = False
@@ -127,12 +128,15 @@ class RunThreads:
     def submit(self, fn: Callable[[], object]) -> None:
         """fn on an idle thread (the last to go idle), or a new one while fewer than size were started."""
         with self._lock:
+            # Every thread busy while the pool's slots let this run in: a run gave its slot back and its
+            # thread is on its way back here (microseconds). Wait for it.
+            self._back.wait_for(lambda: self._closing or self._idle or self._started < self.size, timeout=30)
             if self._closing:
                 raise RuntimeError("the run threads are shutting down")
             thread = self._idle.pop() if self._idle else None
             if thread is None:
                 if self._started >= self.size:
-                    raise RuntimeError("no run thread is free (the pool's slots bound its runs)")
+                    raise RuntimeError("no run thread came back within 30 s")
                 self._started += 1
         if thread is None:
             thread = _RunThread(self, self._started)
@@ -147,6 +151,7 @@ class RunThreads:
             if self._closing:
                 return False
             self._idle.append(thread)
+            self._back.notify()
             return True
 
     def shutdown(self, wait: bool = False) -> None:
@@ -177,6 +182,7 @@ class _RunThread(threading.Thread):
         if body is None:  # prestarted: wait for the first
             with self.threads._lock:
                 self.threads._idle.append(self)
+                self.threads._back.notify()
             self.ready.set()
             self._go.acquire()
             body = self.body
