@@ -180,10 +180,10 @@ class _RunThread(threading.Thread):
     def run(self) -> None:
         body = self.body
         if body is None:  # prestarted: wait for the first
-            with self.threads._lock:
-                self.threads._idle.append(self)
-                self.threads._back.notify()
-            self.ready.set()
+            waiting = self.threads.back(self)
+            self.ready.set()  # (also when the pool is closing: prestart() waits for no one then)
+            if not waiting:
+                return
             self._go.acquire()
             body = self.body
         while body is not None:
@@ -224,7 +224,7 @@ class RunPool:
         """Start every run thread now, as the worker warms, instead of one per wake. The worker's main
         thread takes q2's tasks one at a time, and starting a thread made it wait for the new thread to
         run (a GIL handoff among the pool's busy runs, milliseconds each): 500 members woken at once
-        started over seconds (bench/fleet.py). Handing a wake to a waiting thread is a queue put."""
+        started over seconds (bench/fleet.py). Handing a wake to a waiting thread is a semaphore release."""
         self._threads.prestart()
 
     def start(self, body: Callable[[], object], *, name: str) -> None:
