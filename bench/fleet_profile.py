@@ -76,18 +76,19 @@ def measure(args, members: list, mock) -> dict:
     pool = fleet._pool = fleet.RunPool(args.runs)
 
     profiles: list = []
-    if args.profile:
-        original = threading.Thread.run
 
-        def run(self):
-            prof = cProfile.Profile(time.thread_time)
+    def body(pk: int):
+        """A wake as the q2 task hands it to the pool; with --profile, profiled on its thread's CPU clock
+        (the pool's threads are started once and reused: each run gets a profiler of its own, merged)."""
+        if not args.profile:
+            return runner.claim_and_run(pool, pk, "message")
+        prof = cProfile.Profile(time.thread_time)
+        prof.enable()
+        try:
+            return runner.claim_and_run(pool, pk, "message")
+        finally:
+            prof.disable()
             profiles.append(prof)
-            prof.enable()
-            try:
-                original(self)
-            finally:
-                prof.disable()
-        threading.Thread.run = run
 
     def backends() -> list[int]:
         if not hosted:
@@ -101,7 +102,7 @@ def measure(args, members: list, mock) -> dict:
     mail_all(warm)
     for m in warm:
         pool.reserve()
-        pool.start(lambda pk=m.pk: runner.claim_and_run(pool, pk, "message"), name=f"wake-{m.pk}")
+        pool.start(lambda pk=m.pk: body(pk), name=f"wake-{m.pk}")
     while not drained(warm):
         time.sleep(0.2)
     profiles.clear()
@@ -112,7 +113,7 @@ def measure(args, members: list, mock) -> dict:
     mock0, me0, t0 = cpu_of([mock.proc.pid]), time.process_time(), time.monotonic()
     for m in members:
         pool.reserve()
-        pool.start(lambda pk=m.pk: runner.claim_and_run(pool, pk, "message"), name=f"wake-{m.pk}")
+        pool.start(lambda pk=m.pk: body(pk), name=f"wake-{m.pk}")
     while not drained(members) and time.monotonic() - t0 < 150:  # a run that never drains is reported, not waited on
         seen_pg |= set(backends())
         time.sleep(0.5)
@@ -124,7 +125,6 @@ def measure(args, members: list, mock) -> dict:
            "mock_ms_per_call": round(mock_cpu * 1000 / calls, 2), "postgres_ms_per_call": round(pg * 1000 / calls, 2),
            "load": os.getloadavg()[0], "profiled": args.profile}
     if args.profile:
-        threading.Thread.run = original
         stats = None
         for prof in profiles:
             try:
