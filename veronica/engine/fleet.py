@@ -83,7 +83,8 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
 from veronica.agent.providers import sdk
-from veronica.engine.slot import lease_delta
+from veronica.engine import gather
+from veronica.engine.slot import CLAIM_MANY_MOST, lease_delta
 from veronica.models import Member
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,7 @@ class RunPool:
         self.size = size
         self._slots = threading.BoundedSemaphore(size)
         self._threads = RunThreads(size)
+        self.claims = gather.Gathering(CLAIM_MANY_MOST)  # the runs' first claims, gathered (veronica.engine.runner)
         self._lock = threading.Lock()
         self._leases: dict[int, object] = {}  # member id -> its RunLease, while its run thread lives
         self._beat_at = float("-inf")  # the last beat that read every lease back (time.monotonic)

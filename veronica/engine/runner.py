@@ -17,7 +17,7 @@ from veronica.swarm import audit
 from veronica.ops import tracing
 from veronica.agent.providers.base import ProviderError
 from veronica.agent.runctx import Cancelled, LeaseLost
-from veronica.engine import budget, failures, fleet, outage, slot, wakes
+from veronica.engine import budget, failures, fleet, gather, outage, slot, wakes
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
 from veronica.plumbing.errors import storable
 from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
@@ -217,7 +217,17 @@ def first_claim(member_id: int, source: str, gates: tuple[str, ...]) -> slot.Run
     """The wake's first statement is its claim, and it doubles as the connection's health check:
     django-q2 re-arms Django's check (a `SELECT 1` round trip) before every task, on the path from a
     commit to its run. A connection found dead by the claim is replaced and the claim made again
-    (a token lost with the dead connection is released by the lease watchdog)."""
+    (a token lost with the dead connection is released by the lease watchdog). In a worker's run pool
+    on PostgreSQL the claims of a burst are gathered (claim_gathered)."""
+    pool = fleet.current()
+    if pool is not None and connections[Member.objects.db].vendor == "postgresql":
+        lease = pool.claims.ask(claim_gathered, (source, gates), member_id)
+        if lease is not gather.OWN_WAY:
+            return lease
+    return claim_alone(member_id, source, gates)
+
+
+def claim_alone(member_id: int, source: str, gates: tuple[str, ...]) -> slot.RunLease | None:
     conn = connections[Member.objects.db]
     skipped = conn.connection is not None and conn.health_check_enabled and not conn.health_check_done
     # A pooled connection (veronica.engine.fleet) is not checked on the way out of the pool either.
@@ -232,6 +242,23 @@ def first_claim(member_id: int, source: str, gates: tuple[str, ...]) -> slot.Run
         log.info("the wake's connection was dead; claiming again on a new one")
         conn.close()
         return slot.claim(member_id, source, gates=gates, record_wake=True, open_session=True)
+
+
+def claim_gathered(args: tuple, member_ids: list[int]) -> list:
+    """The first claims a worker's run pool gathered while one was being made (veronica.engine.gather):
+    a lone one is a claim as ever (made by the thread that gathers, so the claims arriving meanwhile
+    gather for the next call); several go in one statement (slot.claim_many). A member asked for twice
+    is claimed once (its other wake finds it claimed, as it would have). When the statement fails, its
+    connection is dropped and each wake makes its own claim, on a new one."""
+    source, gates = args
+    if len(member_ids) == 1:
+        return [claim_alone(member_ids[0], source, gates)]
+    try:
+        leases = slot.claim_many(member_ids, source, gates)
+    except (OperationalError, InterfaceError):
+        connections[Member.objects.db].close()
+        raise
+    return [leases.pop(member_id, None) for member_id in member_ids]
 
 
 def why_not_claimed(member_id: int, mail: bool) -> tuple[str, bool]:

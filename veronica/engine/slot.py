@@ -513,18 +513,28 @@ def _insert_from_claim(model, exprs: dict[str, str], claim_alias: str) -> tuple[
             f"RETURNING {returning}"), params
 
 
-def _one_statement(key: tuple, update_sql: str, update_params: list, token_at: int, member_at: int, open_session: bool):
+def _one_statement(key: tuple, update_sql: str, update_params: list, token_at: int, member_at: int, open_session: bool,
+                   many: bool = False):
+    """The claim statement for one member (bound per claim: its token, its member, the Run's source and
+    token), or with many, for several at once (claim_many): the UPDATE takes the members whose ids
+    are in an array, each with its token from a second array, and every CTE joins on the member."""
     compiled = _one_sql.get(key)
     if compiled is not None:
         return compiled
     conn = connections[Member.objects.db]
     qn = conn.ops.quote_name
+    if many:
+        own_id = f"{qn(Member._meta.db_table)}.{qn('id')}"
+        update_sql, update_params = _spliced(update_sql, update_params, {
+            member_at: ("ANY(%s::bigint[])", [_IDS]),
+            token_at: (f"(%s::varchar[])[array_position(%s::bigint[], {own_id})]", [_TOKENS, _IDS])})
     member_cols = ", ".join(f"{qn(Member._meta.db_table)}.{qn(f.column)}" for f in Member._meta.concrete_fields)
     space = Member._meta.get_field("space").related_model
     space_cols = ", ".join(f"sp.{qn(f.column)}" for f in space._meta.concrete_fields)
-    run_sql, run_params = _insert_from_claim(Run, {"member_id": "c.id", "source": "%s", "lease_token": "%s",
+    run_sql, run_params = _insert_from_claim(Run, {"member_id": "c.id", "source": "%s",
+                                                   "lease_token": "c.lease_token" if many else "%s",
                                                    "started_at": "STATEMENT_TIMESTAMP()"}, "c")
-    run_params = [None, None] + run_params  # the source and the token, bound per claim
+    run_params = ([_SOURCE] if many else [None, None]) + run_params  # the source (and the token), bound per claim
     parts = [f"c AS ({update_sql} RETURNING {member_cols})", f"r AS ({run_sql})"]
     params = list(update_params) + run_params
     pick = "r.id, r.started_at, NULL::bigint, NULL::timestamptz, FALSE"
@@ -534,8 +544,12 @@ def _one_statement(key: tuple, update_sql: str, update_params: list, token_at: i
         session_sql, session_params = _insert_from_claim(Session, {"member_id": "c.id", "started_at": "STATEMENT_TIMESTAMP()"},
                                                          f"c WHERE NOT EXISTS (SELECT 1 FROM {sess} o WHERE o.member_id = c.id "
                                                          "AND o.ended_at IS NULL)")
-        parts.append(f"o AS (SELECT o.id, o.started_at FROM {sess} o, c WHERE o.member_id = c.id AND o.ended_at IS NULL "
-                     "ORDER BY o.id LIMIT 1)")
+        if many:
+            parts.append(f"o AS (SELECT DISTINCT ON (o.member_id) o.id, o.member_id, o.started_at FROM {sess} o JOIN c "
+                         "ON o.member_id = c.id WHERE o.ended_at IS NULL ORDER BY o.member_id, o.id)")
+        else:
+            parts.append(f"o AS (SELECT o.id, o.started_at FROM {sess} o, c WHERE o.member_id = c.id AND o.ended_at IS NULL "
+                         "ORDER BY o.id LIMIT 1)")
         parts.append(f"n AS ({session_sql})")
         params += session_params
         pick = ("r.id, r.started_at, COALESCE(o.id, n.id), COALESCE(o.started_at, n.started_at), n.id IS NOT NULL, "
@@ -543,11 +557,15 @@ def _one_statement(key: tuple, update_sql: str, update_params: list, token_at: i
         msg = qn(Message._meta.db_table)
         mail_cols = ", ".join(f"m.{qn(f.column)}" for f in Message._meta.concrete_fields)
         # the mailbox the run's start reads (bus.unread_list), a row per message (one row of NULLs: none)
-        joins = (f" LEFT JOIN o ON TRUE LEFT JOIN n ON TRUE LEFT JOIN LATERAL (SELECT {mail_cols} FROM {msg} m WHERE "
+        on = "ON {0}.member_id = c.id" if many else "ON TRUE"
+        joins = (f" LEFT JOIN o {on.format('o')} LEFT JOIN n {on.format('n')} LEFT JOIN LATERAL (SELECT {mail_cols} FROM {msg} m WHERE "
                  f"m.recipient_id = c.id AND m.read_at IS NULL ORDER BY m.id LIMIT {CLAIM_MAIL + 1}) um ON TRUE")
         space_cols += ", " + ", ".join(f"um.{qn(f.column)}" for f in Message._meta.concrete_fields)
+    run_join = "JOIN r ON r.member_id = c.id" if many else "CROSS JOIN r"
     sql = (f"WITH {', '.join(parts)} SELECT {pick}, c.*, {space_cols} FROM c JOIN {qn(space._meta.db_table)} sp "
-           f"ON sp.id = c.space_id CROSS JOIN r{joins}")
+           f"ON sp.id = c.space_id {run_join}{joins}")
+    if many:
+        sql += f" ORDER BY c.{qn('id')}" + (f", um.{qn('id')}" if open_session else "")
     if len(_one_sql) > 32:
         _one_sql.clear()
     compiled = _one_sql[key] = (sql, params, token_at, member_at)
@@ -572,6 +590,12 @@ def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates:
     if not rows:
         instances(("claimed-member",), _claimed_member_query, [])  # its shape compiled all the same (a warm-up claims no row)
         return None
+    return _taken(rows, member_id, source, token, open_session)
+
+
+def _taken(rows: list, member_id: int, source: str, token: str, open_session: bool):
+    """(member, run, session, unread) from one member's rows of a claim statement."""
+    conn = connections[Member.objects.db]
     row = rows[0]
     run_id, started_at, session_id, session_started, fresh = row[:5]
     probed = len(runstart.KINDS) if open_session else 0
@@ -592,6 +616,67 @@ def _claim_in_one(member_id: int, token: str, source: str, held_ok: bool, gates:
 
         unread = bus.unread_from([r[-mail:] for r in rows if r[-mail] is not None])
     return member, run, session, unread
+
+
+# The arrays a claim of many binds (placeholders, replaced per claim).
+_IDS, _TOKENS, _SOURCE = "\x00claim-ids\x00", "\x00claim-tokens\x00", "\x00claim-source\x00"
+CLAIM_MANY_MOST = 64  # members in one claim statement (a worker's burst of wakes goes in a few)
+
+
+def _spliced(sql: str, params: list, at: dict[int, tuple[str, list]]) -> tuple[str, list]:
+    """sql with its placeholders number i (for each i of at) replaced by at[i]'s SQL and parameters."""
+    pieces = sql.split("%s")
+    if "%%" in sql or len(pieces) != len(params) + 1:
+        raise RuntimeError("the claim's UPDATE has placeholders this splice cannot count")
+    out, bound = [pieces[0]], []
+    for i, param in enumerate(params):
+        text, extra = at.get(i, ("%s", [param]))
+        out += [text, pieces[i + 1]]
+        bound += extra
+    return "".join(out), bound
+
+
+def claim_many(member_ids: list[int], source: str, gates: tuple[str, ...] = ()) -> dict[int, RunLease]:
+    """PostgreSQL: the wakes' claims of several members (claim(id, source, gates=gates, record_wake=True,
+    open_session=True) for each) in ONE statement and one commit: each member is claimed, or not, by
+    exactly the conditions of its own claim, row by row, with a token of its own (a run pool gathers the
+    claims of a burst of wakes: veronica.engine.gather). The leases of the members claimed, by id.
+    Lock order: the member rows, then the spaces' rows (their event counters) in the order of their ids,
+    so two claims of many never wait on each other's spaces in a circle. (A deadlock with another
+    statement over the member rows fails this one: each wake then makes its own claim.)"""
+    ids = sorted(set(member_ids))
+    tokens = {member_id: holders.new_token() for member_id in ids}
+    leases: dict[int, RunLease] = {}
+    if not ids:
+        return leases
+    conn = connections[Member.objects.db]
+    key = _claim_key(conn, source, False, gates)
+    update_sql, update_params, token_at, member_at = _claim_compiled(key, False, source, gates)
+    sql, params, _, _ = _one_statement((*key, True, "many"), update_sql, update_params, token_at, member_at, True, many=True)
+    bind = {_IDS: ids, _TOKENS: [tokens[member_id] for member_id in ids], _SOURCE: source}
+    params = [bind.get(p, p) if isinstance(p, str) else p for p in params]
+    probed = len(runstart.KINDS)
+    with events.transaction_batch():
+        with conn.cursor() as cursor:
+            with riding(conn):  # the claim opens its transaction: its BEGIN rides along
+                cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        by_member: dict[int, list] = {}
+        for row in rows:
+            by_member.setdefault(row[5 + probed], []).append(row)  # the member's id: its first column
+        taken = sorted((_taken(mine, member_id, source, tokens[member_id], True) for member_id, mine in by_member.items()),
+                       key=lambda t: (t[0].space_id, t[0].pk))
+        woke = []
+        for member, run, session, unread in taken:  # the spaces' event counters are locked in the order of their ids
+            member_id = member.pk
+            run.member = member
+            events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
+            woke.append(Wake(member_id=member_id, source=source, claimed=True))
+            lease = leases[member_id] = RunLease(member, tokens[member_id], run, source)
+            lease.session, lease.unread = session, unread
+        if woke and not events.defer_insert(Wake, woke):
+            Wake.objects.bulk_create(woke)
+    return leases
 
 
 def _loaded(obj, conn) -> None:
