@@ -231,3 +231,30 @@ def test_a_claim_of_many_locks_the_spaces_event_counters_in_the_order_of_their_i
     counters = [q["sql"] for q in queries if "UPDATE veronica_space SET event_seq" in q["sql"]]
     assert len(counters) == 2
     assert f"WHERE id = {first.pk}" in counters[0] and f"WHERE id = {second.pk}" in counters[1]
+
+
+@postgres_only
+def test_when_the_claim_of_many_fails_each_wake_claims_on_its_own(db, tmp_path, monkeypatch):
+    from django.db import OperationalError, connections
+
+    space = make_space(tmp_path, workers=("w1", "w2"))
+    w1, w2 = mailed(space, "w1", "w2")
+
+    def broken(ids, source, gates):
+        connections["default"].ensure_connection()
+        raise OperationalError("the server closed the connection unexpectedly")
+    monkeypatch.setattr(slot, "claim_many", broken)
+    closed = []
+    monkeypatch.setattr(type(connections["default"]), "close", lambda self: closed.append(self.alias))
+    with pytest.raises(OperationalError):
+        runner.claim_gathered(("message", ("breaker", "mail")), [w1.pk, w2.pk])
+    assert closed == ["default"], "the failed statement's connection is dropped, so each wake's own claim takes a new one"
+    gathering = gather.Gathering()
+    asks = [gather._Ask((runner.claim_gathered, ("message", ("breaker", "mail"))), m.pk) for m in (w1, w2)]
+    gathering._serve(asks)
+    assert [ask.result for ask in asks] == [gather.OWN_WAY, gather.OWN_WAY]
+    pool = runner.fleet.RunPool(2, heartbeat=False)
+    monkeypatch.setattr(runner.fleet, "_pool", pool)
+    monkeypatch.setattr(pool.claims, "ask", lambda handle, args, item: gather.OWN_WAY)
+    lease = runner.first_claim(w1.pk, "message", ("breaker", "mail"))
+    assert isinstance(lease, slot.RunLease) and Member.objects.get(pk=w1.pk).lease_token == lease.token
