@@ -131,7 +131,7 @@ def _fence_statement(member_id: int, token: str, phase: tuple[str, str] | None, 
 class RunLease:
     """The engine's side of veronica.agent.runctx.RunContext, for one claimed slot."""
 
-    def __init__(self, member: Member, token: str, run: Run, source: str) -> None:
+    def __init__(self, member: Member, token: str, run: Run, source: str, *, session=None, unread=None) -> None:
         self.member, self.token, self.run, self.source = member, token, run, source
         self._last_check = time.monotonic()  # the last renewal that also read the cancel flag
         self._stop: Cancelled | None = None
@@ -146,8 +146,8 @@ class RunLease:
         self._last_beat = 0.0
         self.touched = time.monotonic()  # the run's thread last showed it is alive (the heartbeat renews only then)
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
-        self.session = None  # the member's open session when the claim read or opened it (agent.loop reads it)
-        self.unread = None  # the member's unread mail when the claim read it (agent.loop's start reads it once)
+        self.session = session  # the member's open session when the claim read or opened it (agent.loop reads it)
+        self.unread = unread  # the member's unread mail when the claim read it (agent.loop's start reads it once)
         self.rewake = False  # the finish's release flagged the member for a leftover wake (finish enqueues it)
 
     def count_call(self, tokens: int) -> None:
@@ -399,18 +399,25 @@ def claim(member: Member | int, source: str, *, held_ok: bool = False, gates: tu
             run = Run.objects.create(member_id=member_id, source=source, lease_token=token, started_at=Now())
             if by_id:
                 member = _claimed_member(member_id)
-        run.member = member
-        events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
+        woke = _started(member, run, source)
         if record_wake:
-            woke = Wake(member_id=member_id, source=source, claimed=True)
-            if not events.defer_insert(Wake, [woke]):
-                woke.save()
+            _write_wakes([woke])
     if not by_id:
         member.refresh_from_db()
-    lease = RunLease(member, token, run, source)
-    lease.session = session
-    lease.unread = unread
-    return lease
+    return RunLease(member, token, run, source, session=session, unread=unread)
+
+
+def _started(member: Member, run: Run, source: str) -> Wake:
+    """A claim's run.started event (in the claim's transaction); its claimed Wake row, not yet written."""
+    run.member = member
+    events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
+    return Wake(member_id=member.pk, source=source, claimed=True)
+
+
+def _write_wakes(woke: list[Wake]) -> None:
+    """The claims' Wake rows (the metrics'): in the batch's own statement on PostgreSQL, else now."""
+    if not events.defer_insert(Wake, woke):
+        Wake.objects.bulk_create(woke)
 
 
 def _claimed_member(member_id: int) -> Member:
@@ -668,14 +675,10 @@ def claim_many(member_ids: list[int], source: str, gates: tuple[str, ...] = ()) 
                        key=lambda t: (t[0].space_id, t[0].pk))
         woke = []
         for member, run, session, unread in taken:  # the spaces' event counters are locked in the order of their ids
-            member_id = member.pk
-            run.member = member
-            events.emit(member.space_id, "run.started", member=member, run=run.pk, source=source)
-            woke.append(Wake(member_id=member_id, source=source, claimed=True))
-            lease = leases[member_id] = RunLease(member, tokens[member_id], run, source)
-            lease.session, lease.unread = session, unread
-        if woke and not events.defer_insert(Wake, woke):
-            Wake.objects.bulk_create(woke)
+            woke.append(_started(member, run, source))
+            leases[member.pk] = RunLease(member, tokens[member.pk], run, source, session=session, unread=unread)
+        if woke:
+            _write_wakes(woke)
     return leases
 
 
