@@ -204,10 +204,12 @@ else:
 #   the engine tick's sweep re-wakes any member with unread work, so nothing is lost.
 # * catch_up off: after downtime the tick runs once, not once per missed minute.
 # * time zone explicit (UTC) so cron schedules do not move with the host's zone.
-# * queue_limit = 1, the least prefetch q2 allows (one queued, one in the pusher's hand; the default
-#   is workers²): a wake fetched by a cluster whose workers are all busy waits behind their runs while
-#   another cluster idles, and a SIGKILLed cluster takes what it fetched with it (the engine re-rings
-#   owed resumes every tick and the sweep recovers mail, but each costs seconds).
+# * queue_limit = 1, the least prefetch q2 allows (one queued; the default is workers²): a wake fetched
+#   by a cluster whose workers are all busy waits behind their runs while another cluster idles, and a
+#   SIGKILLed cluster takes what it fetched with it (the engine re-rings owed resumes every tick and the
+#   sweep recovers mail, but each costs seconds). The pusher's hand holds what one fetch took: a burst
+#   comes several wakes a fetch, and a host whose workers' run slots are all taken fetches none
+#   (veronica.engine.qbroker).
 Q_TIMEOUT = env_int("VERONICA_Q_TIMEOUT", 900, minimum=10)
 Q_WORKERS = env_int("VERONICA_Q_WORKERS", 4, minimum=1, maximum=64)
 # Runs per worker process (veronica.engine.fleet): a worker claims a wake, hands the run to a thread

@@ -67,7 +67,7 @@ def test_a_host_cut_off_from_the_database_fetches_no_wakes_until_its_ticker_gets
     monkeypatch.setattr(outage, "network_database", lambda: True)  # (the embedded pass runs it on SQLite)
     monkeypatch.setattr(qbroker, "GATE_PAUSE", 0)
     fetched = []
-    monkeypatch.setattr(qbroker.Redis, "dequeue", lambda self: fetched.append(1) or [("ack", "task")])
+    monkeypatch.setattr(qbroker.GatedRedis, "_take", lambda self: fetched.append(1) or [("ack", "task")])
     pusher = qbroker.GatedRedis.__new__(qbroker.GatedRedis)
     assert pusher.dequeue() == [("ack", "task")]
     monkeypatch.setattr(runner, "first_claim", lambda *a: (_ for _ in ()).throw(OperationalError("timeout expired")))

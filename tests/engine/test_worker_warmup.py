@@ -47,7 +47,7 @@ def test_a_hosts_pusher_fetches_no_wake_before_one_of_its_workers_is_warm(tmp_pa
     monkeypatch.setenv(warm.READY_ENV, str(tmp_path / "ready"))
     monkeypatch.setattr(warm, "READY_PAUSE", 0)
     fetched = []
-    monkeypatch.setattr(qbroker.Redis, "dequeue", lambda self: fetched.append(1) or [("ack", "task")])
+    monkeypatch.setattr(qbroker.GatedRedis, "_take", lambda self: fetched.append(1) or [("ack", "task")])
     pusher = qbroker.GatedRedis.__new__(qbroker.GatedRedis)
     assert pusher.dequeue() is None and not fetched, "no worker of this host is warm: the wake stays in Redis"
     warm.warm_worker(proc_name="Process-1")

@@ -83,7 +83,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
 from veronica.agent.providers import sdk
-from veronica.engine import gather
+from veronica.engine import gather, warm
 from veronica.engine.slot import CLAIM_MANY_MOST, lease_delta
 from veronica.models import Member
 
@@ -205,6 +205,8 @@ class RunPool:
     def __init__(self, size: int, *, heartbeat: bool = True) -> None:
         self.size = size
         self._slots = threading.BoundedSemaphore(size)
+        self._free = size  # (the semaphore's count, which it does not tell) for the host's full note
+        self._free_lock = threading.Lock()
         self._threads = RunThreads(size)
         self.claims = gather.Gathering(CLAIM_MANY_MOST)  # the runs' first claims, gathered (veronica.engine.runner)
         self._lock = threading.Lock()
@@ -216,11 +218,28 @@ class RunPool:
     # --- slots ---------------------------------------------------------------------------------
     def reserve(self) -> bool:
         # a third of q2's task timeout at most: a task past it gets its worker killed, runs and all
-        return self._slots.acquire(timeout=min(SLOT_WAIT_SECONDS, settings.Q_TIMEOUT / 3))
+        return self._took(self._slots.acquire(timeout=min(SLOT_WAIT_SECONDS, settings.Q_TIMEOUT / 3)))
 
     def try_reserve(self) -> bool:
         """A free slot now, or False at once (a worker starting runs of its own: the rest go to the broker)."""
-        return self._slots.acquire(blocking=False)
+        return self._took(self._slots.acquire(blocking=False))
+
+    def _took(self, got: bool) -> bool:
+        """A slot was taken: the last one puts up this worker's full note (veronica.engine.warm), so the
+        host's pusher fetches no wake that every worker would have to hand back."""
+        if got:
+            with self._free_lock:  # the note follows the count in order: never left up with a slot free
+                self._free -= 1
+                if self._free == 0:
+                    warm.note_full(True)
+        return got
+
+    def _give_back(self) -> None:
+        with self._free_lock:
+            self._free += 1
+            if self._free == 1:
+                warm.note_full(False)
+        self._slots.release()
 
     def prestart(self) -> None:
         """Start every run thread now, as the worker warms, instead of one per wake. The worker's main
@@ -241,12 +260,12 @@ class RunPool:
                 log.exception("run thread %s ended with an error", name)
             finally:
                 connections.close_all()
-                self._slots.release()
+                self._give_back()
 
         try:
             self._threads.submit(functools.partial(contextvars.Context().run, target))
         except BaseException:
-            self._slots.release()
+            self._give_back()
             raise
 
     def idle(self) -> None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 
+import redis
 from django.db import connections, transaction
 from django_q.brokers.orm import ORM
 from django_q.brokers.redis_broker import Redis
@@ -30,7 +32,8 @@ from veronica.engine import outage, warm
 log = logging.getLogger(__name__)
 
 
-# Wakes the embedded pusher locks per statement: a burst of mail goes to the workers in a few writes.
+# Wakes a pusher takes from the broker at once (the embedded one locks them in one statement, the
+# hosted one pops them in one round trip): a burst of mail goes to the workers in a few fetches.
 # (q2's pusher then hands them over one at a time as the workers take them, as before.)
 TAKE_AT_ONCE = 32
 
@@ -45,6 +48,8 @@ class DoorbellORM(ORM):
 
     def dequeue(self):
         if not warm.wait_until_ready():  # no worker of this host is warm yet: leave the wakes to one that is
+            return None
+        if workers_full():
             return None
         taken = self._take(max(Conf.BULK, TAKE_AT_ONCE))
         if taken:
@@ -91,17 +96,79 @@ class DoorbellORM(ORM):
 
 class GatedRedis(Redis):
     """Hosted mode's broker: django-q2's Redis broker whose pusher fetches nothing while this host is
-    cut off from the database (veronica.engine.outage), or before any of its workers is warm
-    (veronica.engine.warm): the wakes stay in Redis for a host that can run them now, instead of each
-    being fetched here, tried and handed back, or held until the workers are ready."""
+    cut off from the database (veronica.engine.outage), before any of its workers is warm, or while
+    every one of its workers has all its run slots taken (veronica.engine.warm): the wakes stay in
+    Redis for a host that can run them now, instead of each being fetched here, tried and handed
+    back, or held until the workers are ready.
+
+    A burst is fetched several wakes at a time: q2's dequeue is one BLPOP per wake, and the pusher's
+    next round trip to Redis sat between every two wakes its workers took, on a host busy with the
+    burst's runs (500 wakes reached their workers over 1.5-2.5 s, bench/fleet.py). The pusher holds
+    what one fetch took in its hand and gives q2's loop one wake per dequeue, so each wake still
+    passes the gates above: a host that fills up, or is cut off, pushes the rest back to the head of
+    the list, in order, for a host with room. The wakes in the hand die with the host (their members'
+    flags go stale and the unread sweep rings them again, veronica.engine.wakes): at most TAKE_AT_ONCE,
+    and only while the list held that many."""
+
+    _counted = True  # LPOP's count (Redis 6.2): off for good on a server that refuses it
 
     def dequeue(self):
         if outage.is_down():
+            self._give_back()
             time.sleep(GATE_PAUSE)
             return None
         if not warm.wait_until_ready():  # no worker of this host is warm yet: leave the wakes to one that is
             return None
-        return super().dequeue()
+        if workers_full():
+            self._give_back()
+            return None
+        hand = self._held()
+        if not hand:
+            hand.extend(self._take() or ())
+        return [hand.popleft()] if hand else None
+
+    def _held(self) -> deque:
+        hand = self.__dict__.get("_hand")
+        if hand is None:
+            hand = self.__dict__["_hand"] = deque()
+        return hand
+
+    def _take(self):
+        """The list's first wake (waiting for one up to a second, as q2's dequeue does), and with it up to
+        TAKE_AT_ONCE - 1 more that are already there, in their order."""
+        first = self.connection.blpop(self.list_key, 1)
+        if not first:
+            return None
+        taken = [(None, first[1])]
+        if self._counted:
+            try:
+                more = self.connection.lpop(self.list_key, TAKE_AT_ONCE - 1)
+            except redis.ResponseError:  # a server before 6.2: one wake per round trip, as q2 fetches
+                type(self)._counted = False
+                more = None
+            taken += [(None, task) for task in more or ()]
+        return taken
+
+    def _give_back(self) -> None:
+        """The wakes in hand go back to the head of the list, in their order."""
+        hand = self._held()
+        if not hand:
+            return
+        tasks = [task for _, task in hand]
+        hand.clear()
+        try:
+            self.connection.lpush(self.list_key, *reversed(tasks))
+        except Exception:  # Redis is away too: as wakes lost with a host, the sweep rings them again
+            log.warning("could not give %d fetched wake(s) back to the broker; the unread sweep rings them again",
+                        len(tasks), exc_info=True)
+
+
+def workers_full() -> bool:
+    """Every worker of this host has all its run slots taken: fetch nothing now (look again shortly)."""
+    if warm.host_full(Conf.WORKERS):
+        time.sleep(warm.FULL_PAUSE)
+        return True
+    return False
 
 
 GATE_PAUSE = 0.5  # how often a cut-off pusher looks at the note again

@@ -34,6 +34,7 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 from django_q.cluster import Sentinel
+from django_q.pusher import pusher
 from django_q.conf import Conf
 from django_q.queues import Queue
 
@@ -194,6 +195,9 @@ class GuardedSentinel(Sentinel):
         signal.signal(signal.SIGCHLD, self.child_died)
         super().guard()
 
+    def spawn_pusher(self):
+        return self.spawn_process(push_then_give_back, self.task_queue, self.event_out, self.broker)
+
     def child_died(self, signum=None, frame=None) -> None:
         """SIGCHLD: a worker that died is replaced now, not at the guard loop's next look (up to q2's
         guard_cycle, 0.5 s, later): its replacement reaps the dead one's runs and resumes them, so every
@@ -219,3 +223,14 @@ class GuardedSentinel(Sentinel):
             else:
                 self.queue_guard.worker_died(process)
         super().reincarnate(process)
+
+
+def push_then_give_back(task_queue, event, broker=None) -> None:
+    """q2's pusher; on its way out (the cluster stops) the wakes still in its hand go back to the broker
+    (veronica.engine.qbroker.GatedRedis takes a burst several at a time), for the workers left."""
+    try:
+        pusher(task_queue, event, broker)
+    finally:
+        give_back = getattr(broker, "_give_back", None)
+        if give_back is not None:
+            give_back()

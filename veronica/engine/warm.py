@@ -58,11 +58,78 @@ def clear_ready() -> None:
             os.unlink(path)
         except OSError:
             pass
+        for pid in _full_notes(path):  # (the workers' "full" notes go with it)
+            _drop_full_note(path, pid)
 
 
 def is_ready() -> bool:
     path = os.environ.get(READY_ENV, "")
     return not path or os.path.exists(path)
+
+
+# A worker's "every run slot of mine is taken" note (veronica.engine.fleet), one file per worker in a
+# folder beside the ready note: while every worker of the host has one up, its pusher fetches nothing.
+# A wake fetched then reached a worker that waited SLOT_WAIT_SECONDS for a slot and handed it back to
+# Redis, while a host with free slots could have run it at once; and the pusher now takes a burst's
+# wakes several at a time (veronica.engine.qbroker), so a full host would hold more of them.
+FULL_PAUSE = 0.05  # how often a pusher whose workers are all full looks again
+
+
+def note_full(full: bool) -> None:
+    """Put this worker's full note up (its last free run slot was just taken) or take it down (one freed)."""
+    path = os.environ.get(READY_ENV, "")
+    if not path:
+        return
+    if not full:
+        _drop_full_note(path, os.getpid())
+        return
+    try:
+        os.makedirs(path + ".full", exist_ok=True)
+        open(os.path.join(path + ".full", str(os.getpid())), "a").close()
+    except OSError:  # an unwritable temp dir: the pusher fetches as it did before the note
+        pass
+
+
+def host_full(workers: int) -> bool:
+    """Every one of the host's `workers` worker processes has its full note up. The note of a worker that
+    died (SIGKILLed with its pool full) is dropped here: its replacement starts with free slots."""
+    path = os.environ.get(READY_ENV, "")
+    if not path:
+        return False
+    pids = _full_notes(path)
+    if len(pids) < workers:
+        return False
+    live = 0
+    for pid in pids:
+        if _running(pid):
+            live += 1
+        else:
+            _drop_full_note(path, pid)
+    return live >= workers
+
+
+def _full_notes(path: str) -> list[int]:
+    try:
+        return [int(name) for name in os.listdir(path + ".full") if name.isdigit()]
+    except OSError:
+        return []
+
+
+def _drop_full_note(path: str, pid: int) -> None:
+    try:
+        os.unlink(os.path.join(path + ".full", str(pid)))
+    except OSError:
+        pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: this pid was reused, but it runs
+        return True
+    return True
 
 
 def wait_until_ready() -> bool:

@@ -1,0 +1,217 @@
+"""How a host's pusher fetches wakes (veronica.engine.qbroker): a burst several at a time, and nothing
+while every worker of the host has all its run slots taken (veronica.engine.warm's full notes, put up
+and taken down by each worker's run pool, veronica.engine.fleet)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from django.conf import settings
+from django_q.conf import Conf
+
+from veronica.engine import fleet, qbroker, warm
+
+needs_redis = pytest.mark.skipif(not settings.REDIS_URL, reason="the Redis broker is hosted mode's")
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A qcluster's notes in a folder of the test's own, its workers warm."""
+    monkeypatch.setenv(warm.READY_ENV, str(tmp_path / "ready"))
+    monkeypatch.setattr(warm, "FULL_PAUSE", 0)
+    warm.mark_ready()
+    yield tmp_path / "ready"
+    warm.clear_ready()
+
+
+@pytest.fixture
+def redis_list():
+    """A GatedRedis on a list of its own (the test's Redis, a unique key), emptied on the way out."""
+    broker = qbroker.GatedRedis(list_key=f"test-fetch-{uuid.uuid4().hex}")
+    yield broker
+    broker.connection.delete(broker.list_key)
+
+
+def full_notes(path) -> list[str]:
+    try:
+        return sorted(os.listdir(f"{path}.full"))
+    except FileNotFoundError:
+        return []
+
+
+def counting(monkeypatch, connection, *commands: str) -> list[str]:
+    sent: list[str] = []
+    for name in commands:
+        real = getattr(connection, name)
+        monkeypatch.setattr(connection, name, lambda *a, _real=real, _name=name, **k: sent.append(_name) or _real(*a, **k))
+    return sent
+
+
+@needs_redis
+def test_a_burst_of_wakes_is_fetched_in_one_round_trip_and_handed_over_one_at_a_time_in_its_order(host, redis_list,
+                                                                                                     monkeypatch):
+    """q2's dequeue is one BLPOP per wake: the pusher's round trip to Redis sat between every two wakes
+    its workers took, and 500 wakes reached two workers over 1.5-2.5 s (bench/fleet.py)."""
+    tasks = [f"wake-{n}".encode() for n in range(qbroker.TAKE_AT_ONCE + 8)]
+    redis_list.connection.rpush(redis_list.list_key, *tasks)
+    sent = counting(monkeypatch, redis_list.connection, "blpop", "lpop")
+    handed = []
+    for _ in range(qbroker.TAKE_AT_ONCE):
+        handed += redis_list.dequeue()
+    assert [task for _, task in handed] == tasks[:qbroker.TAKE_AT_ONCE] and sent == ["blpop", "lpop"]
+    for _ in range(8):
+        handed += redis_list.dequeue()
+    assert [task for _, task in handed] == tasks and sent == ["blpop", "lpop"] * 2, "the rest, at the next fetch"
+    assert redis_list.connection.llen(redis_list.list_key) == 0
+
+
+@needs_redis
+def test_a_host_that_fills_up_or_is_cut_off_gives_its_hand_back_to_the_head_of_the_list(host, redis_list, monkeypatch):
+    from veronica.engine import outage
+
+    monkeypatch.setattr(Conf, "WORKERS", 1)
+    redis_list.connection.rpush(redis_list.list_key, b"a", b"b", b"c")
+    assert redis_list.dequeue() == [(None, b"a")]
+    redis_list.connection.rpush(redis_list.list_key, b"later")
+    warm.note_full(True)  # this process stands for the host's one worker: its last run slot was taken
+    assert redis_list.dequeue() is None
+    assert redis_list.connection.lrange(redis_list.list_key, 0, -1) == [b"b", b"c", b"later"], \
+        "the wakes in hand are back where they were, for a host with room"
+    warm.note_full(False)
+    assert redis_list.dequeue() == [(None, b"b")]
+    monkeypatch.setenv(outage.MARK_ENV, str(host) + ".outage")
+    monkeypatch.setattr(outage, "network_database", lambda: True)
+    monkeypatch.setattr(qbroker, "GATE_PAUSE", 0)
+    outage.mark_down()
+    try:
+        assert redis_list.dequeue() is None
+    finally:
+        outage.mark_up()
+    assert redis_list.connection.lrange(redis_list.list_key, 0, -1) == [b"c", b"later"]
+
+
+@needs_redis
+def test_a_stopping_pusher_gives_its_hand_back(host, redis_list):
+    """q2's pusher ends its loop when the cluster stops; the wakes it fetched but did not hand over yet
+    go back to the list (veronica.engine.qguard.push_then_give_back), for the workers left."""
+    import multiprocessing
+
+    from django_q.signing import SignedPackage
+
+    from veronica.engine import qguard
+
+    a, b, c = (SignedPackage.dumps({"name": name, "func": "print", "args": (), "kwargs": {}}).encode() for name in "abc")
+    redis_list.connection.rpush(redis_list.list_key, a, b, c)
+    stop = multiprocessing.Event()
+    taken = []
+
+    class OneSlot:
+        def put(self, task):  # a worker takes the first wake; then the cluster stops
+            taken.append(task["name"])
+            stop.set()
+
+    qguard.push_then_give_back(OneSlot(), stop, redis_list)
+    assert taken == ["a"]
+    assert redis_list.connection.lrange(redis_list.list_key, 0, -1) == [b, c]
+
+
+@needs_redis
+def test_a_lone_wake_is_fetched_alone_and_a_server_without_a_counted_lpop_still_delivers(host, redis_list, monkeypatch):
+    import redis
+
+    monkeypatch.setattr(qbroker.GatedRedis, "_counted", True)  # (restored after: the fallback is remembered per process)
+    redis_list.connection.rpush(redis_list.list_key, b"alone")
+    assert redis_list.dequeue() == [(None, b"alone")]
+    redis_list.connection.rpush(redis_list.list_key, b"one", b"two")
+
+    def refused(*args, **kwargs):
+        raise redis.ResponseError("wrong number of arguments for 'lpop' command")
+
+    monkeypatch.setattr(redis_list.connection, "lpop", refused)
+    assert redis_list.dequeue() == [(None, b"one")]
+    assert redis_list.dequeue() == [(None, b"two")], "one wake per fetch, as q2 fetches, on a server before Redis 6.2"
+    assert qbroker.GatedRedis._counted is False
+
+
+def test_a_run_pool_puts_its_full_note_up_with_its_last_slot_and_down_when_one_frees(host):
+    pool = fleet.RunPool(2, heartbeat=False)
+    try:
+        assert pool.reserve() and full_notes(host) == []
+        assert pool.try_reserve() and full_notes(host) == [str(os.getpid())], "the last free slot was taken"
+        assert not pool.try_reserve()
+        done = threading.Event()
+        pool.start(done.set, name="one-run")
+        done.wait(5)
+        deadline = time.monotonic() + 5
+        while full_notes(host) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert full_notes(host) == [], "a run ended and gave its slot back: the note came down"
+    finally:
+        pool._threads.shutdown()
+
+
+def test_the_full_note_follows_the_slots_however_their_takes_and_returns_interleave(host):
+    """The note is put up and taken down in the order the count moved: a note left up beside a free slot
+    would keep the pusher from fetching for a worker that has room."""
+    pool = fleet.RunPool(3, heartbeat=False)
+    try:
+        def churn() -> None:
+            for _ in range(200):
+                if pool.try_reserve():
+                    pool.start(lambda: None, name="churn")
+
+        threads = [threading.Thread(target=churn) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        deadline = time.monotonic() + 5
+        while pool._free < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool._free == 3
+        assert full_notes(host) == [], "every slot is free again, and the note is down"
+    finally:
+        pool._threads.shutdown()
+
+
+def test_a_host_whose_workers_are_all_full_fetches_nothing_until_one_has_room(host, monkeypatch):
+    monkeypatch.setattr(Conf, "WORKERS", 2)
+    fetched = []
+    monkeypatch.setattr(qbroker.GatedRedis, "_take", lambda self: fetched.append(1) or [(None, b"task")])
+    pusher = qbroker.GatedRedis.__new__(qbroker.GatedRedis)
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        warm.note_full(True)  # this process stands for one worker, the sibling for the other
+        with open(os.path.join(f"{host}.full", str(sibling.pid)), "w"):
+            pass
+        assert pusher.dequeue() is None and not fetched, "every worker is full: the wakes stay in Redis"
+        warm.note_full(False)
+        assert pusher.dequeue() == [(None, b"task")], "a slot freed: the pusher fetches again"
+        warm.note_full(True)
+        assert pusher.dequeue() is None
+        sibling.kill()
+        sibling.wait()
+        assert pusher.dequeue() == [(None, b"task")], "a dead worker's note does not hold the host back"
+        assert full_notes(host) == [str(os.getpid())], "and it was cleared"
+    finally:
+        sibling.kill()
+        sibling.wait()
+
+
+def test_the_embedded_pusher_waits_for_a_worker_with_room_too(host, monkeypatch):
+    monkeypatch.setattr(Conf, "WORKERS", 1)
+    warm.note_full(True)
+    pusher = qbroker.DoorbellORM.__new__(qbroker.DoorbellORM)
+    monkeypatch.setattr(qbroker.DoorbellORM, "get_connection", lambda self: (_ for _ in ()).throw(AssertionError("fetched")))
+    assert pusher.dequeue() is None
+
+
+def test_the_qcluster_clears_its_workers_full_notes_with_its_ready_note(host):
+    warm.note_full(True)
+    warm.clear_ready()
+    assert full_notes(host) == [] and not warm.host_full(1)
