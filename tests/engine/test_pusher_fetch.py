@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 from django_q.conf import Conf
 
-from veronica.engine import fleet, qbroker, warm
+from veronica.engine import fleet, holders, qbroker, warm
 
 needs_redis = pytest.mark.skipif(not settings.REDIS_URL, reason="the Redis broker is hosted mode's")
 
@@ -142,7 +142,7 @@ def test_a_run_pool_puts_its_full_note_up_with_its_last_slot_and_down_when_one_f
     pool = fleet.RunPool(2, heartbeat=False)
     try:
         assert pool.reserve() and full_notes(host) == []
-        assert pool.try_reserve() and full_notes(host) == [str(os.getpid())], "the last free slot was taken"
+        assert pool.try_reserve() and full_notes(host) == [holders.process_mark()], "the last free slot was taken"
         assert not pool.try_reserve()
         done = threading.Event()
         pool.start(done.set, name="one-run")
@@ -187,7 +187,8 @@ def test_a_host_whose_workers_are_all_full_fetches_nothing_until_one_has_room(ho
     sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         warm.note_full(True)  # this process stands for one worker, the sibling for the other
-        with open(os.path.join(f"{host}.full", str(sibling.pid)), "w"):
+        machine = holders.process_mark().split(".")[0]
+        with open(os.path.join(f"{host}.full", f"{machine}.{sibling.pid:x}.{holders._stat(sibling.pid)[1]:x}"), "w"):
             pass
         assert pusher.dequeue() is None and not fetched, "every worker is full: the wakes stay in Redis"
         warm.note_full(False)
@@ -197,7 +198,7 @@ def test_a_host_whose_workers_are_all_full_fetches_nothing_until_one_has_room(ho
         sibling.kill()
         sibling.wait()
         assert pusher.dequeue() == [(None, b"task")], "a dead worker's note does not hold the host back"
-        assert full_notes(host) == [str(os.getpid())], "and it was cleared"
+        assert full_notes(host) == [holders.process_mark()], "and it was cleared"
     finally:
         sibling.kill()
         sibling.wait()
@@ -209,6 +210,18 @@ def test_the_embedded_pusher_waits_for_a_worker_with_room_too(host, monkeypatch)
     pusher = qbroker.DoorbellORM.__new__(qbroker.DoorbellORM)
     monkeypatch.setattr(qbroker.DoorbellORM, "get_connection", lambda self: (_ for _ in ()).throw(AssertionError("fetched")))
     assert pusher.dequeue() is None
+
+
+def test_a_note_whose_pid_was_reused_by_another_process_does_not_hold_the_host_back(host, monkeypatch):
+    monkeypatch.setattr(Conf, "WORKERS", 1)
+    machine, pid, start = holders.process_mark().split(".")
+    os.makedirs(f"{host}.full", exist_ok=True)
+    stale = f"{machine}.{pid}.{int(start, 16) - 1:x}"  # this pid, when another process had it
+    with open(os.path.join(f"{host}.full", stale), "w"):
+        pass
+    assert not warm.host_full(1) and full_notes(host) == []
+    warm.note_full(True)
+    assert warm.host_full(1)
 
 
 def test_the_qcluster_clears_its_workers_full_notes_with_its_ready_note(host):

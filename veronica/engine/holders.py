@@ -76,7 +76,14 @@ def holder_dead(token: str, machine: str) -> bool:
     """True when the token's holder ran on `machine` (this one) and no longer runs. A zombie (killed,
     not yet collected by its parent) is dead: it will never write again."""
     parts = token.split(".")
-    if len(parts) != 4 or parts[0] != machine:
+    return len(parts) == 4 and mark_gone(".".join(parts[:3]), machine)
+
+
+def mark_gone(mark: str, machine: str) -> bool:
+    """True when the process of this mark (process_mark's "<machine>.<pid>.<start>") ran on `machine` and
+    no longer runs (its pid gone, a zombie, or reused by a process started since)."""
+    parts = mark.split(".")
+    if len(parts) != 3 or parts[0] != machine:
         return False
     try:
         pid, start = int(parts[1], 16), int(parts[2], 16)

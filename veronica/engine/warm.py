@@ -58,8 +58,8 @@ def clear_ready() -> None:
             os.unlink(path)
         except OSError:
             pass
-        for pid in _full_notes(path):  # (the workers' "full" notes go with it)
-            _drop_full_note(path, pid)
+        for name in _full_notes(path):  # (the workers' "full" notes go with it)
+            _drop_full_note(path, name)
 
 
 def is_ready() -> bool:
@@ -81,13 +81,21 @@ def note_full(full: bool) -> None:
     if not path:
         return
     if not full:
-        _drop_full_note(path, os.getpid())
+        _drop_full_note(path, _note_name())
         return
     try:
         os.makedirs(path + ".full", exist_ok=True)
-        open(os.path.join(path + ".full", str(os.getpid())), "a").close()
+        open(os.path.join(path + ".full", _note_name()), "a").close()
     except OSError:  # an unwritable temp dir: the pusher fetches as it did before the note
         pass
+
+
+def _note_name() -> str:
+    """This process's mark (veronica.engine.holders: its pid and start time, so a reused pid is another
+    process), or its bare pid where the machine cannot tell its start."""
+    from veronica.engine import holders
+
+    return holders.process_mark() or str(os.getpid())
 
 
 def host_full(workers: int) -> bool:
@@ -96,38 +104,43 @@ def host_full(workers: int) -> bool:
     path = os.environ.get(READY_ENV, "")
     if not path:
         return False
-    pids = _full_notes(path)
-    if len(pids) < workers:
+    names = _full_notes(path)
+    if len(names) < workers:
         return False
     live = 0
-    for pid in pids:
-        if _running(pid):
+    for name in names:
+        if _running(name):
             live += 1
         else:
-            _drop_full_note(path, pid)
+            _drop_full_note(path, name)
     return live >= workers
 
 
-def _full_notes(path: str) -> list[int]:
+def _full_notes(path: str) -> list[str]:
     try:
-        return [int(name) for name in os.listdir(path + ".full") if name.isdigit()]
+        return os.listdir(path + ".full")
     except OSError:
         return []
 
 
-def _drop_full_note(path: str, pid: int) -> None:
+def _drop_full_note(path: str, name: str) -> None:
     try:
-        os.unlink(os.path.join(path + ".full", str(pid)))
+        os.unlink(os.path.join(path + ".full", name))
     except OSError:
         pass
 
 
-def _running(pid: int) -> bool:
+def _running(name: str) -> bool:
+    """The worker of this note still runs (a mark whose process is gone, or a reused pid, does not)."""
+    from veronica.engine import holders
+
+    if not name.isdigit():
+        return not holders.mark_gone(name, name.split(".")[0])
     try:
-        os.kill(pid, 0)
+        os.kill(int(name), 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process: this pid was reused, but it runs
+    except PermissionError:  # someone else's process, but it runs
         return True
     return True
 
