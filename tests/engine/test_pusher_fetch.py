@@ -139,7 +139,7 @@ def test_a_lone_wake_is_fetched_alone_and_a_server_without_a_counted_lpop_still_
 
 
 def test_a_run_pool_puts_its_full_note_up_with_its_last_slot_and_down_when_one_frees(host):
-    pool = fleet.RunPool(2, heartbeat=False)
+    pool = fleet.RunPool(2, heartbeat=False, on_full=warm.note_full)
     try:
         assert pool.reserve() and full_notes(host) == []
         assert pool.try_reserve() and full_notes(host) == [holders.process_mark()], "the last free slot was taken"
@@ -155,10 +155,18 @@ def test_a_run_pool_puts_its_full_note_up_with_its_last_slot_and_down_when_one_f
         pool._threads.shutdown()
 
 
+@pytest.mark.django_db
+def test_a_spawning_worker_gives_its_run_pool_the_full_note(monkeypatch):
+    given = {}
+    monkeypatch.setattr(fleet, "enable", lambda **kwargs: given.update(kwargs))
+    warm.warm_worker(proc_name="Process-1")
+    assert given == {"on_full": warm.note_full}
+
+
 def test_the_full_note_follows_the_slots_however_their_takes_and_returns_interleave(host):
     """The note is put up and taken down in the order the count moved: a note left up beside a free slot
     would keep the pusher from fetching for a worker that has room."""
-    pool = fleet.RunPool(3, heartbeat=False)
+    pool = fleet.RunPool(3, heartbeat=False, on_full=warm.note_full)
     try:
         def churn() -> None:
             for _ in range(200):

@@ -83,7 +83,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
 from veronica.agent.providers import sdk
-from veronica.engine import gather, warm
+from veronica.engine import gather
 from veronica.engine.slot import CLAIM_MANY_MOST, lease_delta
 from veronica.models import Member
 
@@ -202,8 +202,9 @@ class _RunThread(threading.Thread):
 class RunPool:
     """The runs of one worker process: a bounded set of run threads and their shared heartbeat."""
 
-    def __init__(self, size: int, *, heartbeat: bool = True) -> None:
+    def __init__(self, size: int, *, heartbeat: bool = True, on_full: Callable[[bool], None] | None = None) -> None:
         self.size = size
+        self._on_full = on_full  # told True when the last free slot is taken, False when one frees again
         self._slots = threading.BoundedSemaphore(size)
         self._free = size  # (the semaphore's count, which it does not tell) for the host's full note
         self._free_lock = threading.Lock()
@@ -225,20 +226,20 @@ class RunPool:
         return self._took(self._slots.acquire(blocking=False))
 
     def _took(self, got: bool) -> bool:
-        """A slot was taken: the last one puts up this worker's full note (veronica.engine.warm), so the
-        host's pusher fetches no wake that every worker would have to hand back."""
+        """A slot was taken: the last one puts up this worker's full note (on_full: a q2 worker's is
+        veronica.engine.warm.note_full), so the host's pusher fetches no wake every worker would hand back."""
         if got:
             with self._free_lock:  # the note follows the count in order: never left up with a slot free
                 self._free -= 1
-                if self._free == 0:
-                    warm.note_full(True)
+                if self._free == 0 and self._on_full is not None:
+                    self._on_full(True)
         return got
 
     def _give_back(self) -> None:
         with self._free_lock:
             self._free += 1
-            if self._free == 1:
-                warm.note_full(False)
+            if self._free == 1 and self._on_full is not None:
+                self._on_full(False)
         self._slots.release()
 
     def prestart(self) -> None:
@@ -354,7 +355,7 @@ def current() -> RunPool | None:
     return _pool
 
 
-def enable() -> RunPool | None:
+def enable(on_full: Callable[[bool], None] | None = None) -> RunPool | None:
     """In a q2 worker, as it spawns (veronica.engine.warm): start the run pool, and the connection pool
     its runs share (PostgreSQL). Settings: VERONICA_RUNS_PER_WORKER, VERONICA_DB_POOL_SIZE."""
     global _pool
@@ -364,7 +365,7 @@ def enable() -> RunPool | None:
     with _pool_lock:
         if _pool is None:
             use_connection_pool()
-            _pool = RunPool(size)
+            _pool = RunPool(size, on_full=on_full)
             _pool.prestart()
     return _pool
 

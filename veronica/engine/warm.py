@@ -179,7 +179,7 @@ def warm_worker(**_) -> None:
 
     started = time.monotonic()
     reset_child_signal()
-    pool = fleet.enable()  # this worker's run pool (and its connection pool), before it reads a task
+    pool = fleet.enable(on_full=note_full)  # this worker's run pool (and its connection pool), before it reads a task
     try:
         for name in MODULES:
             importlib.import_module(name)
