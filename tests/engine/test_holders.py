@@ -169,7 +169,7 @@ def test_a_spawning_worker_resumes_its_dead_predecessors_members_in_its_own_run_
     proc.kill()
     proc.wait(timeout=5)
     pool = FakePool(free)
-    monkeypatch.setattr(fleet, "enable", lambda: pool)
+    monkeypatch.setattr(fleet, "enable", lambda **kwargs: pool)
     monkeypatch.setattr(warm, "settle_gc", lambda: None)
     warm.warm_worker(proc_name="Process-1")
     assert Member.objects.get(pk=w1.pk).lease_token == "", "reaped"
@@ -187,7 +187,7 @@ def test_a_worker_without_a_run_pool_rings_its_reaped_members_through_the_broker
     w1 = leased(tmp_path, token)
     proc.kill()
     proc.wait(timeout=5)
-    monkeypatch.setattr(fleet, "enable", lambda: None)
+    monkeypatch.setattr(fleet, "enable", lambda **kwargs: None)
     monkeypatch.setattr(warm, "settle_gc", lambda: None)
     warm.warm_worker(proc_name="Process-1")
     assert broker == [(w1.pk, "resume")], "rung once, by the reap"
