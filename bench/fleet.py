@@ -104,11 +104,22 @@ def cluster_roles(pgid: int, procs: dict) -> dict[int, str]:
     for sentinel in [pid for pid, parent in parents.items() if parent == pgid]:
         roles[sentinel] = "sentinel"
         children = sorted(pid for pid, parent in parents.items() if parent == sentinel)
+        for pid in [pid for pid in children if is_gateway(pid)]:  # started before the workers
+            roles[pid] = "gateway"
+            children.remove(pid)
         for pid in children:
             roles[pid] = "worker"
         if len(children) >= 2:
             roles[children[-2]], roles[children[-1]] = "monitor", "pusher"
     return roles
+
+
+def is_gateway(pid: int) -> bool:
+    """The host's model gateway (veronica.agent.providers.gateway), a process of its own."""
+    try:
+        return b"veronica.agent.providers.gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def start_cluster(env: dict, log: Path) -> QCluster:
@@ -440,6 +451,9 @@ def fleet_run(args, kill: str = "") -> dict:
         for cluster in clusters:
             cluster.stop()
         mock.stop()
+        gateways = gateway_stats(data)
+        if gateways and "figures" in locals():
+            figures["gateway"] = gateways
         if args.keep_logs:  # the clusters' logs outlive the mode's data directory
             Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
             for log in data.glob("cluster-*.log"):
@@ -454,6 +468,20 @@ def fleet_run(args, kill: str = "") -> dict:
                    worker_rss_mb=round(sampler.rss_max, 1), pg_connections_max=int(sampler.pg_max) if sampler.hosted else None,
                    killed_workers=killed, killed_at=None if killed_at is None else round(killed_at, 2), t0=t0, load=os.getloadavg()[0])
     return figures
+
+
+def gateway_stats(data: Path) -> dict:
+    """What the hosts' model gateways did (the line each logs as it stops), summed: calls made, calls
+    whose worker died (orphaned), taken over by the resumed run, cancelled, expired untaken."""
+    import ast
+
+    total: dict[str, int] = {}
+    for log in data.glob("cluster-*.log"):
+        lines = [line for line in log.read_text(errors="replace").splitlines() if "model gateway: {" in line]
+        if lines:
+            for key, value in ast.literal_eval(lines[-1].split("model gateway: ", 1)[1]).items():
+                total[key] = total.get(key, 0) + value
+    return total
 
 
 def profile_replacement(pgid: int, before: set[int], out: str) -> None:
@@ -632,6 +660,8 @@ def main() -> None:
                       f" model calls per resumed run {f.get('resume_calls')}; the runs not cut ended {f.get('others_ended')}")
             print(f"   mock vendor: {f['mock']}; CPU seconds from t0: " + ", ".join(f"{k} {v}" for k, v in f["cpu_seconds"].items())
                   + "; mailing before t0: " + ", ".join(f"{k} {v}" for k, v in f.get("cpu_seconds_mailing", {}).items() if v))
+            if f.get("gateway"):
+                print("   model gateway: " + ", ".join(f"{k} {v}" for k, v in f["gateway"].items()))
             show("concurrent_members", f["concurrent_members"], f">= {args.members}")
             show("completion_ratio_to_ideal", f["completion_ratio_to_ideal"], GOALS["completion_ratio_to_ideal"] if key != "host_kill"
                  else GOALS["completion_ratio_to_ideal"] + " (restarted on its machine: leases reaped as it starts)")

@@ -340,6 +340,9 @@ MODEL_MAX_RETRIES = env_int("VERONICA_MODEL_MAX_RETRIES", 4, minimum=0, maximum=
 MODEL_BACKOFF = env_float("VERONICA_MODEL_BACKOFF", 1.0, minimum=0, maximum=60)
 MODEL_MAX_TOKENS = env_int("VERONICA_MODEL_MAX_TOKENS", 4096, minimum=1, maximum=1_000_000)
 MODEL_STREAM = env_bool("VERONICA_MODEL_STREAM", True)
+# A qcluster's workers make their model calls through one gateway process per host, which outlives them:
+# a worker's death does not cost its runs' calls in flight (veronica.agent.providers.gateway).
+MODEL_GATEWAY = env_bool("VERONICA_MODEL_GATEWAY", True)
 MODEL_PRICES = env_prices("VERONICA_MODEL_PRICES")
 # Provider limits shared by every worker on every host (veronica.agent.providers.limits): concurrency,
 # requests and tokens per minute, per endpoint and per model. Refused here, naming the table and field.

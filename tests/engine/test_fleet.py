@@ -148,6 +148,49 @@ def test_a_killed_worker_with_many_runs_loses_none_and_no_member_runs_twice_at_o
     assert_one_answer_each_and_no_overlap(members)
 
 
+def test_a_worker_killed_mid_call_costs_its_runs_no_model_call_again(tmp_path):
+    """Six runs wait on their first model call in one worker; SIGKILL that worker alone. The calls go on
+    in the host's model gateway (veronica.agent.providers.gateway); the sentinel's replacement worker ends
+    the dead one's leases and resumes them; each resume sends its cut run's request again, unchanged,
+    and takes over the call still in flight: the vendor answers 6 x 3 calls, not one more."""
+    members = fleet_space(tmp_path, 6)
+    with MockOpenAI(api_key="sk-fleet") as mock:
+        mock.configure(latency=2.0, steps=STEPS)
+        with qcluster(workers=1, OPENAI_BASE_URL=mock.base_url, OPENAI_API_KEY="sk-fleet",
+                      VERONICA_RUN_LEASE_SECONDS="3") as proc:
+            mail_all(members)
+            wait_for(lambda: len(mock.model_requests()) == len(members), 60, interval=0.05, message="six first calls in flight")
+            os.kill(q2_worker(proc.pid), signal.SIGKILL)
+            ticking(lambda: answered(members), 120, message="every member answered after the worker died")
+        served = len(mock.model_requests())
+    close_old_connections()
+    assert Run.objects.filter(member__in=members, outcome=RunOutcome.LEASE_EXPIRED).count() == len(members)
+    assert_one_answer_each_and_no_overlap(members)
+    assert served == len(members) * STEPS, f"{served - len(members) * STEPS} model calls made again after the kill"
+
+
+def q2_worker(main_pid: int) -> int:
+    """The q2 worker of a one-worker cluster: the sentinel (the main process's child) forks its model
+    gateway, then the worker, then the monitor and the pusher."""
+    def children(pid: int) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(stat[1]) == pid:
+                    found.append(int(entry))
+        return sorted(found)
+
+    def gateway(pid: int) -> bool:
+        return b"providers.gateway" in open(f"/proc/{pid}/cmdline", "rb").read()
+
+    (sentinel,) = children(main_pid)
+    return [pid for pid in children(sentinel) if not gateway(pid)][0]
+
+
 def test_a_paused_worker_with_many_runs_writes_nothing_for_any_of_them(tmp_path):
     """SIGSTOP past the lease with six runs in their model calls; another cluster answers them all;
     SIGCONT: the process's heartbeat finds every lease gone and each run stops, writing nothing."""

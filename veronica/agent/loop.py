@@ -30,7 +30,7 @@ from veronica.ops import tracing
 from veronica.agent import compaction, metering, runstart, transcript, waggle_bridge
 from veronica.agent.live import LiveSink
 from veronica.agent.prompt import system_prompt, wake_brief
-from veronica.agent.providers import get_provider, member_key, provider_for
+from veronica.agent.providers import get_provider, member_key, provider_for, sdk
 from veronica.agent.providers.base import Cancelled as ProviderCancelled
 from veronica.agent.providers.base import Provider, ProviderError, Reply, ToolCall
 from veronica.agent.runctx import Cancelled, RunContext
@@ -108,7 +108,12 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
         unread = []  # finish the interrupted chain first, as the run would have; the new mail gets the next run
     if not unread and ctx.source != "timer" and not unanswered_brief and not resumed_tools:
         return RunOutcome.DONE  # a wake with nothing to do exits cleanly, no model call
-    if unread or ctx.source == "timer":
+    if unanswered_brief and ctx.source == "resume" and unread and sorted(m.pk for m in unread) == sorted(last.mail_ids):
+        # A cut run (its worker died, its lease ran out) left this brief unanswered, with this very mail:
+        # it is sent again as it was, so the request is the one the cut run made, whose answer the host's
+        # model gateway may still hold for this member (veronica.agent.providers.gateway).
+        next_phase(ctx, Phase.THINKING)
+    elif unread or ctx.source == "timer":
         brief = wake_brief(member, ctx.source, unread)
         # the mail is the message that woke the member: waggle records it and may replay a call it names
         # (then before the fence: a replay runs a tool); else its row rides in the brief's commit
@@ -331,8 +336,9 @@ def call_model(ctx: RunContext, provider: Provider, system: str, messages: list[
     sink = LiveSink(member, ctx)
     try:
         try:
-            reply = tracing.complete(provider, member.model, system, messages, specs, should_stop=ctx.should_stop,  # a chat span
-                                      on_event=sink)
+            with sdk.call_scope(f"member:{member.pk}"):  # through the host's model gateway, a call outlives a dead worker
+                reply = tracing.complete(provider, member.model, system, messages, specs, should_stop=ctx.should_stop,  # a chat span
+                                          on_event=sink)
         finally:
             sink.close()  # before any fence below (a failed call's meter) could carry its unshown texting phase
     except ProviderCancelled as exc:

@@ -176,6 +176,12 @@ class GuardedSentinel(Sentinel):
     inherit (veronica.engine.warm.preload)."""
 
     def start(self):
+        from django.conf import settings
+
+        from veronica.agent.providers import gateway
+
+        # before any worker is forked: they inherit where the host's model gateway listens
+        self.gateway = gateway.spawn() if settings.MODEL_GATEWAY else None
         # q2 made its queue in __init__, which calls start(): nothing has used it yet
         self.task_queue = GuardedQueue(maxsize=Conf.QUEUE_LIMIT) if Conf.QUEUE_LIMIT else GuardedQueue()
         self.queue_guard = QueueGuard(self)
@@ -194,6 +200,14 @@ class GuardedSentinel(Sentinel):
         self.guard_pid = os.getpid()
         signal.signal(signal.SIGCHLD, self.child_died)
         super().guard()
+
+    def stop(self):
+        from veronica.agent.providers import gateway
+
+        try:
+            super().stop()
+        finally:
+            gateway.stop(getattr(self, "gateway", None))
 
     def spawn_pusher(self):
         return self.spawn_process(push_then_give_back, self.task_queue, self.event_out, self.broker)

@@ -19,6 +19,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import itertools
 import json
@@ -30,12 +31,14 @@ import socket
 import ssl
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import httpcore2
 import httpx2
 
+from veronica.agent.providers import gateway
 from veronica.agent.providers.base import CancelCheck, Cancelled, EventSink, ProviderError, Reply, Usage
 
 POLL_SECONDS = 0.05
@@ -173,7 +176,9 @@ def _shutdown(stream) -> bool:
 def track_sockets(http: httpx2.Client) -> None:
     """httpx2 takes no network backend argument: swap ours into its pools (the direct one and any
     proxy from HTTPS_PROXY / ALL_PROXY, which a custom transport= would silently drop)."""
-    for transport in [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]:
+    transports = [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]
+    transports += [part for t in transports for part in getattr(t, "parts", ())]  # the model gateway's two ways
+    for transport in transports:
         pool = getattr(transport, "_pool", None)
         if pool is not None and hasattr(pool, "_network_backend"):
             pool._network_backend = _TrackingBackend()
@@ -245,10 +250,48 @@ def shared(key: tuple, make: Callable[[httpx2.Client], object], timeout: float):
         client = _CLIENTS.get(full_key)
         if client is None:
             http = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)), follow_redirects=True,
-                                 limits=connection_limits(), verify=ssl_context())
+                                 limits=connection_limits(), verify=ssl_context(), transport=via_gateway())
             track_sockets(http)
             client = _CLIENTS[full_key] = make(http)
         return client
+
+
+def via_gateway():
+    """The host's model gateway (veronica.agent.providers.gateway), when its sentinel started one and no
+    proxy is set (a proxy from the environment keeps the direct way, as before): None otherwise."""
+    path = os.environ.get(gateway.SOCKET_ENV)
+    if not path or urllib.request.getproxies():
+        return None
+    direct = httpx2.HTTPTransport(limits=connection_limits(), verify=ssl_context())
+    return gateway.transport(path, connection_limits(), direct, scope=lambda: getattr(_local, "scope", None) or "")
+
+
+@contextlib.contextmanager
+def call_scope(scope: str):
+    """The model calls this thread makes inside are `scope`'s (a member): through the model gateway, a
+    call whose worker died is kept for the next identical request of the same scope (a resumed run)."""
+    before = getattr(_local, "scope", None)
+    _local.scope = scope
+    try:
+        yield
+    finally:
+        _local.scope = before
+
+
+def scoped(attempt: "Attempt") -> "Attempt":
+    """The attempt, carrying the calling thread's scope to the model-call thread that runs it."""
+    scope = getattr(_local, "scope", None)
+    if scope is None:
+        return attempt
+
+    def run(emit, aborted):
+        before, _local.scope = getattr(_local, "scope", None), scope
+        try:
+            return attempt(emit, aborted)
+        finally:
+            _local.scope = before
+
+    return run
 
 
 # --- one attempt on a worker thread -----------------------------------------------------------------
@@ -556,6 +599,7 @@ def call(attempt: Attempt, *, vendor: str, cfg: CallConfig, should_stop: CancelC
     """Run the attempt with retries; the last error (or a permanent one) is raised as ProviderError."""
     last: ProviderError | None = None
     spent = Usage()  # attempts that failed after streaming part of an answer: generated, so billed
+    attempt = scoped(attempt)
     for n in range(cfg.max_retries + 1):
         if should_stop():
             raise Cancelled("cancelled before the model call")
