@@ -16,9 +16,12 @@ then "done"), with real `manage.py qcluster` processes:
    once, veronica.engine.qguard), and again with the workers split over two hosts (qcluster process
    groups) and one host SIGKILLed mid-way and started again on the same machine: as it starts it ends
    the leases its dead predecessor held. (A host dead for good on another machine still costs its
-   runs the lease.) The kill cases print a second ratio, against the ideal schedule with that fault:
-   the model calls in flight in the killed process are lost whoever recovers them, so the ideal is
-   the kill's moment plus, for a member started at t0, the calls it had not had answered by then.
+   runs the lease.) The kill cases print a second ratio, against the ideal schedule with that fault
+   as it is without a model gateway (VERONICA_MODEL_GATEWAY=0): the model calls in flight in the killed
+   process are lost, so the ideal is the kill's moment plus, for a member started at t0, the calls it
+   had not had answered by then. With the gateway (the default) a killed worker's calls go on and its
+   resumed runs take them over (the gateway's counts: calls made, orphaned, taken over), so the worker
+   kill is judged against the plain ideal; a killed host's gateway dies with it, as its calls did.
 5. Worker memory: a one-worker cluster that is never recycled (VERONICA_Q_RECYCLE), a zero-latency model, `--mem-members` members each re-mailed
    (its session cleared) as soon as it is idle, until the vendor has answered `--mem-steps` calls:
    the cluster's RSS after 1,000 steps and at the end, and the growth in percent.
