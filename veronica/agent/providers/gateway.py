@@ -55,7 +55,7 @@ MAX_BODY = 64 * 2**20
 KEEP_ORPHAN = 120.0  # a lease (10 s by default) plus the resume's claim, with room to spare
 KEEP_ANSWERED = 60.0  # a member's last answer, read in full by a worker that may die before storing it
 MAX_ORPHAN_BYTES = 64 * 2**20
-DEATH_GRACE = 0.5  # a dead worker's sockets close a moment before /proc shows it dead (a live one: a cancel)
+DEATH_GRACE = 0.1  # a last look for a dying worker (gone() sees one at once): a live one's hang-up is a cancel
 
 
 # --- the worker's side --------------------------------------------------------------------------------
@@ -541,19 +541,24 @@ def peer_mark_of(pid: int) -> tuple[int, int] | None:
     return (pid, stat[1]) if stat else None
 
 
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks) of a process, from /proc/<pid>/stat; None when it is gone."""
+PF_EXITING = 0x4  # the kernel's flag of a task in do_exit: set before it closes its files
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, start time in clock ticks, flags) of a process, from /proc/<pid>/stat; None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return fields[0].decode(), int(fields[19])
+    return fields[0].decode(), int(fields[19]), int(fields[6])
 
 
 def gone(mark: tuple[int, int]) -> bool:
+    """The process has died or is dying: a SIGKILLed worker's sockets close as its last thread exits,
+    when its main thread is already marked exiting, so this is true by the time the gateway reads EOF."""
     stat = proc_stat(mark[0])
-    return stat is None or stat[1] != mark[1] or stat[0] in ("Z", "X", "x")
+    return stat is None or stat[1] != mark[1] or stat[0] in ("Z", "X", "x") or bool(stat[2] & PF_EXITING)
 
 
 async def died(mark) -> bool:
