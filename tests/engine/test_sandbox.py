@@ -226,8 +226,10 @@ def test_as_root_without_a_pids_cgroup_a_command_refuses_to_start_unless_the_lim
 
 def test_commands_start_only_through_the_sandbox():
     """Every place that starts a process: the sandbox's run(), the MCP client (whose argv comes from
-    sandboxed(), pinned in test_mcp) and `up`, which starts the server's own web and worker processes."""
+    sandboxed(), pinned in test_mcp), `up`, which starts the server's own web and worker processes, and
+    the host's model gateway (a fixed argv: this interpreter, the module and a socket path of its own)."""
     repo = Path(__file__).resolve().parents[2]
     starts = re.compile(r"subprocess|Popen|open_process|stdio_client|os\.system|os\.exec|os\.spawn|create_subprocess|\bpty\.")
     found = {str(p.relative_to(repo)) for p in (repo / "veronica").rglob("*.py") if starts.search(p.read_text())}
-    assert found == {"veronica/agent/tools/sandbox.py", "veronica/agent/mcp_client.py", "veronica/management/commands/up.py"}
+    assert found == {"veronica/agent/tools/sandbox.py", "veronica/agent/mcp_client.py", "veronica/management/commands/up.py",
+                     "veronica/agent/providers/gateway.py"}
