@@ -79,7 +79,8 @@ def transport(path: str, limits, direct, scope):
                 return self.direct.handle_request(request)
             port = url.port or (443 if url.scheme == "https" else 80)
             headers = request.headers.copy()
-            headers[UPSTREAM] = f"{url.scheme}://{url.host}:{port}"
+            host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
+            headers[UPSTREAM] = f"{url.scheme}://{host}:{port}"
             whose = scope()
             if whose:
                 headers[SCOPE] = whose
