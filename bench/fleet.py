@@ -454,7 +454,7 @@ def fleet_run(args, kill: str = "") -> dict:
         for cluster in clusters:
             cluster.stop()
         mock.stop()
-        gateways = gateway_stats(data)
+        gateways = gateway_stats(data, kill or "run")
         if gateways and "figures" in locals():
             figures["gateway"] = gateways
         if args.keep_logs:  # the clusters' logs outlive the mode's data directory
@@ -473,13 +473,14 @@ def fleet_run(args, kill: str = "") -> dict:
     return figures
 
 
-def gateway_stats(data: Path) -> dict:
-    """What the hosts' model gateways did (the line each logs as it stops), summed: calls made, calls
-    whose worker died (orphaned), taken over by the resumed run, cancelled, expired untaken."""
+def gateway_stats(data: Path, case: str) -> dict:
+    """What this case's hosts' model gateways did (the line each logs as it stops; a host SIGKILLed
+    logs none), summed: calls made, calls whose worker died (orphaned), taken over by the resumed run,
+    answers read by a worker that died before storing them, cancelled, expired, left untaken."""
     import ast
 
     total: dict[str, int] = {}
-    for log in data.glob("cluster-*.log"):
+    for log in data.glob(f"cluster-{case}-*.log"):
         lines = [line for line in log.read_text(errors="replace").splitlines() if "model gateway: {" in line]
         if lines:
             for key, value in ast.literal_eval(lines[-1].split("model gateway: ", 1)[1]).items():
