@@ -148,6 +148,13 @@ class Mock:
         with urllib.request.urlopen(self.root + "/_mock/served", timeout=10) as response:
             return json.load(response)
 
+    def arrivals(self) -> list[tuple[float, int]]:
+        """(wall-clock time, tool results in its conversation) of each model request as it arrived."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.root + "/_mock/arrivals", timeout=30) as response:
+            return [tuple(pair) for pair in json.load(response)["arrivals"]]
+
     def lateness(self) -> str:
         """How late the mock itself started its answers, past the scripted latency (its own load)."""
         stats = self.stats()
@@ -447,7 +454,8 @@ def fleet_run(args, kill: str = "") -> dict:
         sampler.running = False
         sampler.join(timeout=5)
         figures = outcome(members, t0, args.latency)
-        figures.update(cpu_seconds=sampler.cpu(), cpu_seconds_mailing=mailing, mock=mock.lateness())
+        figures.update(cpu_seconds=sampler.cpu(), cpu_seconds_mailing=mailing, mock=mock.lateness(),
+                       **calls_sent(mock.arrivals(), t0, args.latency))
     finally:
         sampler.running = False
         sampler.join(timeout=5)
@@ -471,6 +479,17 @@ def fleet_run(args, kill: str = "") -> dict:
                    worker_rss_mb=round(sampler.rss_max, 1), pg_connections_max=int(sampler.pg_max) if sampler.hosted else None,
                    killed_workers=killed, killed_at=None if killed_at is None else round(killed_at, 2), t0=t0, load=os.getloadavg()[0])
     return figures
+
+
+def calls_sent(arrivals: list[tuple[float, int]], t0: float, latency: float) -> dict:
+    """When the model calls reached the vendor, from its own record: the runs' first calls (s from t0),
+    and each round's calls past where the ideal schedule sends them (round k at t0 + k x latency)."""
+    rounds: dict[int, list[float]] = {}
+    for at, step in arrivals:
+        if at >= t0:
+            rounds.setdefault(step, []).append(at - t0 - step * latency)
+    return {"first_call_sent": quantiles(rounds.get(0, [])),
+            "calls_past_ideal_by_round": {step: quantiles(lags) for step, lags in sorted(rounds.items())}}
 
 
 def gateway_stats(data: Path, case: str) -> dict:
@@ -654,8 +673,12 @@ def main() -> None:
             print(f" {label}: {f['runs']} runs, {f['expired']} lease-expired, ideal {f['ideal']:g}s, took {f['elapsed']:.1f}s"
                   f" (load at the end {f['load']:.1f})" + (f"; killed at {f['killed_at']}s" if f.get("killed_at") else ""))
             print(f"   runs started {f['start_lag_p50']}s (p50), {f.get('start_lag_p90')}s (p90), {f['start_lag_max']}s (last) after t0, "
+                  f"their first calls sent {f.get('first_call_sent')} (p50/p90/max), "
                   f"{f.get('started_after_5s')} after 5s; a run took "
                   f"{f['run_seconds_p50']}s (p50), {f['run_seconds_max']}s (max)")
+            if f.get("calls_past_ideal_by_round"):
+                print("   calls reached the vendor past the ideal schedule (s, p50/p90/max), by round: "
+                      + ", ".join(f"{k}: {v}" for k, v in f["calls_past_ideal_by_round"].items()))
             print(f"   seconds past the model's latency (p50/p90/max): start to first reply {f['first_reply_over_latency']}, "
                   f"reply to reply {f['step_over_latency']}; last reply to the run's end {f['last_reply_to_end']}")
             if f.get("resumes"):

@@ -4,9 +4,11 @@ time, so the CPU this process uses during a call (its caller and any helper thre
 
 Printed: median and mean CPU µs per call (time.process_time around each complete(), after `--warmup`
 calls), and wall µs. With --profile, yappi's CPU clock over every thread and the functions with most
-total time. Figures are absolute: run it on each branch and compare.
+total time. With --gateway, each call goes through a model gateway process, as a q2 worker's do
+(veronica.agent.providers.gateway; its CPU is not counted here). Figures are absolute: run it on each
+branch and compare.
 
-  .venv/bin/python bench/model_call_cpu.py [--calls 500] [--vendor anthropic] [--profile]
+  .venv/bin/python bench/model_call_cpu.py [--calls 500] [--vendor anthropic] [--gateway] [--profile]
 """
 from __future__ import annotations
 
@@ -65,14 +67,18 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="yappi (CPU clock, all threads): the top functions")
     parser.add_argument("--top", type=int, default=35)
     parser.add_argument("--vendor", choices=("openai", "anthropic"), default="openai")
+    parser.add_argument("--gateway", action="store_true", help="through a model gateway process, as a q2 worker")
     args = parser.parse_args()
 
     django_setup()
-    from veronica.agent.providers import sdk
+    from veronica.agent.providers import gateway, sdk
     from veronica.agent.providers.anthropic import AnthropicProvider
     from veronica.agent.providers.openai_compat import OpenAIProvider
 
     proc, root = start_mock(args.vendor)
+    relay = gateway.spawn() if args.gateway else None
+    if args.gateway and relay is None:
+        raise SystemExit("the model gateway did not start")
     try:
         cfg = sdk.CallConfig(timeout=30, max_retries=0)
         provider = (OpenAIProvider("mock-model", root + "/v1", "k", cfg=cfg) if args.vendor == "openai" else
@@ -94,7 +100,9 @@ def main() -> None:
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    print(f"{args.vendor} model call CPU: median {statistics.median(cpu):.0f} µs, mean {statistics.mean(cpu):.0f} µs, "
+        if relay is not None:
+            gateway.stop(relay)
+    print(f"{args.vendor} model call{' via the gateway' if relay else ''} CPU: median {statistics.median(cpu):.0f} µs, mean {statistics.mean(cpu):.0f} µs, "
           f"p90 {sorted(cpu)[int(len(cpu) * 0.9)]:.0f} µs over {len(cpu)} calls "
           f"(wall median {statistics.median(wall):.0f} µs)")
 

@@ -36,6 +36,7 @@ member), and `lean` (keep no request records or prompt-cache state: a long bench
 """
 from __future__ import annotations
 
+import collections
 import json
 import select
 import socket
@@ -188,6 +189,9 @@ class MockVendor:
         self.latency, self.capacity, self.capacity_retry_after = 0.0, None, 1.0
         self.in_flight = self.max_in_flight = self.over_capacity = 0
         self.late_calls, self.late_sum, self.late_max = 0, 0.0, 0.0  # how far past `latency` answers started
+        # (wall-clock time, tool results in the conversation) of each model request as it arrived, lean mode
+        # too: a bench tells from it when each run's first call left (bench/fleet.py)
+        self.arrivals: collections.deque = collections.deque(maxlen=200_000)
 
     def late(self, seconds: float) -> None:
         with self.lock:
@@ -230,6 +234,7 @@ class MockVendor:
     def reset_stats(self) -> None:
         with self.lock:
             self.in_flight = self.max_in_flight = self.over_capacity = 0
+            self.arrivals.clear()
 
     def enter(self) -> bool:
         """A model request starts: count it; False when it is over the scripted capacity."""
@@ -384,6 +389,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(401, vendor.error_body(401, "invalid api key"))
         if kind == "models":
             return self.send_json(200, vendor.models_body())
+        vendor.arrivals.append((time.time(), vendor.tool_results(body if isinstance(body, dict) else {})))
         within = vendor.enter()
         try:
             if not within:
@@ -460,6 +466,8 @@ class Handler(BaseHTTPRequestHandler):
                 lateness = {"late_calls": vendor.late_calls, "late_mean": vendor.late_sum / max(vendor.late_calls, 1),
                             "late_max": vendor.late_max}
             return self.send_json(200, {"served": vendor.served, **lateness})
+        if self.path == "/_mock/arrivals":
+            return self.send_json(200, {"arrivals": list(vendor.arrivals)})
         if method == "POST" and self.path == "/_mock/reset":
             with vendor.lock:
                 vendor.script.clear()

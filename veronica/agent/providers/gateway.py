@@ -7,7 +7,7 @@ scripted model for each, and the vendor's tokens twice. The gateway is a child o
 sentinel, which survives its workers; it dies with its host, as the calls did before.
 
 The wire: a worker's HTTP client sends each vendor request over the gateway's Unix socket, unchanged
-but for two headers (GatewayTransport): where it goes (`x-veronica-upstream`: scheme, host, port) and
+but for two headers (veronica.agent.providers.gateway_client): where it goes (`x-veronica-upstream`: scheme, host, port) and
 whose call it is (`x-veronica-scope`: the member, set by the agent loop; sdk.call_scope). The gateway
 sends it upstream (its own pooled connections, TLS where the upstream is https) and relays the
 response's bytes as they come, keeping them until the call is over.
@@ -56,49 +56,6 @@ KEEP_ORPHAN = 120.0  # a lease (10 s by default) plus the resume's claim, with r
 KEEP_ANSWERED = 60.0  # a member's last answer, read in full by a worker that may die before storing it
 MAX_ORPHAN_BYTES = 64 * 2**20
 DEATH_GRACE = 0.1  # a last look for a dying worker (gone() sees one at once): a live one's hang-up is a cancel
-
-
-# --- the worker's side --------------------------------------------------------------------------------
-
-def transport(path: str, limits, direct, scope):
-    """An httpx2 transport that sends each request through the gateway at `path`, and straight to the
-    vendor (`direct`) when the gateway is not there (not started, or gone). scope(): whose call the
-    calling thread makes ("" for none: such a call is never kept for another request)."""
-    import httpx2
-
-    class GatewayTransport(httpx2.BaseTransport):
-        def __init__(self) -> None:
-            self.via = httpx2.HTTPTransport(uds=path, limits=limits)
-            self.direct = direct
-            self.parts = (self.via, direct)
-            self.warned = False
-
-        def handle_request(self, request):
-            url = request.url
-            if url.scheme not in ("http", "https") or not isinstance(request.stream, httpx2.ByteStream):
-                return self.direct.handle_request(request)
-            port = url.port or (443 if url.scheme == "https" else 80)
-            headers = request.headers.copy()
-            host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
-            headers[UPSTREAM] = f"{url.scheme}://{host}:{port}"
-            whose = scope()
-            if whose:
-                headers[SCOPE] = whose
-            via = httpx2.Request(request.method, url.copy_with(scheme="http"), headers=headers,
-                                 stream=request.stream, extensions=request.extensions)
-            try:
-                return self.via.handle_request(via)
-            except httpx2.ConnectError as exc:  # no gateway: nothing was sent
-                if not self.warned:
-                    self.warned = True
-                    log.warning("the model gateway at %s does not answer (%s): calling the vendor directly", path, exc)
-                return self.direct.handle_request(request)
-
-        def close(self) -> None:
-            self.via.close()
-            self.direct.close()
-
-    return GatewayTransport()
 
 
 # --- the gateway -------------------------------------------------------------------------------------
@@ -275,9 +232,14 @@ class UpstreamSide(asyncio.Protocol):
 class Framing:
     """Where an HTTP/1.1 response ends: its head, then a content-length, chunks, or the connection's end."""
 
-    def __init__(self, head_only: bool = False) -> None:
+    def __init__(self, head_only: bool = False, decode: bool = False) -> None:
         self.head = bytearray()
         self.status: int | None = None
+        self.reason = b""
+        self.fields: list[tuple[bytes, bytes]] = []  # the head's fields as sent (decode only)
+        # decode: the body's bytes, unframed, are put here as they come (the worker's side reads the
+        # answer; the gateway itself relays the framed bytes and only needs to know where they end)
+        self.payload: list[bytes] | None = [] if decode else None
         self.head_only = head_only
         self.keep_alive = True
         self.until_close = False
@@ -302,6 +264,8 @@ class Framing:
             if self.status is None:  # an interim answer (1xx): the real one follows
                 return self.feed(rest) if rest else "more"
             data, at = rest, 0
+        if self.payload is not None and data and not self.chunked:
+            self.payload.append(data)
         if self.until_close:
             return "more"
         if not self.chunked:
@@ -323,6 +287,9 @@ class Framing:
         if 100 <= self.status < 200:  # an interim answer: the real head follows
             self.status = None
             return "more"
+        if self.payload is not None:
+            self.reason = parts[2] if len(parts) > 2 else b""
+            self.fields = [(name.strip(), value.strip()) for name, _, value in (line.partition(b":") for line in lines[1:])]
         self.keep_alive = fields.get(b"connection") != b"close" and parts[0] == b"HTTP/1.1"
         if self.head_only or self.status in (204, 304):
             return "done"
@@ -343,6 +310,9 @@ class Framing:
         while at < n:
             if self.left:
                 step = min(self.left, n - at)
+                if self.payload is not None and self.left > 2:  # (the last two are the chunk's CRLF)
+                    data_end = at + min(step, self.left - 2)
+                    self.payload.append(data[at:data_end])
                 self.left -= step
                 at += step
                 continue

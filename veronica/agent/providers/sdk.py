@@ -38,7 +38,7 @@ from typing import Callable, Iterator
 import httpcore2
 import httpx2
 
-from veronica.agent.providers import gateway
+from veronica.agent.providers import gateway, gateway_client
 from veronica.agent.providers.base import CancelCheck, Cancelled, EventSink, ProviderError, Reply, Usage
 
 POLL_SECONDS = 0.05
@@ -78,6 +78,24 @@ _STOPPED: set[int] = set()  # threads whose inline model call was interrupted (u
 _local = threading.local()  # per thread: its client shard, its stop mode, a read cap while draining
 
 
+def mark_in_use(stream) -> None:
+    """This thread's model call is on `stream` now (anything with get_extra_info("socket")): an interrupt
+    shuts that socket down. A call already interrupted fails here, at its next socket operation."""
+    me = threading.get_ident()
+    with _IN_USE_LOCK:
+        _IN_USE[me] = stream
+        if me not in _STOPPED:
+            return
+    _shutdown(stream)
+    raise ConnectionAbortedError("model call aborted; the connection was closed")
+
+
+def read_capped(timeout: float | None) -> float | None:
+    """A read's timeout, capped while the thread drains a finished answer (drain)."""
+    cap = getattr(_local, "read_cap", None)
+    return cap if cap is not None and (timeout is None or timeout > cap) else timeout
+
+
 class _TrackedStream(httpcore2.NetworkStream):
     """Records, per thread, the socket it last read or wrote (the request that thread is making).
     An inline call interrupted between two socket operations fails at its next one (see interrupt)."""
@@ -85,24 +103,12 @@ class _TrackedStream(httpcore2.NetworkStream):
     def __init__(self, inner: httpcore2.NetworkStream) -> None:
         self._inner = inner
 
-    def _mark(self) -> None:
-        me = threading.get_ident()
-        with _IN_USE_LOCK:
-            _IN_USE[me] = self._inner
-            if me not in _STOPPED:
-                return
-        _shutdown(self._inner)
-        raise ConnectionAbortedError("model call aborted; the connection was closed")
-
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        self._mark()
-        cap = getattr(_local, "read_cap", None)
-        if cap is not None and (timeout is None or timeout > cap):
-            timeout = cap
-        return self._inner.read(max_bytes, timeout)
+        mark_in_use(self._inner)
+        return self._inner.read(max_bytes, read_capped(timeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._mark()
+        mark_in_use(self._inner)
         self._inner.write(buffer, timeout)
 
     def close(self) -> None:
@@ -177,7 +183,7 @@ def track_sockets(http: httpx2.Client) -> None:
     """httpx2 takes no network backend argument: swap ours into its pools (the direct one and any
     proxy from HTTPS_PROXY / ALL_PROXY, which a custom transport= would silently drop)."""
     transports = [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]
-    transports += [part for t in transports for part in getattr(t, "parts", ())]  # the model gateway's two ways
+    transports += [part for t in transports for part in getattr(t, "parts", ())]  # the model gateway's direct way
     for transport in transports:
         pool = getattr(transport, "_pool", None)
         if pool is not None and hasattr(pool, "_network_backend"):
@@ -263,7 +269,9 @@ def via_gateway():
     if not path or urllib.request.getproxies():
         return None
     direct = httpx2.HTTPTransport(limits=connection_limits(), verify=ssl_context())
-    return gateway.transport(path, connection_limits(), direct, scope=lambda: getattr(_local, "scope", None) or "")
+    return gateway_client.GatewayTransport(path, connection_limits().max_keepalive_connections, direct,
+                                           scope=lambda: getattr(_local, "scope", None) or "", mark=mark_in_use,
+                                           cap=read_capped)
 
 
 @contextlib.contextmanager
