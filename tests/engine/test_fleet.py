@@ -3,6 +3,7 @@ process runs many members at once against the mock vendor's HTTP, its one heartb
 leases, its runs share a few database connections, and lease, fence and kill recovery hold per run."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -10,13 +11,16 @@ import time
 
 import pytest
 from django.db import close_old_connections, connection, transaction
+from django.db.models import F, Sum
 
 from tests.conftest import make_space
 from tests.harness import isolate_queue, kill_cluster, qcluster, wait_for
+from tests.vendors.faults import tokens
 from tests.vendors.mock_openai import MockOpenAI
+from veronica.agent.providers import gateway
 from veronica.swarm import bus
 from veronica.engine import supervisor, tick
-from veronica.models import Member, Message, Run, RunOutcome, Turn
+from veronica.models import Member, Message, Run, RunOutcome, Turn, UsageDay
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
@@ -162,33 +166,85 @@ def test_a_worker_killed_mid_call_costs_its_runs_no_model_call_again(tmp_path):
             wait_for(lambda: len(mock.model_requests()) == len(members), 60, interval=0.05, message="six first calls in flight")
             os.kill(q2_worker(proc.pid), signal.SIGKILL)
             ticking(lambda: answered(members), 120, message="every member answered after the worker died")
-        served = len(mock.model_requests())
+        requests = mock.model_requests()
+    served = len(requests)
     close_old_connections()
     assert Run.objects.filter(member__in=members, outcome=RunOutcome.LEASE_EXPIRED).count() == len(members)
     assert_one_answer_each_and_no_overlap(members)
     assert served == len(members) * STEPS, f"{served - len(members) * STEPS} model calls made again after the kill"
+    # every answer booked once, by the run that stored it: the day's ledger and the runs' counters hold
+    # the calls the vendor answered and the prompt tokens it counted, none lost with the dead worker, none twice
+    booked = UsageDay.objects.filter(member__in=members).aggregate(
+        calls=Sum("model_calls"), prompt=Sum(F("input_tokens") + F("cache_read_tokens")))
+    counted = Run.objects.filter(member__in=members).aggregate(calls=Sum("model_calls"))
+    prompted = sum(tokens(json.dumps({"tools": r.body.get("tools"), "messages": r.body.get("messages")}, sort_keys=True))
+                   for r in requests)  # (as the mock counts a prompt: tests.vendors.mock_openai.usage_for)
+    assert booked == {"calls": served, "prompt": prompted} and counted["calls"] == served
 
 
 def q2_worker(main_pid: int) -> int:
     """The q2 worker of a one-worker cluster: the sentinel (the main process's child) forks its model
     gateway, then the worker, then the monitor and the pusher."""
-    def children(pid: int) -> list[int]:
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if int(stat[1]) == pid:
-                    found.append(int(entry))
-        return sorted(found)
-
-    def gateway(pid: int) -> bool:
-        return b"providers.gateway" in open(f"/proc/{pid}/cmdline", "rb").read()
-
     (sentinel,) = children(main_pid)
-    return [pid for pid in children(sentinel) if not gateway(pid)][0]
+    return [pid for pid in children(sentinel) if not gateway_argv(pid)][0]
+
+
+def model_gateway(main_pid: int) -> tuple[int, str] | None:
+    """The cluster's model gateway process and its socket path (its last argument), if it runs."""
+    (sentinel,) = children(main_pid)
+    found = [(pid, argv[-1]) for pid in children(sentinel) if (argv := gateway_argv(pid))]
+    return found[0] if found else None
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid and stat[0] not in ("Z", "X"):
+                found.append(int(entry))
+    return sorted(found)
+
+
+def gateway_argv(pid: int) -> list[str]:
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+    except OSError:
+        return []
+    return [a for a in argv if a] if "veronica.agent.providers.gateway" in argv else []
+
+
+def test_a_dead_model_gateway_is_started_again_and_the_workers_calls_reach_the_new_one(tmp_path):
+    """The host's gateway SIGKILLed (the OOM killer's pick, a bug): the sentinel starts a new one on the
+    same socket at its next guard cycle, and the worker's next calls go through it (its connection to
+    the dead one, kept alive, is replaced), not straight to the vendor: the new gateway counts them."""
+    (member,) = fleet_space(tmp_path, 1)
+    log = tmp_path / "cluster.log"
+
+    def answers(n: int) -> bool:
+        close_old_connections()
+        return Turn.objects.filter(session__member=member, role="assistant", content="done").count() == n and \
+            not Member.objects.filter(pk=member.pk).exclude(lease_token="").exists()
+
+    with MockOpenAI(api_key="sk-fleet") as mock:
+        mock.configure(latency=0.0, steps=STEPS)
+        with qcluster(workers=1, log_path=log, OPENAI_BASE_URL=mock.base_url, OPENAI_API_KEY="sk-fleet") as proc:
+            mail_all([member])
+            ticking(lambda: answers(1), 60, message="the member answered through the first gateway")
+            first, path = model_gateway(proc.pid)
+            os.kill(first, signal.SIGKILL)
+            wait_for(lambda: (model_gateway(proc.pid) or (first,))[0] != first and gateway.answers(path), 30,
+                     interval=0.1, message="a new model gateway on the same socket")
+            mail_all([member])
+            ticking(lambda: answers(2), 60, message="the member answered again")
+        served = len(mock.model_requests())
+    lines = log.read_text().splitlines()
+    assert any("starting a new one" in line for line in lines)
+    stats = [line for line in lines if "model gateway: {" in line]  # (the killed one logged none)
+    assert served == 2 * STEPS and len(stats) == 1 and f"'calls': {STEPS}," in stats[0], stats
 
 
 def test_a_paused_worker_with_many_runs_writes_nothing_for_any_of_them(tmp_path):

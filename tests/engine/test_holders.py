@@ -18,6 +18,7 @@ from django.utils import timezone
 from tests.conftest import make_space
 from tests.harness import REPO, isolate_queue, kill_cluster, qcluster, wait_for
 from veronica.engine import holders, supervisor
+from veronica.plumbing import procstat
 from veronica.models import Event, Member, Message, Run, RunOutcome, RunStatus
 from veronica.swarm import bus
 
@@ -87,7 +88,7 @@ def test_a_dead_holders_lease_ends_at_once_and_its_member_is_owed_a_resume(tmp_p
     if collected:
         proc.wait(timeout=5)
     else:  # killed, not yet waited for by its parent (this test): a zombie, which never writes again
-        wait_for(lambda: holders._stat(proc.pid) is None or holders._stat(proc.pid)[0] == "Z", 5, message="a zombie")
+        wait_for(lambda: procstat.stat(proc.pid) is None or procstat.stat(proc.pid).state == "Z", 5, message="a zombie")
     assert holders.reap_dead_here() == [w1.pk]
     member = Member.objects.get(pk=w1.pk)
     assert member.lease_token == "" and member.lease_expires_at is None and member.run_status == RunStatus.IDLE

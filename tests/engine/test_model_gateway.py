@@ -21,6 +21,7 @@ from veronica.agent.providers import gateway, sdk
 from veronica.agent.providers.base import Cancelled
 from veronica.agent.providers.openai_compat import OpenAIProvider
 from veronica.agent.providers.sdk import CallConfig
+from veronica.plumbing import procstat
 
 MESSAGES = [{"role": "user", "content": "list the files"}]
 CFG = CallConfig(timeout=20.0, max_retries=0, backoff=0.01, stream=True, max_tokens=256)
@@ -226,6 +227,6 @@ def test_the_gateway_ends_with_the_host_that_started_it(tmp_path):
     os.kill(parent.pid, signal.SIGKILL)
     parent.join()
     deadline = time.monotonic() + 10
-    while gateway.proc_stat(pid) not in (None,) and gateway.proc_stat(pid)[0] not in ("Z", "X") and time.monotonic() < deadline:
+    while procstat.stat(pid) is not None and procstat.stat(pid).state not in ("Z", "X") and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert gateway.proc_stat(pid) is None or gateway.proc_stat(pid)[0] in ("Z", "X")
+    assert procstat.stat(pid) is None or procstat.stat(pid).state in ("Z", "X")

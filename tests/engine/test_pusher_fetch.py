@@ -15,6 +15,7 @@ from django.conf import settings
 from django_q.conf import Conf
 
 from veronica.engine import fleet, holders, qbroker, warm
+from veronica.plumbing import procstat
 
 needs_redis = pytest.mark.skipif(not settings.REDIS_URL, reason="the Redis broker is hosted mode's")
 
@@ -196,7 +197,7 @@ def test_a_host_whose_workers_are_all_full_fetches_nothing_until_one_has_room(ho
     try:
         warm.note_full(True)  # this process stands for one worker, the sibling for the other
         machine = holders.process_mark().split(".")[0]
-        with open(os.path.join(f"{host}.full", f"{machine}.{sibling.pid:x}.{holders._stat(sibling.pid)[1]:x}"), "w"):
+        with open(os.path.join(f"{host}.full", f"{machine}.{sibling.pid:x}.{procstat.stat(sibling.pid).start:x}"), "w"):
             pass
         assert pusher.dequeue() is None and not fetched, "every worker is full: the wakes stay in Redis"
         warm.note_full(False)

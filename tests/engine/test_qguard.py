@@ -109,7 +109,7 @@ def test_the_guard_gives_back_only_a_dead_idle_workers_lock_behind_which_a_task_
     dead, live = FakeWorker(alive=False, timer=-1 if died_idle else 30), FakeWorker()
     sentinel = FakeSentinel([live])
     guard = qguard.QueueGuard(sentinel, clock=lambda: now[0])
-    monkeypatch.setattr(qguard, "stopped", lambda pid: stopped)
+    monkeypatch.setattr(qguard.procstat, "stopped", lambda pid: stopped)
     sentinel.task_queue._rlock.acquire()  # as the dead worker did, waiting for a task
     guard.worker_died(dead)
     sentinel.task_queue.put("wake")

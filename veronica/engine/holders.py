@@ -25,6 +25,8 @@ import os
 import uuid
 from datetime import timedelta
 
+from veronica.plumbing import procstat
+
 log = logging.getLogger(__name__)
 
 TOKEN_LENGTH = 40  # Member.lease_token and Run.lease_token
@@ -44,23 +46,13 @@ def _machine() -> str | None:
     return hashlib.sha256(f"{boot}:{namespace}".encode()).hexdigest()[:8]
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time) of a process of this pid namespace, or None when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()  # the name, in parentheses, may hold spaces
-    except OSError:
-        return None
-    return fields[0].decode(), int(fields[19])
-
-
 def process_mark() -> str:
     """"<machine>.<pid>.<start>" of this process, or "" where it cannot be told (no /proc)."""
     global _mark
     pid = os.getpid()
     if _mark is None or _mark[0] != pid:
-        machine, me = _machine(), _stat(pid)
-        _mark = (pid, f"{machine}.{pid:x}.{me[1]:x}" if machine and me else "")
+        machine, me = _machine(), procstat.stat(pid)
+        _mark = (pid, f"{machine}.{pid:x}.{me.start:x}" if machine and me else "")
     return _mark[1]
 
 
@@ -89,8 +81,7 @@ def mark_gone(mark: str, machine: str) -> bool:
         pid, start = int(parts[1], 16), int(parts[2], 16)
     except ValueError:
         return False
-    stat = _stat(pid)
-    return stat is None or stat[1] != start or stat[0] in ("Z", "X", "x")
+    return procstat.gone(pid, start)
 
 
 def reap_dead_here(*, ring_now: bool = True) -> list[int]:

@@ -31,16 +31,18 @@ import signal
 import threading
 import time
 from multiprocessing.reduction import ForkingPickler
-from pathlib import Path
 
 from django_q.cluster import Sentinel
 from django_q.pusher import pusher
 from django_q.conf import Conf
 from django_q.queues import Queue
 
+from veronica.plumbing import procstat
+
 log = logging.getLogger("veronica.qguard")
 
 STALL_SECONDS = 5.0
+GATEWAY_RETRY = 5.0  # a model gateway that will not start again is tried this often
 LOOK_EVERY = 0.5
 IDLE = -1  # q2's worker timer: -1 idle (waiting for a task), > 0 running one, 0 timed out, -2 recycled
 
@@ -48,13 +50,6 @@ IDLE = -1  # q2's worker timer: -1 idle (waiting for a task), > 0 running one, 0
 def raw(value) -> float:
     """A multiprocessing Value read without its lock (a dead process may hold that lock too)."""
     return value.get_obj().value
-
-
-def stopped(pid: int | None) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
 
 
 class GuardedQueue(Queue):
@@ -119,7 +114,7 @@ class QueueGuard:
         workers = [p for p in list(self.sentinel.pool) if p.is_alive()]
         waiting = raw(queue.size.count) > 0
         idle = any(raw(p.timer) == IDLE for p in workers)
-        return waiting and idle and not any(stopped(p.pid) for p in workers)
+        return waiting and idle and not any(procstat.stopped(p.pid) for p in workers)
 
     def look(self) -> bool:
         """One look; True when it released the lock."""
@@ -154,12 +149,18 @@ class QueueGuard:
 
 class WatchedWait:
     """The sentinel's stop event, marking while q2's guard loop waits on it: then (and only then) the loop
-    is not walking its pool, and a SIGCHLD handler may replace a dead worker itself."""
+    is not walking its pool, and a SIGCHLD handler may replace a dead worker itself. each_cycle: called
+    on the guard loop's thread before each wait (a look of ours beside q2's, at its guard cycle)."""
 
-    def __init__(self, event) -> None:
-        self.event, self.waiting = event, False
+    def __init__(self, event, each_cycle=None) -> None:
+        self.event, self.waiting, self.each_cycle = event, False, each_cycle
 
     def wait(self, timeout=None):
+        if self.each_cycle is not None and not self.event.is_set():
+            try:
+                self.each_cycle()
+            except Exception:  # the guard loop must go on
+                log.warning("the sentinel's own look failed", exc_info=True)
         self.waiting = True
         try:
             return self.event.wait(timeout)
@@ -196,7 +197,7 @@ class GuardedSentinel(Sentinel):
 
         self.start_event.set()
         warm.preload()
-        self.stop_event = WatchedWait(self.stop_event)
+        self.stop_event = WatchedWait(self.stop_event, each_cycle=self.keep_gateway)
         self.guard_pid = os.getpid()
         signal.signal(signal.SIGCHLD, self.child_died)
         super().guard()
@@ -208,6 +209,17 @@ class GuardedSentinel(Sentinel):
             super().stop()
         finally:
             gateway.stop(getattr(self, "gateway", None))
+
+    def keep_gateway(self) -> None:
+        """A dead model gateway is started again, on the guard loop's thread (the one that forks workers),
+        at most every GATEWAY_RETRY seconds while it fails to start."""
+        from veronica.agent.providers import gateway
+
+        process = getattr(self, "gateway", None)
+        if process is None or process.poll() is None or time.monotonic() < getattr(self, "gateway_retry_at", 0.0):
+            return
+        self.gateway_retry_at = time.monotonic() + GATEWAY_RETRY
+        self.gateway = gateway.respawn(process)
 
     def spawn_pusher(self):
         return self.spawn_process(push_then_give_back, self.task_queue, self.event_out, self.broker)

@@ -44,6 +44,8 @@ import sys
 import time
 from urllib.parse import urlsplit
 
+from veronica.plumbing import procstat
+
 
 log = logging.getLogger(__name__)
 
@@ -508,28 +510,14 @@ def peer_mark(sock) -> tuple[int, int] | None:
 
 
 def peer_mark_of(pid: int) -> tuple[int, int] | None:
-    stat = proc_stat(pid)
-    return (pid, stat[1]) if stat else None
-
-
-PF_EXITING = 0x4  # the kernel's flag of a task in do_exit: set before it closes its files
-
-
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, start time in clock ticks, flags) of a process, from /proc/<pid>/stat; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0].decode(), int(fields[19]), int(fields[6])
+    now = procstat.stat(pid)
+    return (pid, now.start) if now else None
 
 
 def gone(mark: tuple[int, int]) -> bool:
     """The process has died or is dying: a SIGKILLed worker's sockets close as its last thread exits,
     when its main thread is already marked exiting, so this is true by the time the gateway reads EOF."""
-    stat = proc_stat(mark[0])
-    return stat is None or stat[1] != mark[1] or stat[0] in ("Z", "X", "x") or bool(stat[2] & PF_EXITING)
+    return procstat.gone(*mark, exiting=True)
 
 
 async def died(mark) -> bool:
@@ -550,15 +538,17 @@ async def died(mark) -> bool:
 START_SECONDS = 10.0
 
 
-def spawn():
+def spawn(folder: str | None = None):
     """Start this host's gateway (a child of the calling process, in its process group: it dies with its
     host) and point the workers forked from here at it. None when it could not start: the workers call
-    their vendors directly, as without it."""
+    their vendors directly, as without it. folder: a dead gateway's, whose socket the workers know
+    (respawn)."""
     import shutil
     import subprocess
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix="veronica-gateway-")  # 0700: only this user's processes reach the socket
+    made = folder is None
+    folder = folder or tempfile.mkdtemp(prefix="veronica-gateway-")  # 0700: only this user's processes reach the socket
     path = os.path.join(folder, "socket")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -574,8 +564,19 @@ def spawn():
     log.warning("the model gateway did not start; workers call their vendors directly")
     process.kill()
     process.wait()
-    shutil.rmtree(folder, ignore_errors=True)
+    if made:
+        shutil.rmtree(folder, ignore_errors=True)
     return None
+
+
+def respawn(process):
+    """The host's gateway `process` has exited (it should not: a bug, the OOM killer): a new one on the
+    same socket, so the workers' next connections reach it (meanwhile they call the vendors directly,
+    gateway_client). The calls the dead one held are lost, as a dead worker's were before the gateway.
+    Returns the new process, or the dead one when none started (the caller tries again later)."""
+    log.error("the model gateway (pid %s) exited with status %s; starting a new one", process.pid, process.returncode)
+    new = spawn(process.folder)
+    return new if new is not None else process
 
 
 def answers(path: str) -> bool:

@@ -29,6 +29,7 @@ from django_q.management.commands.qcluster import Command as Q2Command
 from veronica.engine import holders, outage, warm
 from veronica.engine.qguard import GuardedSentinel
 from veronica.engine.ticker import Ticker
+from veronica.plumbing import procstat
 from veronica.portable.startup import ensure_schedules
 
 log = logging.getLogger("veronica.qcluster")
@@ -36,21 +37,7 @@ log = logging.getLogger("veronica.qcluster")
 
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (q2's sentinel, its workers, monitor and pusher), from /proc."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+    children = procstat.children()
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
