@@ -94,6 +94,23 @@ def test_a_worker_host_starts_without_the_sdks_few_members_use():
     assert out.stdout.strip() == "[]", f"a worker's start-up imports {out.stdout.strip()}"
 
 
+def test_a_warming_worker_imports_the_sdks_of_the_models_its_members_use(space, monkeypatch):
+    """The first model call of a worker imported its SDK under the import lock: in a burst, every run of
+    the worker waited behind it. A warming worker imports the SDKs of the members' models and fallbacks,
+    and only those (anthropic's alone is ~50 MB a worker)."""
+    Member.objects.update(model="offline", fallback=[])
+    assert warm.sdks_in_use() == ()
+    Member.objects.filter(space=space, name="w1").update(model="openai:gpt-4.1-mini")
+    assert warm.sdks_in_use() == ("openai",)
+    Member.objects.filter(space=space, name="w2").update(fallback=["anthropic:claude-sonnet-4-5"])
+    assert warm.sdks_in_use() == ("openai", "anthropic")
+    imported = []
+    monkeypatch.setattr(warm.importlib, "import_module", lambda name: imported.append(name))
+    monkeypatch.setattr(slot, "claim", lambda *a, **k: None)
+    warm.warm_worker(proc_name="Process-1")
+    assert imported == [*warm.MODULES, "openai", "anthropic"]
+
+
 def _settled(conn) -> None:
     import gc
 

@@ -154,6 +154,24 @@ def wait_until_ready() -> bool:
     return False
 
 
+def sdks_in_use() -> tuple[str, ...]:
+    """The vendors' SDKs of the models the members use (their own and their fallbacks), for a worker to
+    import as it warms. The first workers are forked before the sentinel preloads (preload), and each
+    imported its SDK on its first model call, under the import lock: in a burst of 500 members every run
+    of the worker waited behind it (openai: 0.3 s of CPU alone, about a second of the GIL among the
+    burst's claims; the profile of a worker in bench/fleet.py's first 2.5 s was 40 % pydantic building
+    the SDK's types). Only those in use: anthropic alone is ~50 MB and 1 s a worker. A model set later is
+    imported by its first call, as before. One query."""
+    from veronica.agent.providers import split_spec
+    from veronica.models import Member
+
+    kinds = set()
+    for model, fallback in Member.objects.order_by().values_list("model", "fallback").distinct():
+        for spec in [model, *(fallback if isinstance(fallback, list) else [])]:
+            kinds.add(split_spec(spec if isinstance(spec, str) else "")[0])
+    return tuple(sdk for sdk in SDKS if sdk in kinds)
+
+
 def preload() -> None:
     """In q2's sentinel, once it has forked the cluster (veronica.engine.qguard): the agent stack and the
     vendors' SDKs, so a worker it forks later (for one that died or was recycled) inherits them, shared,
@@ -183,6 +201,11 @@ def warm_worker(**_) -> None:
     try:
         for name in MODULES:
             importlib.import_module(name)
+        for name in sdks_in_use():
+            try:
+                importlib.import_module(name)
+            except Exception:  # not installed, or broken: its provider's own import reports it
+                log.info("could not import %s as the worker warms", name, exc_info=True)
         from veronica.engine import slot
         from veronica.engine.runner import MAIL_SOURCES
 
