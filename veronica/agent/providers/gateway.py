@@ -6,9 +6,10 @@ calls die with its sockets, and whoever resumes its runs pays every call in flig
 scripted model for each, and the vendor's tokens twice. The gateway is a child of the cluster's
 sentinel, which survives its workers; it dies with its host, as the calls did before.
 
-The wire: a worker's HTTP client sends each vendor request over the gateway's Unix socket, unchanged
-but for two headers (veronica.agent.providers.gateway_client): where it goes (`x-veronica-upstream`: scheme, host, port) and
-whose call it is (`x-veronica-scope`: the member, set by the agent loop; sdk.call_scope). The gateway
+The wire: a worker's HTTP client sends each vendor request over the gateway's Unix socket
+(veronica.agent.providers.gateway_client), unchanged but for two headers: where it goes
+(`x-veronica-upstream`: scheme, host, port) and whose call it is (`x-veronica-scope`: the member, set
+by the agent loop; sdk.call_scope). The gateway
 sends it upstream (its own pooled connections, TLS where the upstream is https) and relays the
 response's bytes as they come, keeping them until the call is over.
 
