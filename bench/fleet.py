@@ -179,6 +179,7 @@ class Sampler(threading.Thread):
         self.first: dict[int, float] = {}  # pid -> its CPU seconds when first seen (0 for one born meanwhile)
         self.last: dict[int, float] = {}
         self.lock = threading.Lock()  # rebase() runs on the bench's thread
+        self.timeline: list[tuple[float, dict[str, float]]] = []  # (wall time, cpu()) at each sample after rebase()
         self.sample_cpu(self.backends(), initial=True)
 
     def backends(self) -> list[int]:
@@ -230,7 +231,14 @@ class Sampler(threading.Thread):
                     self.last[pid] = procs[pid][2]
             before = self.cpu()
             self.first.update(self.last)
+            self.timeline = [(time.time(), {})]
         return before
+
+    def cpu_until(self, moment: float) -> tuple[float, dict[str, float]]:
+        """The first sample at or after moment (wall time): when it was taken, and the CPU seconds per role
+        from the rebase to it."""
+        with self.lock:
+            return next(((at, used) for at, used in self.timeline if at >= moment), (time.time(), self.cpu()))
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds per role since the sampler started (or was rebased)."""
@@ -246,6 +254,9 @@ class Sampler(threading.Thread):
             backends = self.backends()
             self.pg_max = max(self.pg_max, len(backends))  # not the sampler's own
             self.sample_cpu(backends)
+            with self.lock:
+                if self.timeline:
+                    self.timeline.append((time.time(), self.cpu()))
             time.sleep(0.5)
         connection.close()
 
@@ -456,6 +467,10 @@ def fleet_run(args, kill: str = "") -> dict:
         figures = outcome(members, t0, args.latency)
         figures.update(cpu_seconds=sampler.cpu(), cpu_seconds_mailing=mailing, mock=mock.lateness(),
                        **calls_sent(mock.arrivals(), t0, args.latency))
+        last_first = figures.pop("first_call_last", None)
+        if last_first is not None:  # the start burst: what each part used until the last first call went out
+            at, burst = sampler.cpu_until(t0 + last_first)
+            figures["cpu_seconds_burst"] = {"until": round(at - t0, 2), **burst}
     finally:
         sampler.running = False
         sampler.join(timeout=5)
@@ -488,7 +503,7 @@ def calls_sent(arrivals: list[tuple[float, int]], t0: float, latency: float) -> 
     for at, step in arrivals:
         if at >= t0:
             rounds.setdefault(step, []).append(at - t0 - step * latency)
-    return {"first_call_sent": quantiles(rounds.get(0, [])),
+    return {"first_call_sent": quantiles(rounds.get(0, [])), "first_call_last": max(rounds.get(0, [None])),
             "calls_past_ideal_by_round": {step: quantiles(lags) for step, lags in sorted(rounds.items())}}
 
 
@@ -687,6 +702,10 @@ def main() -> None:
                       f" model calls per resumed run {f.get('resume_calls')}; the runs not cut ended {f.get('others_ended')}")
             print(f"   mock vendor: {f['mock']}; CPU seconds from t0: " + ", ".join(f"{k} {v}" for k, v in f["cpu_seconds"].items())
                   + "; mailing before t0: " + ", ".join(f"{k} {v}" for k, v in f.get("cpu_seconds_mailing", {}).items() if v))
+            if f.get("cpu_seconds_burst"):
+                burst = dict(f["cpu_seconds_burst"])
+                print(f"   the start burst, t0 to {burst.pop('until')}s (the last first call's sample): CPU seconds "
+                      + ", ".join(f"{k} {v}" for k, v in burst.items()) + f", all {round(sum(burst.values()), 2)}")
             if f.get("gateway"):
                 print("   model gateway: " + ", ".join(f"{k} {v}" for k, v in f["gateway"].items()))
             show("concurrent_members", f["concurrent_members"], f">= {args.members}")

@@ -208,8 +208,8 @@ else:
 #   by a cluster whose workers are all busy waits behind their runs while another cluster idles, and a
 #   SIGKILLed cluster takes what it fetched with it (the engine re-rings owed resumes every tick and the
 #   sweep recovers mail, but each costs seconds). The pusher's hand holds what one fetch took: a burst
-#   comes several wakes a fetch, and a host whose workers' run slots are all taken fetches none
-#   (veronica.engine.qbroker).
+#   comes several wakes a fetch, the wakes at its head go up to 16 in one task, and a host whose
+#   workers' run slots are all taken fetches none (veronica.engine.qbroker).
 Q_TIMEOUT = env_int("VERONICA_Q_TIMEOUT", 900, minimum=10)
 Q_WORKERS = env_int("VERONICA_Q_WORKERS", 4, minimum=1, maximum=64)
 # Runs per worker process (veronica.engine.fleet): a worker claims a wake, hands the run to a thread

@@ -136,6 +136,28 @@ def test_one_worker_process_runs_many_members_at_once_on_few_connections(tmp_pat
         assert sampler.most < len(members), f"{sampler.most} connections for {len(members)} waiting runs"
 
 
+def test_wakes_fetched_together_reach_a_worker_in_one_task_and_those_it_has_no_room_for_wait_for_a_slot(tmp_path):
+    """Twelve wakes queued before the cluster starts: its pusher's first fetch takes them all. Hosted, they
+    reach the one worker as one q2 task (runner.wake_all); its pool of 8 starts eight, hands the other four
+    back to the broker's head, and the host, full, fetches them again as slots free. Every member answers
+    once, no more than 8 run at once, and no two runs of one member overlap."""
+    members = fleet_space(tmp_path, 12)
+    log_path = tmp_path / "cluster.log"
+    with MockOpenAI(api_key="sk-fleet") as mock:
+        mock.configure(latency=1.0, steps=STEPS)
+        mail_all(members)  # queued while no worker runs
+        with qcluster(workers=1, log_path=log_path, OPENAI_BASE_URL=mock.base_url, OPENAI_API_KEY="sk-fleet",
+                      VERONICA_RUNS_PER_WORKER="8", VERONICA_DB_POOL_SIZE="2"):
+            wait_for(lambda: answered(members), 120, message="every member answered")
+    close_old_connections()
+    assert_one_answer_each_and_no_overlap(members)
+    assert peak_overlap(members) <= 8
+    if connection.vendor == "postgresql":
+        log = log_path.read_text()
+        assert "'veronica.engine.runner.wake_all'" in log, "the queued wakes did not reach the worker together"
+        assert "handed back: every run slot of this worker stayed busy" in log
+
+
 def test_a_killed_worker_with_many_runs_loses_none_and_no_member_runs_twice_at_once(tmp_path):
     members = fleet_space(tmp_path, 6)
     with MockOpenAI(api_key="sk-fleet") as mock:

@@ -3,7 +3,10 @@ holds in two statements, and a waiting run learns from it, without a statement o
 was asked to stop or lost its lease."""
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
@@ -87,8 +90,6 @@ def test_a_pooled_model_call_polls_rarely_and_a_stop_the_beat_hears_aborts_it_at
     """A run of a run pool waits on its model call with should_stop polled every half second, not 40
     times a second (a tenth of a pooled worker's CPU): the heartbeat pushes a stop it hears into the
     call's wait (sdk.interrupt), so the cancel still ends the call at once, not at the next poll."""
-    import threading
-    import time
 
     from veronica.agent.providers import sdk
     from veronica.agent.providers.base import Cancelled as CallCancelled
@@ -128,38 +129,70 @@ def test_a_pooled_model_call_polls_rarely_and_a_stop_the_beat_hears_aborts_it_at
     assert ended["at"] - asked < 0.3, f"the abort took {ended['at'] - asked:.2f} s after the beat heard the stop"
 
 
-def test_a_wake_a_full_pool_took_goes_back_to_the_broker_within_about_a_second(space, monkeypatch):
+@pytest.fixture
+def full_pool(monkeypatch):
+    """A worker's run pool with every slot taken, as the wake task meets it: the waits for a slot it
+    made (their timeouts) and the wakes it handed back to the broker."""
+    from veronica.engine import runner
+
+    waits, sent = [], []
+
+    class FullSlots:
+        def acquire(self, blocking=True, timeout=None):
+            if blocking:
+                waits.append(timeout)
+            return False
+
+    pool = fleet.RunPool(1, heartbeat=False)
+    pool._slots = FullSlots()
+    monkeypatch.setattr(fleet, "_pool", pool)
+    monkeypatch.setattr(runner.outage, "is_down", lambda: False)
+    monkeypatch.setattr(runner, "BOUNCE_PAUSE", 0)
+    monkeypatch.setattr(runner.wakes, "enqueue_wake", lambda *a, **k: sent.append((a, k)) or True)
+    return SimpleNamespace(pool=pool, waits=waits, sent=sent)
+
+
+def test_a_wake_a_full_pool_took_goes_back_to_the_broker_within_about_a_second(space, full_pool):
     """A full worker's task thread still takes one wake (it is free until it holds one). Waiting 30 s for
     a slot of its own (one frees only when a run ends) held that wake while the worker beside it had
     free slots: in bench/fleet.py one member of 500 started 15 s after the others and the fleet's
     completion was its. It goes back to the broker (at its head) within about a second instead."""
     from veronica.engine import runner
 
-    waits = []
-
-    class FullSlots:
-        def acquire(self, timeout=None):
-            waits.append(timeout)
-            return False
-
-    pool = fleet.RunPool(1, heartbeat=False)
-    pool._slots = FullSlots()
-    sent = []
-    monkeypatch.setattr(fleet, "_pool", pool)
-    monkeypatch.setattr(runner.outage, "is_down", lambda: False)
-    monkeypatch.setattr(runner, "BOUNCE_PAUSE", 0)
-    monkeypatch.setattr(runner.wakes, "enqueue_wake", lambda *a, **k: sent.append((a, k)) or True)
     w1 = supervisor.get_member(space, "w1")
     assert runner.wake(w1.pk, "message") == "handed-back"
-    assert sent == [((w1.pk, "message"), {"front": True, "owe": False})]
-    assert waits and waits[0] <= 2, f"a full pool held the wake {waits[0]} s"
+    assert full_pool.sent == [((w1.pk, "message"), {"front": True, "owe": False})]
+    assert full_pool.waits and full_pool.waits[0] <= 2, f"a full pool held the wake {full_pool.waits[0]} s"
+
+
+def test_a_full_worker_hands_a_wake_back_at_once_when_another_worker_of_its_host_has_room(space, settings, tmp_path,
+                                                                                         monkeypatch, full_pool):
+    """A burst of 500 split 257/243 over two workers of 256 slots: the full one waited a second for a slot
+    of its own before handing its 257th wake back, and the fleet's completion was that member's. While
+    another worker of the host has room (fewer full notes than workers), the wake goes back at once; when
+    every worker is full it waits for a slot of its own first, as before."""
+    from veronica.engine import runner
+
+    monkeypatch.setenv(warm.READY_ENV, str(tmp_path / "ready"))
+    warm.note_full(True)  # this worker's note: its last slot is taken
+    full_pool.pool.room_elsewhere = lambda: warm.room_elsewhere(settings.Q_WORKERS)  # as warm_worker has it
+    w1 = supervisor.get_member(space, "w1")
+    try:
+        settings.Q_WORKERS = 2
+        assert runner.wake(w1.pk, "message") == "handed-back"
+        assert full_pool.sent == [((w1.pk, "message"), {"front": True, "owe": False})], "it was not handed back"
+        assert full_pool.waits == [], "it waited for a slot here"
+        settings.Q_WORKERS = 1  # this worker is the host's only one: it waits for a slot of its own first
+        assert runner.wake(w1.pk, "message") == "handed-back"
+        assert len(full_pool.waits) == 1
+    finally:
+        warm.note_full(False)
 
 
 def test_the_heartbeat_keeps_a_connection_of_its_own_outside_the_pool(monkeypatch):
     """A beat drawn from the pool waited behind a burst of runs' writes; the runs, hearing no beat,
     renewed their own leases on the same pool, and a few hundred leases ran out with their runs alive
     (bench/fleet.py, 500 members woken at once). The heartbeat's thread opens its own connection."""
-    import threading
 
     from django.db import DEFAULT_DB_ALIAS, connections
 
@@ -185,7 +218,6 @@ def test_the_heartbeat_keeps_a_connection_of_its_own_outside_the_pool(monkeypatc
 
 def _on_a_run_thread(pool, lease, fn):
     """fn() on a thread registered with the pool, as a pooled run's thread; its result or error."""
-    import threading
 
     box = {}
 
@@ -207,7 +239,6 @@ def test_a_pooled_call_runs_on_the_run_s_own_thread_only_while_the_heartbeat_bea
     """The hand-off to a model-call thread (and its caller's polls) was ~6 % of a pooled worker's CPU: a run
     of a beating pool makes its call itself. Before the first beat, or with the beat lagging, nothing would
     push a stop into a call that polls nothing: the call goes to a helper, its caller polling."""
-    import threading
 
     from veronica.agent.providers import sdk
 
@@ -236,7 +267,6 @@ def test_an_inline_call_of_a_pooled_run_ends_at_the_beat_that_hears_the_stop(spa
     """The call polls nothing: the beat that reads the stop (or the lost lease) back interrupts it, and it
     ends within a fraction of a second, its socket shut down; until then the beat keeps renewing the lease
     of the run whose thread is in the call, however long ago it last polled."""
-    import time
     from datetime import timedelta
 
     from django.db.models.functions import Now
@@ -288,7 +318,6 @@ def test_a_prestarted_pool_hands_wakes_to_its_waiting_threads_and_starts_none(mo
     """A worker's pool starts its run threads as the worker warms: handing a wake over is a queue put, so the
     worker's main thread (the one taking q2's tasks) never waits for a new thread to get the GIL among the
     pool's busy runs (500 wakes at once started over seconds)."""
-    import threading
 
     pool = fleet.RunPool(4, heartbeat=False)
     pool.prestart()
@@ -309,7 +338,6 @@ def test_a_run_thread_starts_each_run_in_an_empty_context():
     """Run threads are reused: what one member's run set in a context variable (its audit actor, its tool stop,
     the engine clock's reading) must not be what the next run on that thread starts with."""
     import contextvars
-    import threading
 
     var = contextvars.ContextVar("test_run_context", default="unset")
     seen, done = [], threading.Semaphore(0)
@@ -370,7 +398,6 @@ def test_the_thread_that_went_idle_last_takes_the_next_run():
     """A worker with 256 slots and a few runs at a time keeps using a few threads (their stacks and per-thread
     state already there), not all 256 in turn: its RSS grew 6 % over 100,000 steps when a queue handed each
     run to the longest-idle thread (bench/fleet.py, worker memory)."""
-    import threading
 
     pool = fleet.RunPool(8, heartbeat=False)
     pool.prestart()
@@ -380,7 +407,6 @@ def test_the_thread_that_went_idle_last_takes_the_next_run():
         used.add(threading.get_ident())
         done.release()
 
-    import time
 
     for _ in range(20):  # one run at a time
         assert pool.reserve()
@@ -396,7 +422,6 @@ def test_the_thread_that_went_idle_last_takes_the_next_run():
 def test_a_run_let_in_while_every_thread_is_busy_waits_for_the_thread_on_its_way_back():
     """A run gives its slot back before its thread is idle again: a wake let in by that slot in between finds
     no idle thread, and must wait for that one (not fail: its wake would wait for the unread sweep)."""
-    import threading
 
     threads = fleet.RunThreads(1)
     first_may_end, ran = threading.Event(), threading.Event()
@@ -411,10 +436,50 @@ def test_a_run_let_in_while_every_thread_is_busy_waits_for_the_thread_on_its_way
 
     submitter = threading.Thread(target=second)
     submitter.start()
-    import time
 
     time.sleep(0.2)  # the second submit is in while the only thread is busy
     first_may_end.set()
     submitter.join(5)
     assert errors == [] and ran.wait(5)
     threads.shutdown(wait=True)
+
+
+def test_a_worker_starts_the_wakes_of_a_bundle_it_has_room_for_and_hands_the_rest_back_in_their_order(space, settings,
+                                                                                                     monkeypatch):
+    """runner.wake_all, the task of several wakes the pusher fetched together (veronica.engine.qbroker):
+    each takes a run slot of the pool; those the worker has no room for go back to the broker's head at
+    once, in order (one pause, not one per wake), and all of them when the host is cut off."""
+    from veronica.engine import runner
+
+    pool = fleet.RunPool(3, heartbeat=False)  # the host's only worker: no room elsewhere
+    monkeypatch.setattr(fleet, "_pool", pool)
+    monkeypatch.setattr(fleet.RunPool, "reserve", lambda self: False)  # no slot frees while the worker waits
+    ran, sent, pauses = [], [], []
+    release = threading.Event()
+
+    def run(pool_, member_id, source):
+        ran.append((member_id, source))
+        release.wait(10)
+
+    monkeypatch.setattr(runner, "claim_and_run", run)
+    monkeypatch.setattr(runner.outage, "is_down", lambda: False)
+    monkeypatch.setattr(runner, "time", SimpleNamespace(sleep=pauses.append))
+    monkeypatch.setattr(runner.wakes, "enqueue_wake", lambda *a, **k: sent.append((a, k)) or True)
+    bundle = [(10, "message"), (11, "timer"), (12, "message"), (13, "resume"), (14, "message")]
+    try:
+        assert runner.wake_all(bundle) == "pooled 3, handed back 2"
+        release.set()
+        deadline = time.monotonic() + 5
+        while pool._free < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(ran) == bundle[:3]
+        # pushed to the head last to first: the list's head reads 13, then 14
+        assert sent == [((14, "message"), {"front": True, "owe": False}), ((13, "resume"), {"front": True, "owe": False})]
+        assert pauses == [runner.BOUNCE_PAUSE]
+        sent.clear()
+        monkeypatch.setattr(runner.outage, "is_down", lambda: True)
+        assert runner.wake_all(bundle[:2]) == "pooled 0, handed back 2"
+        assert [a for a, _ in sent] == [(11, "timer"), (10, "message")]
+    finally:
+        release.set()
+        pool._threads.shutdown()

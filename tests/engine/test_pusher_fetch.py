@@ -157,11 +157,19 @@ def test_a_run_pool_puts_its_full_note_up_with_its_last_slot_and_down_when_one_f
 
 
 @pytest.mark.django_db
-def test_a_spawning_worker_gives_its_run_pool_the_full_note(monkeypatch):
+def test_a_spawning_worker_gives_its_run_pool_the_full_note_and_the_host_s_others(host, monkeypatch, settings):
     given = {}
     monkeypatch.setattr(fleet, "enable", lambda **kwargs: given.update(kwargs))
     warm.warm_worker(proc_name="Process-1")
-    assert given == {"on_full": warm.note_full}
+    assert given.pop("on_full") is warm.note_full
+    room_elsewhere = given.pop("room_elsewhere")
+    assert not given
+    settings.Q_WORKERS = 2
+    warm.note_full(True)  # this worker is full, the host's other one is not
+    assert room_elsewhere()
+    settings.Q_WORKERS = 1
+    assert not room_elsewhere()
+    warm.note_full(False)
 
 
 def test_the_full_note_follows_the_slots_however_their_takes_and_returns_interleave(host):
@@ -237,3 +245,48 @@ def test_the_qcluster_clears_its_workers_full_notes_with_its_ready_note(host):
     warm.note_full(True)
     warm.clear_ready()
     assert full_notes(host) == [] and not warm.host_full(1)
+
+
+def _queued(broker, func: str, *args) -> None:
+    from django_q.tasks import async_task
+
+    async_task(func, *args, q_options={"broker": broker, "save": False, "task_name": f"{func}-{args}"})
+
+
+def _task(package) -> dict:
+    from django_q.signing import SignedPackage
+
+    return SignedPackage.loads(package)
+
+
+@needs_redis
+def test_the_wakes_at_the_head_of_a_fetch_go_to_a_worker_in_one_task_and_any_other_task_alone_in_its_place(
+        host, redis_list, settings):
+    """One q2 task per wake: each went from the pusher to a worker's task thread through q2's one-place
+    queue, and 500 wakes reached two busy workers over 1.4-1.7 s (bench/fleet.py). The wakes at the hand's
+    head go together, up to BUNDLE_MOST, as one task of runner.wake_all; another task breaks the bundle."""
+    settings.RUNS_PER_WORKER = 8
+    for n in range(qbroker.BUNDLE_MOST + 4):
+        _queued(redis_list, qbroker.WAKE_FUNC, n, "message")
+    _queued(redis_list, "math.floor", 1.5)
+    _queued(redis_list, qbroker.WAKE_FUNC, 100, "resume")
+    _queued(redis_list, qbroker.WAKE_FUNC, 101, "timer")
+    handed = [_task(redis_list.dequeue()[0][1]) for _ in range(4)]
+    assert [task["func"] for task in handed] == [qbroker.BUNDLE_FUNC, qbroker.BUNDLE_FUNC, "math.floor", qbroker.BUNDLE_FUNC]
+    assert handed[0]["args"] == ([(n, "message") for n in range(qbroker.BUNDLE_MOST)],)
+    assert handed[1]["args"] == ([(n, "message") for n in range(qbroker.BUNDLE_MOST, qbroker.BUNDLE_MOST + 4)],)
+    assert handed[2]["args"] == (1.5,)
+    assert handed[3]["args"] == ([(100, "resume"), (101, "timer")],)
+    assert all(task["save"] is False for task in handed), "a wake's task leaves no result row, bundled or not"
+    assert redis_list.dequeue() is None
+
+
+@needs_redis
+def test_a_lone_wake_and_the_wakes_of_workers_without_run_pools_go_one_task_each(host, redis_list, settings):
+    settings.RUNS_PER_WORKER = 8
+    _queued(redis_list, qbroker.WAKE_FUNC, 1, "message")
+    assert _task(redis_list.dequeue()[0][1])["func"] == qbroker.WAKE_FUNC
+    settings.RUNS_PER_WORKER = 1  # a run holds its worker: each wake is a worker's own task
+    _queued(redis_list, qbroker.WAKE_FUNC, 2, "message")
+    _queued(redis_list, qbroker.WAKE_FUNC, 3, "message")
+    assert [_task(redis_list.dequeue()[0][1])["args"] for _ in range(2)] == [(2, "message"), (3, "message")]

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 from django.db import OperationalError, connection
+from django.utils import timezone
 from django_q.signals import post_spawn
 
 from veronica.swarm import bus
@@ -104,6 +105,9 @@ def test_a_warming_worker_imports_the_sdks_of_the_models_its_members_use(space, 
     assert warm.sdks_in_use() == ("openai",)
     Member.objects.filter(space=space, name="w2").update(fallback=["anthropic:claude-sonnet-4-5"])
     assert warm.sdks_in_use() == ("openai", "anthropic")
+    Member.objects.filter(space=space, name="w2").update(removed_at=timezone.now())
+    assert warm.sdks_in_use() == ("openai",), "a removed member's model is not imported"
+    Member.objects.filter(space=space, name="w2").update(removed_at=None)
     imported = []
     monkeypatch.setattr(warm.importlib, "import_module", lambda name: imported.append(name))
     monkeypatch.setattr(slot, "claim", lambda *a, **k: None)

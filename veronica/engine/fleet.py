@@ -54,10 +54,13 @@ Embedded (SQLite), giving the connection back closes it (opening one is a file o
 
 Back-pressure and q2's semantics
 --------------------------------
-A worker takes a wake only when its pool has a free slot: the task blocks on the slot first (so a
-wake fetched by a full worker waits, as it did behind a busy worker before) and hands the wake back
-to the broker if no slot frees within a second (SLOT_WAIT_SECONDS), so a worker with a free slot
-takes it instead of it waiting a run's length behind the full one. The task returns (and q2
+A worker takes a wake only when its pool has a free slot. A full worker hands the wake back to the
+broker at once when another worker of its host has a free slot (room_elsewhere: the host's full
+notes, veronica.engine.warm); else its task blocks on a slot first (so a wake fetched by a full host
+waits, as it did behind a busy worker before) and hands the wake back if no slot frees within a
+second (SLOT_WAIT_SECONDS), for another host, instead of it waiting a run's length behind the full
+one. Several wakes fetched together come as one task (veronica.engine.runner.wake_all), each taking a
+slot the same way; those that find none go back together, in order. The task returns (and q2
 acks it) once the wake is in its thread, before the claim: a worker killed between the two loses the
 wake as one killed with the wake in its queue always did (the wake-queued flag goes stale and the
 tick's sweep rings again, veronica.engine.wakes); from the claim on, the lease, not q2, recovers a
@@ -202,9 +205,11 @@ class _RunThread(threading.Thread):
 class RunPool:
     """The runs of one worker process: a bounded set of run threads and their shared heartbeat."""
 
-    def __init__(self, size: int, *, heartbeat: bool = True, on_full: Callable[[bool], None] | None = None) -> None:
+    def __init__(self, size: int, *, heartbeat: bool = True, on_full: Callable[[bool], None] | None = None,
+                 room_elsewhere: Callable[[], bool] = lambda: False) -> None:
         self.size = size
         self._on_full = on_full  # told True when the last free slot is taken, False when one frees again
+        self.room_elsewhere = room_elsewhere  # whether another worker of this host has a free slot (warm's full notes)
         self._slots = threading.BoundedSemaphore(size)
         self._free = size  # (the semaphore's count, which it does not tell) for the host's full note
         self._free_lock = threading.Lock()
@@ -355,7 +360,7 @@ def current() -> RunPool | None:
     return _pool
 
 
-def enable(on_full: Callable[[bool], None] | None = None) -> RunPool | None:
+def enable(on_full: Callable[[bool], None] | None = None, room_elsewhere: Callable[[], bool] = lambda: False) -> RunPool | None:
     """In a q2 worker, as it spawns (veronica.engine.warm): start the run pool, and the connection pool
     its runs share (PostgreSQL). Settings: VERONICA_RUNS_PER_WORKER, VERONICA_DB_POOL_SIZE."""
     global _pool
@@ -365,7 +370,7 @@ def enable(on_full: Callable[[bool], None] | None = None) -> RunPool | None:
     with _pool_lock:
         if _pool is None:
             use_connection_pool()
-            _pool = RunPool(size, on_full=on_full)
+            _pool = RunPool(size, on_full=on_full, room_elsewhere=room_elsewhere)
             _pool.prestart()
     return _pool
 

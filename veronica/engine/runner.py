@@ -60,10 +60,42 @@ def wake(member_id: int, source: str) -> str:
         return lease if isinstance(lease, str) else run_claimed(lease, source)
     if outage.is_down():  # this host cannot reach the database: a host that can takes the wake
         return hand_back(member_id, source)
-    if not pool.reserve():
-        return hand_back(member_id, source, "every run slot of this worker stayed busy")  # another worker, or later
+    full = no_slot(pool)
+    if full:
+        return hand_back(member_id, source, full)
     pool.start(lambda: claim_and_run(pool, member_id, source), name=f"wake-{member_id}")
     return "pooled"
+
+
+@audit.as_engine
+def wake_all(wakes_: list[tuple[int, str]]) -> str:
+    """The django-q2 task of several wakes the host's pusher fetched together (veronica.engine.qbroker):
+    each as wake() takes it, into this worker's run pool. The wakes this worker has no room for (or all
+    of them, when this host is cut off from the database) go back to the broker's head at once, in order."""
+    pool = fleet.current()
+    if pool is None:  # (bundled by a pusher whose settings differ from this worker's): each runs here in turn
+        return " ".join(wake(member_id, source) for member_id, source in wakes_)
+    for at, (member_id, source) in enumerate(wakes_):
+        why = "this host cannot reach the database" if outage.is_down() else no_slot(pool)
+        if why:
+            hand_back_all(wakes_[at:], why)
+            return f"pooled {at}, handed back {len(wakes_) - at}"
+        pool.start(lambda member_id=member_id, source=source: claim_and_run(pool, member_id, source), name=f"wake-{member_id}")
+    return f"pooled {len(wakes_)}"
+
+
+def no_slot(pool: fleet.RunPool) -> str:
+    """'' once a run slot of the pool is reserved; else why there is none for the wake (it goes back)."""
+    if pool.try_reserve():
+        return ""
+    if pool.room_elsewhere():
+        # Another worker of this host has a free slot: the wake goes back to the broker now, for it.
+        # Waiting here first for a slot of this worker's to free cost the wake over a second in a
+        # burst split 257/243 over two workers of 256 slots (bench/fleet.py), and the fleet's completion was its.
+        return "every run slot of this worker is taken; another worker of this host has room"
+    if pool.reserve():
+        return ""
+    return "every run slot of this worker stayed busy"  # another host, or later
 
 
 def resume_here(pool: fleet.RunPool, member_ids: list[int]) -> int:
@@ -239,10 +271,16 @@ def cut_off(member_id: int, source: str, exc: Exception) -> str:
 
 
 def hand_back(member_id: int, source: str, why: str = "this host cannot reach the database") -> str:
-    wakes.enqueue_wake(member_id, source, front=True, owe=False)
-    log.info("wake of member %s (%s) handed back: %s", member_id, source, why)
-    time.sleep(BOUNCE_PAUSE)
+    hand_back_all([(member_id, source)], why)
     return "handed-back"
+
+
+def hand_back_all(wakes_: list[tuple[int, str]], why: str) -> None:
+    """The wakes back to the head of the broker's list, in their order."""
+    for member_id, source in reversed(wakes_):
+        wakes.enqueue_wake(member_id, source, front=True, owe=False)
+    log.info("wake(s) of member(s) %s handed back: %s", ", ".join(f"{m} ({s})" for m, s in wakes_), why)
+    time.sleep(BOUNCE_PAUSE)
 
 
 def first_claim(member_id: int, source: str, gates: tuple[str, ...]) -> slot.RunLease | None:

@@ -116,6 +116,12 @@ def host_full(workers: int) -> bool:
     return live >= workers
 
 
+def room_elsewhere(workers: int) -> bool:
+    """Another of the host's `workers` worker processes has a free run slot (fewer full notes than
+    workers). False where no qcluster keeps the notes: nothing is known of other workers there."""
+    return bool(os.environ.get(READY_ENV, "")) and not host_full(workers)
+
+
 def _full_notes(path: str) -> list[str]:
     try:
         return os.listdir(path + ".full")
@@ -166,10 +172,20 @@ def sdks_in_use() -> tuple[str, ...]:
     from veronica.models import Member
 
     kinds = set()
-    for model, fallback in Member.objects.order_by().values_list("model", "fallback").distinct():
+    for model, fallback in Member.objects.filter(removed_at__isnull=True).order_by().values_list("model", "fallback").distinct():
         for spec in [model, *(fallback if isinstance(fallback, list) else [])]:
             kinds.add(split_spec(spec if isinstance(spec, str) else "")[0])
     return tuple(sdk for sdk in SDKS if sdk in kinds)
+
+
+def import_quietly(names, when: str) -> None:
+    """Import each module named; one that fails (an SDK not installed, or broken) is logged and left
+    for its provider's own import to report."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            log.info("could not import %s %s", name, when, exc_info=True)
 
 
 def preload() -> None:
@@ -180,32 +196,26 @@ def preload() -> None:
     of the GIL, openai), in the middle of that burst. Best effort: a worker imports what is missing.
     Then the sentinel's collector is settled: the frozen heap is inherited too, so such a worker's own
     settle (settle_gc, between its reap and its resumes) walks only what it made itself."""
-    for name in MODULES + SDKS:
-        try:
-            importlib.import_module(name)
-        except Exception:  # an SDK not installed, or broken: its provider's own import reports it
-            log.info("could not preload %s", name, exc_info=True)
+    import_quietly(MODULES + SDKS, "as the sentinel preloads")
     gcsettle.settle()
 
 
 def warm_worker(**_) -> None:
     """post_spawn receiver: the worker's run pool (veronica.engine.fleet), then the warm-up. Best effort: a worker that cannot warm up (the database down at spawn)
     still starts, and its first wake pays the cost as before."""
+    from django.conf import settings
     from django.db import connections
 
     from veronica.engine import fleet
 
     started = time.monotonic()
     reset_child_signal()
-    pool = fleet.enable(on_full=note_full)  # this worker's run pool (and its connection pool), before it reads a task
+    # this worker's run pool (and its connection pool), before it reads a task
+    pool = fleet.enable(on_full=note_full, room_elsewhere=lambda: room_elsewhere(settings.Q_WORKERS))
     try:
         for name in MODULES:
             importlib.import_module(name)
-        for name in sdks_in_use():
-            try:
-                importlib.import_module(name)
-            except Exception:  # not installed, or broken: its provider's own import reports it
-                log.info("could not import %s as the worker warms", name, exc_info=True)
+        import_quietly(sdks_in_use(), "as the worker warms")
         from veronica.engine import slot
         from veronica.engine.runner import MAIL_SOURCES
 
