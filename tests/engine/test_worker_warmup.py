@@ -169,3 +169,49 @@ def test_a_worker_forked_by_the_guarding_sentinel_drops_its_sigchld_handler():
         assert callable(signal.getsignal(signal.SIGCHLD))
     finally:
         signal.signal(signal.SIGCHLD, previous)
+
+
+FIRST_RUN = """
+import json, os, sys
+import django
+django.setup()
+from veronica.engine import warm
+warm.import_quietly(warm.MODULES + warm.SDKS, "")
+warm.warm_prices()
+before = set(sys.modules)
+from veronica.engine import runner
+outcome = runner.wake(int(sys.argv[1]), "message")
+late = sorted(n for n in set(sys.modules) - before if n.split(".")[0] in ("veronica", "waggle", "learning", "genai_prices"))
+print(json.dumps({"outcome": outcome, "late": late}))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_warmed_worker_s_first_run_imports_none_of_our_modules_late(tmp_path):
+    """Each module a run imports on its first use is imported under the import lock, while every other
+    run of the worker waits: the replacement of a killed worker, resuming 244 members at once, waited on
+    waggle's modules and genai-prices' table. A worker warmed as warm_worker warms it (or forked from the
+    sentinel's preload) has them all: its first run, through the real agent loop against the mock
+    vendor, imports none of ours."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import make_space
+    from tests.harness import REPO, worker_env
+    from tests.vendors.mock_openai import MockOpenAI
+
+    space = make_space(tmp_path, workers=("w1",))
+    Member.objects.filter(space=space, name="w1").update(model="openai:gpt-4.1-mini")
+    bus.send(space, "boss", "w1", "list the folder, then say done")
+    w1 = Member.objects.get(space=space, name="w1")
+    with MockOpenAI(api_key="sk-warm") as mock:
+        mock.configure(latency=0.0, steps=2)
+        proc = subprocess.run([sys.executable, "-c", FIRST_RUN, str(w1.pk)], cwd=REPO, capture_output=True, text=True,
+                              timeout=120, env=worker_env(OPENAI_BASE_URL=mock.base_url, OPENAI_API_KEY="sk-warm",
+                                                          VERONICA_RUNS_PER_WORKER="1",
+                                                          DJANGO_SETTINGS_MODULE="veronica.settings"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["outcome"] == "done", result
+    assert result["late"] == [], f"a run imported these after the warm-up: {result['late']}"

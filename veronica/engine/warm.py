@@ -22,10 +22,18 @@ log = logging.getLogger(__name__)
 # What a wake and a run import on first use; the providers' SDKs come with their modules.
 MODULES = (
     "veronica.engine.runner",
+    "veronica.engine.qbroker",
     "veronica.agent.loop",
     "veronica.agent.providers.offline",
     "veronica.agent.providers.openai_compat",
     "veronica.agent.providers.anthropic",
+    "veronica.agent.providers.limits",
+    "veronica.agent.providers.pricing",
+    # What a run's first steps imported late, each under the import lock among the worker's runs: in the
+    # replacement of a killed worker, 244 resumes at once waited on waggle's modules (~0.25 s of imports)
+    # and on genai-prices' table (0.16 s to import, 16 ms to load on its first lookup; pricing.warm).
+    "waggle.service",
+    "genai_prices",
 )
 # The vendors' SDKs, which the provider modules import on a run's first model call.
 SDKS = ("openai", "anthropic")
@@ -188,6 +196,17 @@ def import_quietly(names, when: str) -> None:
             log.info("could not import %s %s", name, when, exc_info=True)
 
 
+def warm_prices() -> None:
+    """genai-prices reads its table on its first lookup (~16 ms, under the GIL every run of a burst
+    waits for): read here, best effort."""
+    try:
+        from veronica.agent.providers import pricing
+
+        pricing.warm()
+    except Exception:
+        log.info("could not load the price table", exc_info=True)
+
+
 def preload() -> None:
     """In q2's sentinel, once it has forked the cluster (veronica.engine.qguard): the agent stack and the
     vendors' SDKs, so a worker it forks later (for one that died or was recycled) inherits them, shared,
@@ -197,6 +216,7 @@ def preload() -> None:
     Then the sentinel's collector is settled: the frozen heap is inherited too, so such a worker's own
     settle (settle_gc, between its reap and its resumes) walks only what it made itself."""
     import_quietly(MODULES + SDKS, "as the sentinel preloads")
+    warm_prices()
     gcsettle.settle()
 
 
@@ -216,6 +236,7 @@ def warm_worker(**_) -> None:
         for name in MODULES:
             importlib.import_module(name)
         import_quietly(sdks_in_use(), "as the worker warms")
+        warm_prices()
         from veronica.engine import slot
         from veronica.engine.runner import MAIL_SOURCES
 

@@ -74,6 +74,12 @@ def genai_prices_version() -> str:
     return genai_prices.__version__
 
 
+def warm() -> None:
+    """Read genai-prices' table now: its first lookup loads it (~16 ms), and a worker's first calls all
+    waited on that (veronica.engine.warm)."""
+    _table_name("openai:gpt-4o")
+
+
 def usd_for(spec: str, usage) -> Decimal:
     rates = override_for(spec)
     if rates is not None:
