@@ -10,7 +10,9 @@ then "done"), with real `manage.py qcluster` processes:
    end - t0) over the ideal, total RSS of the cluster's processes (sampled; every q2 process, the
    sentinel and monitor included), peak PostgreSQL connections to the bench's database (hosted),
    lost (members without their final answer, or with unread mail, after the drain) and overlapping
-   runs of one member. Then the same again with one q2 worker SIGKILLed mid-way (its sentinel forks a
+   runs of one member. The plain case runs `--repeat` times (3) on fresh members, and its figures are
+   the median run's (every run's ratio is printed; RSS and connections are the most, lost and overlaps
+   the sum): this host's speed varies by up to +-25 % between identical runs. Then the same again with one q2 worker SIGKILLed mid-way (its sentinel forks a
    replacement, which ends the leases the dead one held as it spawns, veronica.engine.holders, and
    takes their members' resumes; the task queue's read lock a killed worker held is given back at
    once, veronica.engine.qguard), and again with the workers split over two hosts (qcluster process
@@ -30,7 +32,7 @@ then "done"), with real `manage.py qcluster` processes:
 The 1-minute load average is printed beside every figure (the host is shared).
 Usage: .venv/bin/python bench/fleet.py [--modes embedded,hosted] [--members 500] [--latency 2] [--steps 5]
        [--workers 2] [--runs-per-worker 256] [--lease 10] [--mem-steps 100000] [--skip-kill] [--skip-memory] [--skip-scale]
-       [--cases run,kill,host_kill]
+       [--cases run,kill,host_kill] [--repeat 3]
 The worker-kill case also prints its resumes' timeline (the reap, their claims, first replies, ends); with
 BENCH_PYSPY=path it profiles the replacement worker (profile_replacement).
 The last line is one JSON object: the issue's figures (the hosted run's, the goals' mode) and both modes'.
@@ -605,7 +607,7 @@ def child(args) -> dict:
 
     call_command("migrate", verbosity=0)
     cases = args.cases.split(",")
-    result = {"run": fleet_run(args)} if "run" in cases else {}
+    result = {"run": median_run([fleet_run(args) for _ in range(max(1, args.repeat))])} if "run" in cases else {}
     if not args.skip_kill:
         if "kill" in cases:
             result["kill"] = fleet_run(args, kill="worker")
@@ -614,6 +616,18 @@ def child(args) -> dict:
     if not args.skip_memory:
         result["memory"] = memory_run(args)
     return result
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The plain case run several times (this host's speed varies by up to +-25 % between identical runs):
+    the median run's figures, with every run's ratio, the most RSS and connections, and all the lost and
+    overlapping runs."""
+    ordered = sorted(runs, key=lambda f: f["completion_ratio_to_ideal"])
+    figures = dict(ordered[(len(ordered) - 1) // 2])
+    figures.update(repeats=[f["completion_ratio_to_ideal"] for f in runs], worker_rss_mb=max(f["worker_rss_mb"] for f in runs),
+                   pg_connections_max=max((f["pg_connections_max"] for f in runs if f["pg_connections_max"] is not None), default=None),
+                   lost=sum(f["lost"] for f in runs), overlaps=sum(f["overlaps"] for f in runs))
+    return figures
 
 
 def spawn(mode: str, args) -> dict:
@@ -659,6 +673,7 @@ def main() -> None:
     parser.add_argument("--mem-members", type=int, default=16)
     parser.add_argument("--mem-steps", type=int, default=100_000)
     parser.add_argument("--mem-timeout", type=float, default=3600)
+    parser.add_argument("--repeat", type=int, default=3, help="plain runs (the median's figures are shown)")
     parser.add_argument("--skip-kill", action="store_true")
     parser.add_argument("--cases", default="run,kill,host_kill", help="which fleet runs (a subset of run,kill,host_kill)")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the clusters' logs here")
@@ -685,6 +700,9 @@ def main() -> None:
             f = r.get(key)
             if f is None:
                 continue
+            if f.get("repeats") and len(f["repeats"]) > 1:
+                print(f" {label}, {len(f['repeats'])} times: completion over the ideal {', '.join(map(str, f['repeats']))};"
+                      " the median run's figures:")
             print(f" {label}: {f['runs']} runs, {f['expired']} lease-expired, ideal {f['ideal']:g}s, took {f['elapsed']:.1f}s"
                   f" (load at the end {f['load']:.1f})" + (f"; killed at {f['killed_at']}s" if f.get("killed_at") else ""))
             print(f"   runs started {f['start_lag_p50']}s (p50), {f.get('start_lag_p90')}s (p90), {f['start_lag_max']}s (last) after t0, "
