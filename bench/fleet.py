@@ -445,14 +445,14 @@ def fleet_run(args, kill: str = "") -> dict:
         t0 = mail_all(members)
         mailing = sampler.rebase()
         ideal = args.steps * args.latency
+        if kill:  # mid-way from t0 (mail_all returns after its doorbells: seconds of them on SQLite)
+            time.sleep(max(0.0, t0 + ideal / 2 - time.time()))
         if kill == "host":
-            time.sleep(ideal / 2)
             killed_at = time.time() - t0
             clusters[0].kill()  # the host dies at once: SIGKILL to its whole group
             killed = per_host
             clusters[0] = start_cluster(env, data / "cluster-host-restarted.log")
         elif kill == "worker":
-            time.sleep(ideal / 2)
             pgid = clusters[0].proc.pid
             workers = sorted(pid for pid, role in cluster_roles(pgid, scan()).items() if role == "worker")
             children = set(pid for pid, (_, group, _, _) in scan().items() if group == pgid)
