@@ -58,30 +58,31 @@ def wake(member_id: int, source: str) -> str:
     if pool is None:
         lease = claim_for(member_id, source)
         return lease if isinstance(lease, str) else run_claimed(lease, source)
-    if outage.is_down():  # this host cannot reach the database: a host that can takes the wake
-        return hand_back(member_id, source)
-    full = no_slot(pool)
-    if full:
-        return hand_back(member_id, source, full)
-    pool.start(lambda: claim_and_run(pool, member_id, source), name=f"wake-{member_id}")
-    return "pooled"
+    return "handed-back" if into_pool(pool, [(member_id, source)]) else "pooled"
 
 
 @audit.as_engine
 def wake_all(wakes_: list[tuple[int, str]]) -> str:
-    """The django-q2 task of several wakes the host's pusher fetched together (veronica.engine.qbroker):
-    each as wake() takes it, into this worker's run pool. The wakes this worker has no room for (or all
-    of them, when this host is cut off from the database) go back to the broker's head at once, in order."""
+    """The django-q2 task of several wakes the host's pusher fetched together (veronica.engine.qbroker),
+    each taken as wake() takes it."""
     pool = fleet.current()
     if pool is None:  # (bundled by a pusher whose settings differ from this worker's): each runs here in turn
         return " ".join(wake(member_id, source) for member_id, source in wakes_)
+    back = into_pool(pool, wakes_)
+    return f"pooled {len(wakes_) - back}, handed back {back}" if back else f"pooled {len(wakes_)}"
+
+
+def into_pool(pool: fleet.RunPool, wakes_: list[tuple[int, str]]) -> int:
+    """Each wake into a run slot of the pool, in order; from the first that finds none (or all of them,
+    when this host is cut off from the database: a host that can takes them), the rest go back to the
+    broker's head at once, in order. Returns how many went back."""
     for at, (member_id, source) in enumerate(wakes_):
         why = "this host cannot reach the database" if outage.is_down() else no_slot(pool)
         if why:
             hand_back_all(wakes_[at:], why)
-            return f"pooled {at}, handed back {len(wakes_) - at}"
+            return len(wakes_) - at
         pool.start(lambda member_id=member_id, source=source: claim_and_run(pool, member_id, source), name=f"wake-{member_id}")
-    return f"pooled {len(wakes_)}"
+    return 0
 
 
 def no_slot(pool: fleet.RunPool) -> str:
