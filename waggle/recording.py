@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from django.db import connection, transaction
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 
 from waggle.config import WaggleConfig, default_config
 from waggle.guard import current as current_guard, write_guard
-from waggle.models import ForageCall
+from waggle.models import FiredPlan, ForageCall
 from waggle.recorder import Recorder
 from waggle.route import Route
 from waggle.window import ROW as _ROW, call_from_row as _call_from_row
@@ -56,19 +58,67 @@ _pins: dict[tuple[str, str], _Pin] = {}
 _quiet: "OrderedDict[tuple[str, str], int]" = OrderedDict()
 
 
+@dataclass
+class Seen:
+    """A session's ring and whether a replay of it waits, read ahead (read_ahead) for the run that pins it next."""
+    ring: Recorder
+    last: int
+    waits: bool
+
+
+def read_ahead(sessions: list[tuple[str, str]], *, config: WaggleConfig | None = None) -> dict[tuple[str, str], Seen]:
+    """What sync_now reads for each of these sessions, in two statements for all of them: their rings'
+    rows (each session's last ring_capacity calls) and which of them a replay waits on. For a host that
+    starts many runs at once (a worker resuming its dead predecessor's runs): each run passes its own
+    Seen to pinned(), which then reads nothing. True when read: the caller holds the sessions (their
+    members' slots) from before this read until their runs pin them."""
+    cfg = (config or default_config()).normalized()
+    keys = set(sessions)
+    if not keys:
+        return {}
+    spaces, session_keys = {k[0] for k in keys}, {k[1] for k in keys}
+    rows: dict[tuple[str, str], list] = {key: [] for key in keys}
+    newest_first = Window(RowNumber(), partition_by=[F("space_key"), F("session_key")], order_by=F("seq").desc())
+    for space_key, session_key, seq, *row in (ForageCall.objects.filter(space_key__in=spaces, session_key__in=session_keys)
+                                             .annotate(nth=newest_first).filter(nth__lte=cfg.ring_capacity)
+                                             .values_list("space_key", "session_key", "seq", *_ROW)):
+        if (space_key, session_key) in rows:
+            rows[(space_key, session_key)].append((seq, *row))
+    waiting = set(FiredPlan.objects.filter(space_key__in=spaces, session_key__in=session_keys, settled=False)
+                  .values_list("space_key", "session_key").distinct())
+    seen = {}
+    for key, mine in rows.items():
+        mine.sort(key=lambda r: r[0])
+        ring = Recorder(cfg.ring_capacity)
+        for seq, *row in mine:
+            ring.record(_call_from_row(*row), seq=seq)
+        ring.last_seq = mine[-1][0] if mine else 0
+        seen[key] = Seen(ring, ring.last_seq, key in waiting)
+    return seen
+
+
 @contextmanager
-def pinned(space_key: str, session_key: str, *, new: bool = False) -> Iterator[None]:
+def pinned(space_key: str, session_key: str, *, new: bool = False, sync: bool = False,
+           seen: Seen | None = None) -> Iterator[None]:
     """The host owns this session for a while (a member's run holds its slot): nobody else appends to
     it meanwhile. Then the ring is trusted after its first sync, the routes are read once, and "no
     replay waiting" is known without a query: a read-only call costs one INSERT instead of about eight
     statements. Routes promoted meanwhile apply from the next pin (the next run).
 
     ``new``: the host created the session for this run, so it has no calls and no replay yet: its ring
-    is known empty without reading it (the session's key must be new, as a database id is)."""
+    is known empty without reading it (the session's key must be new, as a database id is).
+    ``sync``: read the session's ring and whether a replay waits now (sync_now), not in the host's
+    first transaction that observes a call or judges a reply. ``seen``: what read_ahead read of it,
+    taken instead of reading."""
     key = (space_key, session_key)
     pin = _pins[key] = _Pin()
     if new:
         _start_empty(key, pin)
+    elif seen is not None:
+        _keep_ring(key, seen.ring)
+        pin.synced, pin.start, pin.none_pending, pin.maybe_pending = True, seen.last, not seen.waits, seen.waits
+    elif sync:
+        sync_now(space_key, session_key, pin)
     try:
         yield
     except BaseException:
@@ -78,6 +128,26 @@ def pinned(space_key: str, session_key: str, *, new: bool = False) -> Iterator[N
         _remember_quiet(key, pin)
     finally:
         _pins.pop(key, None)
+
+
+def sync_now(space_key: str, session_key: str, pin: _Pin) -> None:
+    """The pinned session's ring and "does a replay wait" read before the host's run writes anything:
+    one or two reads of ForageCall (one when this process holds no ring of the session) and, unless
+    this process left the session quiet at the seq it still has (_quiet), one of FiredPlan. Read lazily,
+    they ran inside the host's first transaction that observed a call (its fence holds a pooled
+    connection and the member's row until its commit), as savepointed round trips, and that call's
+    row could not ride the host's last statement: a worker that resumed 250 runs of its dead
+    predecessor, with no ring of theirs, held each first fence ~3x as long (bench/fleet.py, a worker
+    SIGKILLed). Never raises: a failed read leaves the pin unsynced, and the first call reads it then."""
+    try:
+        _ring(space_key, session_key, default_config().normalized())
+        if pin.synced and not pin.none_pending:
+            waits = FiredPlan.objects.filter(space_key=space_key, session_key=session_key, settled=False).exists()
+            pin.none_pending, pin.maybe_pending = not waits, pin.maybe_pending or waits
+    except Exception:  # noqa: BLE001 - best effort by contract
+        pin.synced = pin.none_pending = False  # (a read that failed half-way trusts nothing it read)
+        log.warning("waggle: could not read the session's ring at its pin (space=%r session=%r); read at its first call",
+                    space_key, session_key, exc_info=True)
 
 
 def _start_empty(key: tuple[str, str], pin: _Pin) -> None:
@@ -123,8 +193,13 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
             _rings.move_to_end(key)
     if pin is not None and pin.synced and ring is not None and ring.capacity == cfg.ring_capacity:
         return ring
-    last = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
-            .order_by("-seq").values_list("seq", flat=True).first()) or 0
+    rows = None
+    if ring is None or ring.capacity != cfg.ring_capacity:  # to be built: its rows tell the last seq too (one read)
+        rows = _last_rows(space_key, session_key, cfg.ring_capacity)
+        last = rows[0][0] if rows else 0
+    else:
+        last = (ForageCall.objects.filter(space_key=space_key, session_key=session_key)
+                .order_by("-seq").values_list("seq", flat=True).first()) or 0
     if pin is not None:
         pin.synced = True
         if pin.start is None:
@@ -135,13 +210,19 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
             pin.none_pending = True
     if ring is None or ring.last_seq != last or ring.capacity != cfg.ring_capacity:
         ring = Recorder(cfg.ring_capacity)
-        rows = list(ForageCall.objects.filter(space_key=space_key, session_key=session_key)
-                    .order_by("-seq").values_list("seq", *_ROW)[: ring.capacity])
+        if rows is None:
+            rows = _last_rows(space_key, session_key, ring.capacity)
         for seq, *row in reversed(rows):
             ring.record(_call_from_row(*row), seq=seq)
         ring.last_seq = last
         _keep_ring(key, ring)
     return ring
+
+
+def _last_rows(space_key: str, session_key: str, capacity: int) -> list:
+    """The session's last `capacity` calls, newest first: (seq, *window.ROW)."""
+    return list(ForageCall.objects.filter(space_key=space_key, session_key=session_key)
+                .order_by("-seq").values_list("seq", *_ROW)[:capacity])
 
 
 def _held_seq(space_key: str, session_key: str) -> int | None:

@@ -8,7 +8,7 @@ waggles (promoted by curation) are seen by every space.
 
 A facade: each verb lives in its own module, and the host's callers keep reading them here.
 
-* waggle.recording — the per-session rings, ``observe``, ``pinned``
+* waggle.recording — the per-session rings, ``observe``, ``pinned``, ``read_ahead``
 * waggle.sweeping  — mining a space's calls and promoting a route (``sweep``, ``promotable``)
 * waggle.following — replaying a matching waggle (``follow``), hearing an inbound message (``inbound``), ``ready``
 * waggle.judging   — whether a replay was used (``judge_reply``, ``end_run``, ``settle``)
@@ -24,7 +24,7 @@ from waggle.curation import CurateSummary, curate
 from waggle.following import follow, inbound, ready
 from waggle.judging import end_run, judge_reply, settle
 from waggle.listing import list_waggles, run_waggle, saved_tokens_per_day
-from waggle.recording import observe, pinned
+from waggle.recording import observe, pinned, read_ahead
 from waggle.sweeping import promotable, sweep
 
 __all__ = [
@@ -32,4 +32,5 @@ __all__ = [
     "end_run",
     "settle",
     "list_waggles", "run_waggle", "curate", "saved_tokens_per_day", "sweep", "pinned", "promotable",
+    "read_ahead",
 ]

@@ -183,3 +183,71 @@ def test_a_pin_that_reloaded_its_routes_before_a_demotion_committed_forgets_them
             assert judging._demote_if_missing("space", "1", w.name, WaggleConfig())
             pin.routes = [Route.from_json(w.route, name=w.name)]  # the other thread's reload, before the commit
         assert pin.routes is None, "the demotion's commit forgets what the pins read before it"
+
+
+# --- an old session read before the host's first transaction (sync) or ahead, with others (read_ahead) ------
+
+def old_session(session: str, space="1", calls=3) -> None:
+    """A session an earlier run recorded, in another process: this one holds no ring of it."""
+    for seq in range(1, calls + 1):
+        ForageCall.objects.create(space_key=space, session_key=session, member_key="m1", seq=seq, tool="read_file",
+                                  args={"path": f"f{seq}"}, mutates=False, out_hash=f"h{seq}", est_tokens=1)
+    recording._forget((space, session))
+
+
+def first_call_in_a_transaction(session: str, space="1"):
+    """The host's first transaction of the run: a reply judged, a call observed. Its round trips."""
+    from django.db import transaction
+
+    with round_trips() as sent, transaction.atomic():
+        service.judge_reply(space, session, [("list_dir", {"path": "."})], text="", config=QUIET)
+        service.observe(space, session, "m1", "list_dir", {"path": "."}, False, "a.txt", config=QUIET)
+    return sent
+
+
+def test_an_old_session_synced_at_its_pin_reads_nothing_in_the_hosts_first_transaction():
+    old_session("s-sync")
+    with round_trips() as at_pin:
+        with service.pinned("1", "s-sync", sync=True):
+            sent = first_call_in_a_transaction("s-sync")
+    assert not [s for s in sent if s.startswith("SELECT")], sent
+    assert any("waggle_foragecall" in s for s in at_pin) and any("waggle_firedplan" in s for s in at_pin)
+    assert list(ForageCall.objects.filter(session_key="s-sync").order_by("seq").values_list("seq", flat=True)) == [1, 2, 3, 4]
+
+
+def test_an_old_session_read_lazily_reads_in_the_hosts_first_transaction():
+    """The other side of the test above: without sync, the reads fall in the host's transaction."""
+    old_session("s-lazy")
+    with service.pinned("1", "s-lazy"):
+        sent = first_call_in_a_transaction("s-lazy")
+    assert [s for s in sent if "SELECT" in s and "waggle_foragecall" in s], sent
+    assert list(ForageCall.objects.filter(session_key="s-lazy").order_by("seq").values_list("seq", flat=True)) == [1, 2, 3, 4]
+
+
+def test_sessions_read_ahead_together_are_what_each_would_read_and_their_pins_read_nothing():
+    old_session("s-a", calls=3)
+    old_session("s-b", calls=250)  # more calls than a ring holds: its last ring_capacity ones
+    old_session("s-c", space="2", calls=1)
+    FiredPlan.objects.create(space_key="1", session_key="s-b", plan_key="k", name="r", settled=False, tail=[])
+    with round_trips() as ahead_sent:
+        seen = service.read_ahead([("1", "s-a"), ("1", "s-b"), ("2", "s-c"), ("1", "s-none")])
+    assert len(ahead_sent) == 2, ahead_sent  # the rings' rows and what waits, for all of them
+    for key in [("1", "s-a"), ("1", "s-b"), ("2", "s-c"), ("1", "s-none")]:
+        recording._forget(key)
+        ring = recording._ring(*key, QUIET.normalized())  # what a lazy sync builds
+        assert seen[key].last == ring.last_seq and seen[key].ring.last_seq == ring.last_seq
+        assert [c.tool for c in seen[key].ring.recent()] == [c.tool for c in ring.recent()]
+        assert [c.args for c in seen[key].ring.recent()] == [c.args for c in ring.recent()]
+        recording._forget(key)
+    assert seen[("1", "s-b")].waits and not seen[("1", "s-a")].waits and seen[("1", "s-none")].last == 0
+    assert len(seen[("1", "s-b")].ring.recent()) == QUIET.normalized().ring_capacity
+    with round_trips() as at_pin:
+        with service.pinned("1", "s-a", sync=True, seen=seen[("1", "s-a")]):
+            sent = first_call_in_a_transaction("s-a")
+    assert not [s for s in at_pin if "SELECT" in s], at_pin
+    assert not [s for s in sent if s.startswith("SELECT")], sent
+    assert list(ForageCall.objects.filter(session_key="s-a").order_by("seq").values_list("seq", flat=True)) == [1, 2, 3, 4]
+    with service.pinned("1", "s-b", seen=seen[("1", "s-b")]):  # a replay waits: the judge reads it, as ever
+        with CaptureQueriesContext(connection) as queries:
+            service.judge_reply("1", "s-b", [], text="done", config=QUIET)
+    assert reads(queries, "waggle_firedplan")

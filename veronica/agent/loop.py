@@ -81,9 +81,13 @@ def run_member(member: Member, ctx: RunContext) -> str:
     new = getattr(session, "fresh", False)  # opened for this run: no turn to read, and nothing of waggle's yet
     with runstart.known(getattr(session, "start_empty", frozenset())):  # what the claim found none of (until the first call)
         tools = tools_for(member)  # with the MCP servers' tools, listed at the run boundary
-        log_ = transcript.Log(session, [] if new else None)  # the transcript, in memory for the whole run
+        ahead = getattr(ctx, "ahead", None)  # read with other runs' by the engine (veronica.agent.read_ahead), or None
+        if ahead is not None:
+            ctx.ahead = None
+        log_ = transcript.Log(session, [] if new else ahead.turns if ahead is not None else None)  # in memory for the whole run
         tctx = ToolContext(member=member, space=member.space, session=session, run=ctx.run, log=log_, tools=tools)
-        with waggle_bridge.pinned(member, tctx, new=new):  # the run holds the slot: waggle may trust its view of the session
+        seen = ahead.waggle if ahead is not None else None
+        with waggle_bridge.pinned(member, tctx, new=new, seen=seen):  # the run holds the slot: waggle may trust its view of the session
             return run_steps(member, ctx, tools, tctx)
 
 
@@ -107,6 +111,8 @@ def run_steps(member: Member, ctx: RunContext, tools: dict[str, Tool], tctx: Too
     if resumed_tools and ctx.source != "timer":
         unread = []  # finish the interrupted chain first, as the run would have; the new mail gets the next run
     if not unread and ctx.source != "timer" and not unanswered_brief and not resumed_tools:
+        if member.phase == Phase.THINKING:  # set for it ahead (a worker's resumes, veronica.engine.runner.read_ahead)
+            ctx.phase(Phase.READY)
         return RunOutcome.DONE  # a wake with nothing to do exits cleanly, no model call
     if unanswered_brief and ctx.source == "resume" and unread and sorted(m.pk for m in unread) == sorted(last.mail_ids):
         # A cut run (its worker died, its lease ran out) left this brief unanswered, with this very mail:

@@ -11,7 +11,7 @@ from veronica.agent.tools.base import S, Tool, ToolContext, ToolError, truncate
 from veronica.plumbing.errors import VeronicaError, check_tree
 
 if TYPE_CHECKING:
-    from veronica.models import Member
+    from veronica.models import Member, Session
 
 log = logging.getLogger(__name__)
 
@@ -25,17 +25,31 @@ def _flat(args: dict) -> dict:
     return {str(k): v for k, v in args.items() if not str(k).startswith("_")}
 
 
+def read_ahead(starts: list[tuple["Member", "Session"]]) -> dict[int, object]:
+    """waggle's view of these members' sessions, read for all at once (veronica.agent.read_ahead): by
+    session id, each to be passed to its run's pinned(). Best effort: {} when the read failed."""
+    try:
+        from waggle import service
+
+        keys = {(str(member.space_id), str(session.pk)): session.pk for member, session in starts}
+        return {keys[key]: seen for key, seen in service.read_ahead(list(keys)).items()}
+    except Exception:  # best effort: each run reads its own
+        log.warning("waggle read-ahead failed", exc_info=True)
+        return {}
+
+
 @contextmanager
-def pinned(member: "Member", tctx: ToolContext, *, new: bool = False) -> Iterator[None]:
+def pinned(member: "Member", tctx: ToolContext, *, new: bool = False, seen: object = None) -> Iterator[None]:
     """For the length of a run, which holds the member's slot: waggle may trust its view of the session.
-    ``new``: this run created the session (waggle then knows it empty without reading it). When the
-    run ends (however: answered, stopped, failed, waiting), a replayed step no reply drew on is booked
-    unused."""
+    ``new``: this run created the session (waggle then knows it empty without reading it). ``seen``:
+    waggle's view of it read ahead (read_ahead). When the run ends (however: answered, stopped, failed,
+    waiting), a replayed step no reply drew on is booked unused."""
     try:
         from waggle import service
 
         space_key, session_key, _ = _keys(member, tctx)
-        pin = service.pinned(space_key, session_key, new=new)
+        # an old session's ring is read now, before the run's first fence (waggle.recording.sync_now)
+        pin = service.pinned(space_key, session_key, new=new, sync=not new, seen=seen)
     except Exception:  # best effort
         log.warning("waggle pin failed", exc_info=True)
         yield

@@ -20,7 +20,7 @@ from veronica.agent.runctx import Cancelled, LeaseLost
 from veronica.engine import budget, failures, fleet, gather, outage, slot, wakes
 from veronica.engine.slot import has_unread  # noqa: F401  (drive and the tests read it here)
 from veronica.plumbing.errors import storable
-from veronica.models import Member, Membership, RunOutcome, RunStatus, Turn, TurnRole, Wake
+from veronica.models import Member, Membership, Phase, RunOutcome, RunStatus, Turn, TurnRole, Wake
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,31 @@ def claim_up_front(member_ids: list[int]) -> dict:
     except (OperationalError, InterfaceError):
         log.warning("could not claim the resumes at once; each claims on its own", exc_info=True)
         connections[Member.objects.db].close()
+    read_ahead(list(leases.values()))
     return leases
+
+
+def read_ahead(leases: list[slot.RunLease]) -> None:
+    """The resumes' starts, for all of them at once before any runs: their first phase (thinking, one
+    UPDATE under their leases), their transcripts and waggle's view of their sessions
+    (veronica.agent.read_ahead). Each was a round trip or a commit of its own run, on one of the
+    worker's eight pooled connections, held while 250 resumes took turns at the GIL: the resumes
+    queued for connections, and the last of 250 made its first call ~2 s after the kept answers were
+    there (bench/fleet.py, a worker SIGKILLed). A read that fails leaves each run to read its own."""
+    if not leases:
+        return
+    from veronica.agent import read_ahead as ahead_of
+
+    try:
+        slot.phase_many(leases, Phase.THINKING)
+        found = ahead_of.read([(lease.member, lease.session) for lease in leases])
+    except (OperationalError, InterfaceError):
+        log.warning("could not read the resumes' starts ahead; each run reads its own", exc_info=True)
+        connections[Member.objects.db].close()
+        return
+    for lease in leases:
+        if lease.session is not None:
+            lease.ahead = found.get(lease.session.pk)
 
 
 def claim_and_run(pool: fleet.RunPool, member_id: int, source: str) -> str:

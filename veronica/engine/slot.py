@@ -93,6 +93,33 @@ def write_phase(member: Member, phase: str, tool: str = "") -> None:
     member.phase, member.phase_tool = phase, tool
 
 
+class _NotAll(Exception):
+    """phase_many: a lease no longer held (its transaction rolls back)."""
+
+
+def phase_many(leases: list["RunLease"], phase: str, tool: str = "") -> int:
+    """One phase for several runs just claimed (a worker's resumes, veronica.engine.runner.read_ahead),
+    in one UPDATE under their leases and one event statement: what each run's own fence would write
+    (phase_since re-stamped as every fence does). All or none: when a lease no longer holds, nothing is
+    written and each run writes its own. Returns how many members it set."""
+    todo = [lease for lease in leases if (lease.member.phase, lease.member.phase_tool) != (phase, tool)]
+    if not todo:
+        return 0
+    try:
+        with events.transaction_batch():
+            held = Member.objects.filter(pk__in=[lease.member.pk for lease in todo], lease_token__in=[lease.token for lease in todo],
+                                         lease_expires_at__gt=Now()).update(phase=phase, phase_tool=tool, phase_since=Now())
+            if held != len(todo):  # (ids and tokens are unique: every lease matched, or one is gone)
+                raise _NotAll
+            for lease in todo:
+                events.emit(lease.member.space_id, "member.phase", member=lease.member, phase=phase, tool=tool)
+    except _NotAll:
+        return 0
+    for lease in todo:
+        lease.member.phase, lease.member.phase_tool = phase, tool
+    return len(todo)
+
+
 # A cancel flag read by a fence this recently answers check() without a statement of its own.
 FRESH_CHECK_SECONDS = 0.25
 # While a tool call runs, the cancel flag is read this often: a suspend ends a command within it.
@@ -148,6 +175,7 @@ class RunLease:
         self.model_calls = self.tokens = 0  # the Run row's counters, written by finish()
         self.session = session  # the member's open session when the claim read or opened it (agent.loop reads it)
         self.unread = unread  # the member's unread mail when the claim read it (agent.loop's start reads it once)
+        self.ahead = None  # what the run's start would read, read with other runs' (veronica.agent.read_ahead)
         self.rewake = False  # the finish's release flagged the member for a leftover wake (finish enqueues it)
 
     def count_call(self, tokens: int) -> None:
