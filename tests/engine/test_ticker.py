@@ -50,7 +50,9 @@ def test_role_and_run_lease_expiry_use_the_database_clock(space, monkeypatch):
     assert Member.objects.get(pk=w1.pk).lease_token == "live"
 
 
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="PostgreSQL: the select locks the rows (the test below)")
 def test_expiry_rechecks_the_lease_so_a_renewal_in_between_wins(space, monkeypatch):
+    """SQLite has no row locks: a heartbeat may renew between the expiry's select and its update."""
     w1 = supervisor.get_member(space, "w1")
     Member.objects.filter(pk=w1.pk).update(run_status="busy", lease_token="t", lease_expires_at=timezone.now() - timedelta(seconds=1))
     real_filter = Member.objects.filter
@@ -64,6 +66,46 @@ def test_expiry_rechecks_the_lease_so_a_renewal_in_between_wins(space, monkeypat
     monkeypatch.setattr(Member.objects, "filter", renew_then_filter)
     assert leases.expire_leases() == []
     assert renewed == [1] and Member.objects.get(pk=w1.pk).lease_token == "t"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_during_the_expiry_waits_for_it_and_the_batch_expires_in_one_update(space, monkeypatch):
+    """PostgreSQL: the expiry's select locks the run-out rows until its commit, so a heartbeat's renewal
+    from another connection cannot land between the select and the update (it waits, then finds the
+    lease gone); the batch is then released in one UPDATE, not one per member."""
+    import psycopg
+
+    members = [supervisor.get_member(space, name) for name in ("w1", "w2")]
+    for n, member in enumerate(members):
+        Member.objects.filter(pk=member.pk).update(run_status="busy", lease_token=f"t{n}",
+                                                   lease_expires_at=timezone.now() - timedelta(seconds=1))
+    real_filter = Member.objects.filter
+    tried = []
+
+    def renew_then_filter(*args, **kwargs):
+        if "pk__in" in kwargs and not tried:  # the batch's release is next: a heartbeat tries now
+            settings = connection.settings_dict
+            with psycopg.connect(host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432, user=settings["USER"],
+                                 dbname=settings["NAME"], autocommit=True) as other:
+                other.execute("SET lock_timeout = '200ms'")
+                try:
+                    other.execute(f"UPDATE {Member._meta.db_table} SET lease_expires_at = now() + interval '30 seconds' "
+                                  "WHERE id = %s AND lease_token = 't0'", [members[0].pk])
+                    tried.append("renewed")
+                except psycopg.errors.LockNotAvailable:
+                    tried.append("waited")
+        return real_filter(*args, **kwargs)
+
+    monkeypatch.setattr(Member.objects, "filter", renew_then_filter)
+    with CaptureQueriesContext(connection) as queries:
+        woken = leases.expire_leases()
+    assert tried == ["waited"]
+    assert sorted(woken) == sorted(m.pk for m in members)
+    assert set(Member.objects.filter(pk__in=[m.pk for m in members]).values_list("lease_token", flat=True)) == {""}
+    releases = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE") and "lease_token" in q["sql"]
+                and "cancel_requested" in q["sql"]]
+    assert len(releases) == 1, releases
 
 
 def populate(tmp_path, prefix: str, spaces: int, workers: int) -> None:

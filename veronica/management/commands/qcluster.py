@@ -26,7 +26,7 @@ import django_q.cluster
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as Q2Command
 
-from veronica.engine import holders, outage, warm
+from veronica.engine import outage, warm
 from veronica.engine.qguard import GuardedSentinel
 from veronica.engine.ticker import Ticker
 from veronica.plumbing import procstat
@@ -81,15 +81,6 @@ def ensure_schedules_patiently(stopping: threading.Event) -> bool:
     return False
 
 
-def reap_dead_holders() -> None:
-    """Leases held by processes of this machine that no longer run (veronica.engine.holders) end before
-    the workers fork: their members' resumes wait in the broker for the first warm worker."""
-    try:
-        holders.reap_dead_here()
-    except Exception:  # best effort: each worker looks again as it spawns, and the leases run out anyway
-        log.warning("could not look for leases of dead processes of this machine", exc_info=True)
-
-
 class Command(Q2Command):
     help = "Start the django-q2 cluster with Veronica's engine ticker (schedules ensured, bounded stop)."
 
@@ -125,7 +116,11 @@ class Command(Q2Command):
         signal.signal(signal.SIGINT, on_signal)
         if not ensure_schedules_patiently(stopping):
             return
-        reap_dead_holders()  # a cluster of this machine killed before us: its runs resume now, not a lease later
+        # A cluster of this machine killed before us: its runs resume now, not a lease later. Its leases are
+        # reaped by our first worker as it warms (veronica.engine.warm), which resumes them in its own run
+        # pool with their starts read ahead. Reaped here, before the fork, their resumes waited in the broker
+        # for the warm workers and reached them one task at a time: 250 resumes started 2.6-5.6 s after the
+        # reap (bench/fleet.py, a host SIGKILLed and restarted).
         connections.close_all()  # never hand our socket to the forked sentinel and workers
         os.environ[outage.MARK_ENV] = os.path.join(tempfile.gettempdir(), f"veronica-db-outage-{os.getpid()}")
         outage.mark_up()  # (a note a recycled pid left behind)
