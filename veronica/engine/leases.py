@@ -52,9 +52,9 @@ def _expire_batch(ring_now: bool = True) -> tuple[list[int], int]:
         found = list(run_out.select_for_update(skip_locked=True).order_by("pk")[:EXPIRE_BATCH])
         released = dict(lease_token="", lease_expires_at=None, cancel_requested=False, wake_queued_at=None)
         if connections[Member.objects.db].vendor == "postgresql":
-            # One UPDATE for the batch: its rows are locked by the select until the commit (no heartbeat
-            # renews one meanwhile) and now() is the transaction's, so each still matches as selected.
-            # An UPDATE per member was a round trip each: 256 of them after a killed worker's reap.
+            # One UPDATE for the batch: the select locked its rows until the commit, so no heartbeat renews
+            # one meanwhile (it waits, then finds the lease gone) and a lease run out at the select is run
+            # out still. An UPDATE per member was a round trip each: 256 after a killed worker's reap.
             Member.objects.filter(pk__in=[m.pk for m in found]).update(**released)
             expired = found
         else:
