@@ -88,11 +88,8 @@ def read_ahead(sessions: list[tuple[str, str]], *, config: WaggleConfig | None =
                   .values_list("space_key", "session_key").distinct())
     seen = {}
     for key, mine in rows.items():
-        mine.sort(key=lambda r: r[0])
-        ring = Recorder(cfg.ring_capacity)
-        for seq, *row in mine:
-            ring.record(_call_from_row(*row), seq=seq)
-        ring.last_seq = mine[-1][0] if mine else 0
+        mine.sort(key=lambda r: r[0], reverse=True)
+        ring = _ring_of(mine, cfg.ring_capacity)
         seen[key] = Seen(ring, ring.last_seq, key in waiting)
     return seen
 
@@ -209,13 +206,18 @@ def _ring(space_key: str, session_key: str, cfg: WaggleConfig) -> Recorder:
         if quiet == last:  # as this process left it, nothing waiting (see _quiet)
             pin.none_pending = True
     if ring is None or ring.last_seq != last or ring.capacity != cfg.ring_capacity:
-        ring = Recorder(cfg.ring_capacity)
-        if rows is None:
-            rows = _last_rows(space_key, session_key, ring.capacity)
-        for seq, *row in reversed(rows):
-            ring.record(_call_from_row(*row), seq=seq)
+        ring = _ring_of(rows if rows is not None else _last_rows(space_key, session_key, cfg.ring_capacity), cfg.ring_capacity)
         ring.last_seq = last
         _keep_ring(key, ring)
+    return ring
+
+
+def _ring_of(rows: list, capacity: int) -> Recorder:
+    """A ring holding these calls (newest first, as _last_rows reads them); its last_seq the newest's."""
+    ring = Recorder(capacity)
+    for seq, *row in reversed(rows):
+        ring.record(_call_from_row(*row), seq=seq)
+    ring.last_seq = rows[0][0] if rows else 0
     return ring
 
 

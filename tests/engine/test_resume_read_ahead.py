@@ -13,7 +13,6 @@ from django.test.utils import CaptureQueriesContext
 from tests.conftest import make_space
 from tests.vendors.mock_openai import MockOpenAI
 from veronica.agent import waggle_bridge
-from veronica.agent.tools import ToolContext
 from veronica.engine import runner, slot
 from veronica.models import Event, Member, Message, Phase, RunStatus, Session, Turn, TurnRole
 from veronica.swarm import bus
@@ -44,7 +43,7 @@ def cut(tmp_path, name: str, slug: str) -> Member:
     return Member.objects.get(pk=member.pk)
 
 
-def run_through_the_loop(lease, mock) -> tuple[str, list[str]]:
+def run_through_the_loop(lease) -> tuple[str, list[str]]:
     """The resume's run, to its end: its outcome and the SELECTs it sent."""
     with CaptureQueriesContext(connection) as queries:
         outcome = runner.run_claimed(lease, "resume")
@@ -76,7 +75,7 @@ def test_resumes_claimed_up_front_get_their_starts_read_and_their_runs_read_none
         assert Member.objects.get(pk=member.pk).phase == Phase.THINKING and lease.member.phase == Phase.THINKING
     assert Event.objects.filter(kind="member.phase").count() == before + 3, "each phase has its event, as a fence writes it"
 
-    outcome, selects = run_through_the_loop(leases[members[0].pk], vendor)
+    outcome, selects = run_through_the_loop(leases[members[0].pk])
     assert outcome == "done"
     for table in ("veronica_turn", "waggle_foragecall", "waggle_firedplan"):
         assert not reads_of(selects, table), f"the run read {table} again: {reads_of(selects, table)}"
@@ -94,7 +93,7 @@ def test_a_resume_run_without_its_start_read_ahead_reads_it_and_writes_the_same(
     member = cut(tmp_path, "w1", "solo")
     lease = slot.claim(member.pk, "resume", gates=("breaker",), record_wake=True, open_session=True)
     assert lease.ahead is None
-    outcome, selects = run_through_the_loop(lease, vendor)
+    outcome, selects = run_through_the_loop(lease)
     assert outcome == "done"
     assert reads_of(selects, "veronica_turn") and reads_of(selects, "waggle_foragecall")
     session = Session.objects.get(member=member, ended_at__isnull=True)
@@ -110,7 +109,7 @@ def test_a_resume_with_nothing_to_do_leaves_no_thinking_phase_behind(tmp_path, v
     Turn.objects.create(session=session, seq=4, role=TurnRole.ASSISTANT, content="done")
     lease = runner.claim_up_front([member.pk])[member.pk]
     assert lease.member.phase == Phase.THINKING
-    outcome, _ = run_through_the_loop(lease, vendor)
+    outcome, _ = run_through_the_loop(lease)
     assert outcome == "done" and vendor.stats()["model_requests"] == 0
     assert Member.objects.get(pk=member.pk).phase == Phase.READY
 
@@ -145,7 +144,7 @@ def test_a_failed_read_ahead_leaves_each_run_to_read_its_own(tmp_path, vendor, m
     monkeypatch.setattr(read_ahead, "read", down)
     lease = runner.claim_up_front([member.pk])[member.pk]
     assert lease.ahead is None
-    outcome, selects = run_through_the_loop(lease, vendor)
+    outcome, selects = run_through_the_loop(lease)
     assert outcome == "done" and reads_of(selects, "veronica_turn")
 
 
@@ -155,7 +154,4 @@ def test_waggle_s_read_ahead_is_best_effort(tmp_path, monkeypatch):
     member = cut(tmp_path, "w1", "wbroken")
     session = Session.objects.get(member=member)
     monkeypatch.setattr(service, "read_ahead", lambda keys: 1 / 0)
-    assert waggle_bridge.read_ahead([(member, session)]) == {}
-    tctx = ToolContext(member=member, space=member.space, session=session, run=None, log=None, tools={})
-    with waggle_bridge.pinned(member, tctx, seen=None):  # the pin reads its own, as before
-        pass
+    assert waggle_bridge.read_ahead([(member, session)]) == {}  # logged, not raised: each run reads its own
