@@ -1,6 +1,6 @@
 """PostgreSQL: a batch's last statement carries its transaction's COMMIT (one round trip for both) when
 the batch is the outermost transaction; the rings still go after the commit, and a failure of either
-the statement or the COMMIT leaves nothing written (events.Batch.commits_here, _write_block_pg)."""
+the statement or the COMMIT leaves nothing written (events.Batch.commits_here, _write_blocks_pg)."""
 from __future__ import annotations
 
 import pytest
@@ -43,13 +43,13 @@ def server_in_transaction() -> bool:
 
 
 def test_the_outermost_batch_commits_with_its_statement_and_rings_after_the_block(space, rings, monkeypatch):
-    real, states = events._write_block_pg, []
+    real, states = events._write_blocks_pg, []
 
     def write(*args, **kwargs):
         last = real(*args, **kwargs)
         states.append((server_in_transaction(), seen_elsewhere(space), list(rings)))  # just after the statement
         return last
-    monkeypatch.setattr(events, "_write_block_pg", write)
+    monkeypatch.setattr(events, "_write_blocks_pg", write)
     with events.transaction_batch():
         events.emit(space.pk, "a.b")
         events.emit(space.pk, "a.c")
@@ -142,3 +142,69 @@ def test_a_steps_statement_has_a_few_parameters_whatever_its_rows(space, monkeyp
                 for i in range(n):
                     events.emit(space.pk, "a.b", text="x" * 100, i=i)
     assert len({sql for sql, _ in shapes}) == 1 and {count for _, count in shapes} == {4}
+
+
+def test_a_batch_over_several_spaces_is_one_statement_that_commits_with_it(tmp_path, rings, monkeypatch):
+    """A gathered claim's events span the spaces of its members: one statement writes every space's seq
+    block, its deferred rows and (as the outermost batch) the COMMIT, each space's seqs gapless."""
+    spaces = [Space.objects.create(name=f"s{i}", slug=f"s{i}", workdir=str(tmp_path)) for i in range(3)]
+    events.emit(spaces[1].pk, "before")  # the spaces' counters differ going in
+    rings.clear()
+    statements, states = [], []
+    real = events._write_blocks_pg
+
+    def write(*args, **kwargs):
+        lasts = real(*args, **kwargs)
+        states.append((server_in_transaction(), seen_elsewhere(spaces[2])))
+        return lasts
+    monkeypatch.setattr(events, "_write_blocks_pg", write)
+
+    def spy(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+    with connection.execute_wrapper(spy):
+        with events.transaction_batch():
+            for space, n in ((spaces[2], 2), (spaces[0], 1), (spaces[1], 3), (spaces[2], 1)):  # out of id order
+                for i in range(n):
+                    events.emit(space.pk, "a.b", i=i)
+    assert len(statements) == 1 and "ORDER BY id FOR UPDATE" in statements[0]
+    assert states == [(False, 3)]  # committed with its statement
+    seqs = {s.pk: list(Event.objects.filter(space=s).order_by("seq").values_list("seq", flat=True)) for s in spaces}
+    assert seqs == {spaces[0].pk: [1], spaces[1].pk: [1, 2, 3, 4], spaces[2].pk: [1, 2, 3]}
+    assert sorted(rings) == [1, 3, 4]
+    assert [Space.objects.get(pk=s.pk).event_seq for s in spaces] == [1, 4, 3]
+    payloads = [e.payload["i"] for e in Event.objects.filter(space=spaces[2]).order_by("seq")]
+    assert payloads == [0, 1, 0]  # each space's events in the order they were emitted
+
+
+def test_a_batch_over_several_spaces_locks_them_in_the_order_of_their_ids(tmp_path):
+    """Whatever order the events came in: while the lower space's row is held elsewhere, the batch waits
+    on it holding no other space's row (two such batches never wait on each other in a circle)."""
+    import threading
+
+    low, high = (Space.objects.create(name=f"s{i}", slug=f"s{i}", workdir=str(tmp_path)) for i in range(2))
+    holder = connections.create_connection("default")
+    done = threading.Event()
+
+    def batch():
+        try:
+            with events.transaction_batch():
+                events.emit(high.pk, "first")  # the higher id first
+                events.emit(low.pk, "second")
+        finally:
+            connections.close_all()
+            done.set()
+    try:
+        with holder.cursor() as cur:
+            holder.set_autocommit(False)
+            cur.execute("UPDATE veronica_space SET name = name WHERE id = %s", [low.pk])
+            worker = threading.Thread(target=batch)
+            worker.start()
+            assert not done.wait(1.0)  # waiting on the lower space's row
+            cur.execute("SELECT id FROM veronica_space WHERE id = %s FOR UPDATE NOWAIT", [high.pk])  # not held by the batch
+            holder.rollback()
+        worker.join(10)
+        assert done.is_set()
+    finally:
+        holder.close()
+    assert {Space.objects.get(pk=low.pk).event_seq, Space.objects.get(pk=high.pk).event_seq} == {1}

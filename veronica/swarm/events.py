@@ -64,7 +64,7 @@ class _Batch:
 
     def commits_here(self) -> bool:
         """PostgreSQL: this batch's block is the outermost transaction and will commit (no rollback is
-        due), so its last statement may carry the COMMIT in the same round trip (see _write_block_pg)."""
+        due), so its last statement may carry the COMMIT in the same round trip (see _write_blocks_pg)."""
         import psycopg
 
         conn = self.conn
@@ -76,18 +76,19 @@ class _Batch:
         for event in self.pending:
             by_space.setdefault(event.space_id, []).append(event)
         self.pending, deferred, self.deferred = [], self.deferred, []
+        if by_space and self.conn.vendor == "postgresql":
+            lasts = _write_blocks_pg(by_space, deferred, commit=self.commits_here())
+            for space_id, last in lasts.items():
+                transaction.on_commit(lambda space_id=space_id, last=last: ring(space_id, last))
+            return
         for space_id, rows in by_space.items():
-            if self.conn.vendor == "postgresql":
-                commit = len(by_space) == 1 and self.commits_here()
-                last, deferred = _write_block_pg(space_id, rows, deferred, commit=commit), []
-            else:
-                with connection.cursor() as cur:
-                    cur.execute(f"UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
-                                [len(rows), space_id])
-                    last = cur.fetchone()[0]
-                for i, event in enumerate(rows):
-                    event.seq = last - len(rows) + 1 + i
-                insert_rows(Event, rows)
+            with connection.cursor() as cur:
+                cur.execute(f"UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq",
+                            [len(rows), space_id])
+                last = cur.fetchone()[0]
+            for i, event in enumerate(rows):
+                event.seq = last - len(rows) + 1 + i
+            insert_rows(Event, rows)
             transaction.on_commit(lambda space_id=space_id, last=last: ring(space_id, last))
         for model, rows in deferred:  # a batch without events
             insert_rows(model, rows)
@@ -97,11 +98,19 @@ _EVENT_COLUMNS = ("space_id", "kind", "member_id", "payload", "created_at")
 _PG_TYPES = {"space_id": "bigint", "kind": "text", "member_id": "bigint", "payload": "jsonb", "created_at": "timestamptz"}
 
 
-def _write_block_pg(space_id: int, rows: list[Event], deferred: list[tuple[type, list]] = (), *,
-                    commit: bool = False) -> int:
-    """PostgreSQL: the seq block and the rows in ONE statement (a data-modifying CTE): the space row is
-    locked by its UPDATE inside the statement, so the lock is held for this statement and the commit.
-    The deferred rows (defer_insert) are INSERTs of the same statement: a step's turns ride along.
+def _write_blocks_pg(by_space: dict[int, list[Event]], deferred: list[tuple[type, list]] = (), *,
+                     commit: bool = False) -> dict[int, int]:
+    """PostgreSQL: each space's seq block and the rows in ONE statement (a data-modifying CTE): a space
+    row is locked by the UPDATE inside the statement, so the lock is held for this statement and the
+    commit. The deferred rows (defer_insert) are INSERTs of the same statement: a step's turns ride along.
+    Returns each space's last seq.
+
+    Several spaces (a gathered claim of many members): their rows are locked in the order of their ids
+    (a locking read sorted by id feeds the UPDATE), so two such statements never wait on each other in a
+    circle. One statement for all of them, not one per space: a claim of 64 members over three spaces
+    held the first space's lock across the round trips of the others and its own COMMIT, while every
+    step of that space's members waited on it, each holding one of its worker's pooled connections
+    (bench/fleet.py's start burst).
 
     commit: this is the transaction's last statement and the transaction is the outermost one: the
     statement and its COMMIT go to the server in one pipeline, one round trip instead of two. The
@@ -115,18 +124,32 @@ def _write_block_pg(space_id: int, rows: list[Event], deferred: list[tuple[type,
         heads.append(f"d{k} AS ({insert}), ")
         params += insert_params
     created = Event._meta.get_field("created_at")
+    spaces = sorted(by_space)
     records = [{"ord": i + 1, "space_id": event.space_id, "kind": event.kind, "member_id": event.member_id,
                 "payload": event.payload, "created_at": created.pre_save(event, add=True).isoformat()}
-               for i, event in enumerate(rows)]
-    # every event in one JSON parameter: the statement's text (and its prepared plan) is one per shape
-    params += [len(rows), space_id, len(rows), json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
+               for space_id in spaces for i, event in enumerate(by_space[space_id])]
     cols = ", ".join(_EVENT_COLUMNS)
-    sql = (f"WITH {''.join(heads)}block AS (UPDATE {Space._meta.db_table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq), "
+    recordset = f"json_to_recordset(%s::json) AS v(ord int, {', '.join(f'{c} {_PG_TYPES[c]}' for c in _EVENT_COLUMNS)})"
+    table = Space._meta.db_table
+    # every event in one JSON parameter: the statement's text (and its prepared plan) is one per shape
+    if len(spaces) == 1:
+        n = len(records)
+        params += [n, spaces[0], n, json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
+        block = f"block AS (UPDATE {table} SET event_seq = event_seq + %s WHERE id = %s RETURNING event_seq), "
+        seq, join = "block.event_seq - %s + v.ord", f"FROM block, {recordset}"
+    else:
+        counts = [len(by_space[space_id]) for space_id in spaces]
+        params += [spaces, spaces, counts, json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
+        block = (f"locked AS (SELECT id FROM {table} WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE), "
+                 f"block AS (UPDATE {table} AS s SET event_seq = s.event_seq + c.n FROM locked, "
+                 f"unnest(%s::bigint[], %s::int[]) AS c(id, n) WHERE s.id = locked.id AND c.id = locked.id "
+                 f"RETURNING s.id, s.event_seq, c.n), ")
+        seq, join = "block.event_seq - block.n + v.ord", f"FROM block JOIN {recordset} ON v.space_id = block.id"
+    sql = (f"WITH {''.join(heads)}{block}"
            f"e AS (INSERT INTO {Event._meta.db_table} (seq, {cols}) "
-           f"SELECT block.event_seq - %s + v.ord, {', '.join('v.' + c for c in _EVENT_COLUMNS)} "
-           f"FROM block, json_to_recordset(%s::json) AS v(ord int, {', '.join(f'{c} {_PG_TYPES[c]}' for c in _EVENT_COLUMNS)}) "
-           f"ORDER BY v.ord RETURNING id, seq) "
-           f"SELECT -1, id, seq FROM e" + "".join(f" UNION ALL SELECT {k}, id, 0 FROM d{k}" for k in range(len(deferred))))
+           f"SELECT {seq}, {', '.join('v.' + c for c in _EVENT_COLUMNS)} {join} "
+           f"ORDER BY v.space_id, v.ord RETURNING id, seq, space_id) "
+           f"SELECT -1, id, seq, space_id FROM e" + "".join(f" UNION ALL SELECT {k}, id, 0, 0 FROM d{k}" for k in range(len(deferred))))
     with connection.cursor() as cur:
         if commit:
             with connection.wrap_database_errors, connection.connection.pipeline():
@@ -135,15 +158,21 @@ def _write_block_pg(space_id: int, rows: list[Event], deferred: list[tuple[type,
         else:
             cur.execute(sql, params)
         result = cur.fetchall()
-    written = sorted((r[1:] for r in result if r[0] == -1), key=lambda r: r[1])
     for k, (model, new_rows) in enumerate(deferred):  # one statement's ids come from the sequence in row order
         inserted(model, new_rows, sorted(r[1] for r in result if r[0] == k))
-    if len(written) != len(rows):
-        raise RuntimeError(f"space {space_id}: {len(written)} of {len(rows)} events written")
-    for event, (pk, seq) in zip(rows, written):
-        event.pk, event.seq = pk, seq
-        event._state.adding, event._state.db = False, connection.alias
-    return written[-1][1]
+    written: dict[int, list] = {}
+    for _, pk, seq_, space_id in sorted((r for r in result if r[0] == -1), key=lambda r: r[2]):
+        written.setdefault(space_id, []).append((pk, seq_))
+    lasts = {}
+    for space_id in spaces:
+        rows, got = by_space[space_id], written.get(space_id, [])
+        if len(got) != len(rows):
+            raise RuntimeError(f"space {space_id}: {len(got)} of {len(rows)} events written")
+        for event, (pk, seq_) in zip(rows, got):
+            event.pk, event.seq = pk, seq_
+            event._state.adding, event._state.db = False, connection.alias
+        lasts[space_id] = got[-1][1]
+    return lasts
 
 
 _batch = threading.local()
@@ -178,7 +207,7 @@ def batch(*, _commit: bool = False):
 @contextmanager
 def transaction_batch():
     """transaction.atomic() and batch() ending together. When it is the outermost transaction (and
-    PostgreSQL), the batch's statement carries the COMMIT (see _write_block_pg): nothing can run
+    PostgreSQL), the batch's statement carries the COMMIT (see _write_blocks_pg): nothing can run
     between the two, which a batch() inside a longer atomic block could not promise."""
     with transaction.atomic(), batch(_commit=True):
         yield
