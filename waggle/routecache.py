@@ -45,15 +45,59 @@ class AtCommit:
 def routes(space_key: str, load: Callable[[str], list], *, keep: bool = True) -> list:
     """The space's routes, from the cache while fresh, else loaded (and kept, unless ``keep`` is false:
     the caller's transaction holds an uncommitted route write) anew. A new list each time: a pin may
-    replace its own without touching another's."""
+    replace its own without touching another's.
+
+    One load per space at a time: the runs a burst of mail starts together (bench/fleet.py: 500 at once,
+    50 to a space) all missed the cache before the first load had kept its rows, and 320 of 500 read
+    waggle_waggle each, every read a query on a pooled connection of the worker. A thread that finds
+    the space being loaded waits for that load (at most LOAD_WAIT seconds), then takes what it kept;
+    if it kept nothing (it failed, or a route was written meanwhile, or it is still going), the thread
+    loads on its own."""
+    hit, generation, other, mine = _look(space_key, join=keep)
+    if hit is not None:
+        return hit
+    if other is not None:  # another thread of this process is loading this space's routes
+        other.wait(LOAD_WAIT)
+        hit, generation, _, _ = _look(space_key, join=False)
+        if hit is not None:
+            return hit
+    return list(_load(space_key, load, generation, keep, mine))
+
+
+# Short on purpose: a waiting thread may hold one of its worker's pooled connections, and the load it
+# waits for may be queued for one of them. A load takes milliseconds; a wait that runs out costs a read.
+LOAD_WAIT = 0.25
+_loading: dict[str, threading.Event] = {}  # space_key -> set when the thread loading its routes is done
+
+
+def _look(space_key: str, *, join: bool) -> tuple[list | None, int, threading.Event | None, threading.Event | None]:
+    """(the fresh routes or None, the generation now, another thread's load in progress to wait for,
+    this thread's own load to announce): the last two only when ``join``, and at most one of them."""
     now = time.monotonic()
     with _lock:
         hit = _cache.get(space_key)
-        generation = _generation
-    if hit is not None and hit[0] == generation and now - hit[1] < TTL:
-        return list(hit[2])
-    loaded = load(space_key)
-    with _lock:
-        if keep and generation == _generation:  # no write in this process while it loaded: the rows are current
-            _cache[space_key] = (generation, now, loaded)
-    return list(loaded)
+        if hit is not None and hit[0] == _generation and now - hit[1] < TTL:
+            return list(hit[2]), _generation, None, None
+        if not join:
+            return None, _generation, None, None
+        other = _loading.get(space_key)
+        if other is not None:
+            return None, _generation, other, None
+        mine = _loading[space_key] = threading.Event()
+        return None, _generation, None, mine
+
+
+def _load(space_key: str, load: Callable[[str], list], generation: int, keep: bool, mine: threading.Event | None) -> list:
+    try:
+        now = time.monotonic()
+        loaded = load(space_key)
+        with _lock:
+            if keep and generation == _generation:  # no write in this process while it loaded: the rows are current
+                _cache[space_key] = (generation, now, loaded)
+        return loaded
+    finally:
+        if mine is not None:
+            with _lock:
+                if _loading.get(space_key) is mine:
+                    del _loading[space_key]
+            mine.set()
