@@ -23,6 +23,7 @@ from collections import deque
 import redis
 from django.conf import settings
 from django.db import connections, transaction
+from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.brokers.redis_broker import Redis
 from django_q.conf import Conf
@@ -48,6 +49,14 @@ class DoorbellORM(ORM):
         pk = super().enqueue(task)
         transaction.on_commit(doorbell.ring_queue, using=Conf.ORM)  # at once in autocommit, else after the commit
         return pk
+
+    def enqueue_many(self, tasks: list[str]) -> None:
+        """Every task's row in one transaction, and one ring after its commit (veronica.engine.wakes.one_push)."""
+        now = timezone.now()
+        with transaction.atomic(using=Conf.ORM):
+            OrmQ.objects.using(Conf.ORM).bulk_create([OrmQ(key=self.list_key or Conf.CLUSTER_NAME, payload=task, lock=now)
+                                                      for task in tasks])
+            transaction.on_commit(doorbell.ring_queue, using=Conf.ORM)
 
     def dequeue(self):
         if not warm.wait_until_ready():  # no worker of this host is warm yet: leave the wakes to one that is
@@ -78,8 +87,6 @@ class DoorbellORM(ORM):
 
     @staticmethod
     def _now():
-        from django.utils import timezone
-
         return timezone.now()
 
     def _wait(self, timeout: float) -> None:
@@ -114,6 +121,10 @@ class GatedRedis(Redis):
     and only while the list held that many."""
 
     _counted = True  # LPOP's count (Redis 6.2): off for good on a server that refuses it
+
+    def enqueue_many(self, tasks: list[str]) -> None:
+        """Every task at the list's tail in one RPUSH (veronica.engine.wakes.one_push)."""
+        self.connection.rpush(self.list_key, *tasks)
 
     def dequeue(self):
         if outage.is_down():

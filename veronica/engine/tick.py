@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from veronica.swarm import a2a_calls, audit, bus, events, ledger
 from veronica.engine import alarms, clock, failures, leases, retention, supervisor, watchdogs
 from veronica.engine.timers import arm_cron
-from veronica.engine.wakes import enqueue_wake
+from veronica.engine.wakes import enqueue_wake, one_push
 from veronica.plumbing.errors import Conflict, NotFound
 from veronica.models import (
     A2ACall, Approval, ApprovalStatus, Member, Membership, Message, Phase, Question, RetirePolicy, RunStatus, Task, TaskStatus, Wake,
@@ -33,15 +33,16 @@ def fire_cron() -> list[int]:
     """Due schedules: advance next_at with a conditional update (one firing per slot), then wake."""
     now = clock.now()
     fired = []
-    for member in Member.objects.filter(schedule_next_at__lte=now, removed_at__isnull=True).exclude(schedule=""):
-        following = supervisor.next_fire(member.schedule, now)
-        if not Member.objects.filter(pk=member.pk, schedule_next_at=member.schedule_next_at).update(schedule_next_at=following):
-            continue
-        arm_cron(member.pk, following)
-        if member.membership == Membership.ACTIVE:
-            events.emit(member.space_id, "schedule.fired", member=member, schedule=member.schedule)
-            enqueue_wake(member.pk, "timer")
-            fired.append(member.pk)
+    with one_push():  # the wakes of a burst of schedules due together go to the broker together
+        for member in Member.objects.filter(schedule_next_at__lte=now, removed_at__isnull=True).exclude(schedule=""):
+            following = supervisor.next_fire(member.schedule, now)
+            if not Member.objects.filter(pk=member.pk, schedule_next_at=member.schedule_next_at).update(schedule_next_at=following):
+                continue
+            arm_cron(member.pk, following)
+            if member.membership == Membership.ACTIVE:
+                events.emit(member.space_id, "schedule.fired", member=member, schedule=member.schedule)
+                enqueue_wake(member.pk, "timer")
+                fired.append(member.pk)
     return fired
 
 
@@ -74,8 +75,9 @@ def sweep_unread() -> list[int]:
     ids = list(idle.filter(pk__in=owed).filter(work).exclude(Exists(woken_lately)).exclude(on_its_way).values_list("pk", flat=True))
     if ids:  # this sweep's wakes are on their way: the next sweeps leave them to arrive (the claim re-stamps it)
         Member.objects.filter(pk__in=ids, lease_token="").update(wake_queued_at=Now())
-    for member_id in ids:
-        enqueue_wake(member_id, "message")
+    with one_push():
+        for member_id in ids:
+            enqueue_wake(member_id, "message")
     return ids
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Iterable
 
@@ -45,8 +47,6 @@ def enqueue_wake(member_id: int, source: str, *, front: bool = False, owe: bool 
     """Put one wake on the broker now (False when the broker refused it). A refused wake is owed:
     the engine tick rings it again at its next pass (owe_ring), so mail sent while the broker was
     down waits one tick after it is back, not the unread sweep's SWEEP_AFTER."""
-    from django_q.tasks import async_task
-
     if source not in SOURCES:
         raise ValueError(f"unknown wake source {source!r}")
     # A resume is recovery (a dead run's member, a decided approval, a retry whose backoff ran out):
@@ -55,8 +55,19 @@ def enqueue_wake(member_id: int, source: str, *, front: bool = False, owe: bool 
     # save=False: a wake that succeeded leaves no q2 result row (its outcome is the Wake and Run rows).
     # Saving one cost q2's monitor a transaction per wake that locked its 200 newest results, and in
     # embedded mode the SQLite write lock the runs' steps wait on (a failed wake is still saved).
-    options = {"task_name": f"wake-{member_id}-{source}", "broker": wake_broker(front=front or source == "resume"),
-               "save": False}
+    front = front or source == "resume"
+    broker = wake_broker(front=front)
+    push = getattr(_pushing, "push", None)
+    if push is not None and not front and push.takes(broker):
+        push.add(member_id, source, owe)  # sent with the others (at the push's end, or when it is full)
+        return True
+    return _enqueue_alone(broker, member_id, source, owe)
+
+
+def _enqueue_alone(broker, member_id: int, source: str, owe: bool) -> bool:
+    from django_q.tasks import async_task
+
+    options = {"task_name": f"wake-{member_id}-{source}", "broker": broker, "save": False}
     try:
         async_task("veronica.engine.runner.wake", member_id, source, q_options=options)
     except Exception:
@@ -65,6 +76,84 @@ def enqueue_wake(member_id: int, source: str, *, front: bool = False, owe: bool 
             owe_ring(member_id)
         return False
     return True
+
+
+_pushing = threading.local()
+PUSH_MOST = 256  # wakes in one push at most
+
+
+class _Push:
+    """The wakes enqueued inside one_push(), sent at its end; .failed: the members whose wake could not be."""
+
+    def __init__(self) -> None:
+        self.wakes: list[tuple[int, str, bool]] = []
+        self.failed: list[int] = []
+
+    @staticmethod
+    def takes(broker) -> bool:
+        from django_q.conf import Conf
+
+        return callable(getattr(broker, "enqueue_many", None)) and not Conf.SYNC
+
+    def add(self, member_id: int, source: str, owe: bool) -> None:
+        self.wakes.append((member_id, source, owe))
+        if len(self.wakes) >= PUSH_MOST:  # a long loop (a cron burst) does not hold its first wakes to its end
+            self.send()
+
+    def send(self) -> None:
+        wakes, self.wakes = self.wakes, []
+        if not wakes:
+            return
+        broker = wake_broker()
+        if len(wakes) > 1:
+            try:
+                broker.enqueue_many([_wake_package(member_id, source) for member_id, source, _ in wakes])
+                return
+            except Exception:
+                log.warning("could not enqueue %d wakes at once; each is enqueued on its own", len(wakes), exc_info=True)
+        self.failed += [member_id for member_id, source, owe in wakes if not _enqueue_alone(broker, member_id, source, owe)]
+
+
+@contextmanager
+def one_push():
+    """The wakes enqueue_wake is asked for inside the block go to the broker together at its end, in
+    one push when the broker takes many (veronica.engine.qbroker: one RPUSH on Redis, one transaction
+    of rows on the ORM broker); a push that fails sends each on its own, as enqueue_wake would have
+    (a refused one owed). Resumes (the head of the list) and a queue that runs its tasks in place go
+    at once, as before. Yields the push, whose .failed names the members whose wake was not enqueued.
+
+    A commit that mails many members (a broadcast, the bench's 500) rang them one push each after it:
+    500 round trips to Redis put half a second between the first wake queued and the last (hosted,
+    bench/fleet.py), and on SQLite 500 write transactions each queued for the one write lock behind
+    the runs' steps."""
+    if getattr(_pushing, "push", None) is not None:  # (nested: the outer block sends them)
+        yield _Push()
+        return
+    push = _pushing.push = _Push()
+    try:
+        yield push
+    finally:
+        _pushing.push = None
+        push.send()  # (also when the block raised: each wake asked for was promised)
+
+
+def _wake_package(member_id: int, source: str) -> str:
+    """The signed q2 task of one wake: what async_task builds for enqueue_wake (its pre_enqueue signal included)."""
+    from django.utils import timezone
+    from django_q.conf import Conf
+    from django_q.humanhash import uuid
+    from django_q.signals import pre_enqueue
+    from django_q.signing import SignedPackage
+
+    task = {"id": uuid()[1], "name": f"wake-{member_id}-{source}", "func": "veronica.engine.runner.wake",
+            "args": (member_id, source), "save": False}
+    if Conf.CACHED:
+        task["cached"] = Conf.CACHED
+    if Conf.ACK_FAILURES:
+        task["ack_failure"] = Conf.ACK_FAILURES
+    task["kwargs"], task["started"] = {}, timezone.now()
+    pre_enqueue.send(sender="django_q", task=task)
+    return SignedPackage.dumps(task)
 
 
 def owe_ring(member_id: int) -> None:
@@ -160,9 +249,12 @@ def ring(member_ids: Iterable[int], source: str, *, leftover: bool = False) -> l
     if source not in MAIL_SOURCES:
         return [member_id for member_id in ids if enqueue_wake(member_id, source) is not False]
     rung = _set_flag(ids, leftover)
-    for member_id in rung:
-        if enqueue_wake(member_id, source) is False:
-            drop_flag(member_id)  # nothing is queued: the next ring (or the sweep) tries again
+    with one_push() as push:
+        for member_id in rung:
+            if enqueue_wake(member_id, source) is False:
+                drop_flag(member_id)  # nothing is queued: the next ring (or the sweep) tries again
+    for member_id in push.failed:
+        drop_flag(member_id)
     return rung
 
 
