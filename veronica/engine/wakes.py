@@ -65,11 +65,8 @@ def enqueue_wake(member_id: int, source: str, *, front: bool = False, owe: bool 
 
 
 def _enqueue_alone(broker, member_id: int, source: str, owe: bool) -> bool:
-    from django_q.tasks import async_task
-
-    options = {"task_name": f"wake-{member_id}-{source}", "broker": broker, "save": False}
     try:
-        async_task("veronica.engine.runner.wake", member_id, source, q_options=options)
+        _async_wake(broker, member_id, source)
     except Exception:
         log.warning("could not enqueue wake for member %s (%s); the engine tick rings it again", member_id, source, exc_info=True)
         if owe:  # (not when the database is known to be down as well: the sweep is the backstop then)
@@ -107,7 +104,10 @@ class _Push:
         broker = wake_broker()
         if len(wakes) > 1:
             try:
-                broker.enqueue_many([_wake_package(member_id, source) for member_id, source, _ in wakes])
+                packed = _Packed(broker.list_key)
+                for member_id, source, _ in wakes:
+                    _async_wake(packed, member_id, source)
+                broker.enqueue_many(packed.tasks)
                 return
             except Exception:
                 log.warning("could not enqueue %d wakes at once; each is enqueued on its own", len(wakes), exc_info=True)
@@ -137,23 +137,23 @@ def one_push():
         push.send()  # (also when the block raised: each wake asked for was promised)
 
 
-def _wake_package(member_id: int, source: str) -> str:
-    """The signed q2 task of one wake: what async_task builds for enqueue_wake (its pre_enqueue signal included)."""
-    from django.utils import timezone
-    from django_q.conf import Conf
-    from django_q.humanhash import uuid
-    from django_q.signals import pre_enqueue
-    from django_q.signing import SignedPackage
+def _async_wake(broker, member_id: int, source: str) -> None:
+    """q2's async_task of one wake onto this broker (the task as every wake has it)."""
+    from django_q.tasks import async_task
 
-    task = {"id": uuid()[1], "name": f"wake-{member_id}-{source}", "func": "veronica.engine.runner.wake",
-            "args": (member_id, source), "save": False}
-    if Conf.CACHED:
-        task["cached"] = Conf.CACHED
-    if Conf.ACK_FAILURES:
-        task["ack_failure"] = Conf.ACK_FAILURES
-    task["kwargs"], task["started"] = {}, timezone.now()
-    pre_enqueue.send(sender="django_q", task=task)
-    return SignedPackage.dumps(task)
+    options = {"task_name": f"wake-{member_id}-{source}", "broker": broker, "save": False}
+    async_task("veronica.engine.runner.wake", member_id, source, q_options=options)
+
+
+class _Packed:
+    """A broker that keeps the signed tasks async_task gives it: the one push sends them together."""
+
+    def __init__(self, list_key: str) -> None:
+        self.list_key = list_key
+        self.tasks: list[str] = []
+
+    def enqueue(self, task: str) -> None:
+        self.tasks.append(task)
 
 
 def owe_ring(member_id: int) -> None:
