@@ -182,10 +182,6 @@ def test_a_batch_over_several_spaces_locks_them_in_the_order_of_their_ids(tmp_pa
     on it holding no other space's row (two such batches never wait on each other in a circle)."""
     import threading
 
-    from django.conf import settings
-
-    if settings.DB_POOLER == "transaction":
-        pytest.skip("a lock wait through a transaction pooler runs under whatever lock_timeout its server session was left with")
     low, high = (Space.objects.create(name=f"s{i}", slug=f"s{i}", workdir=str(tmp_path)) for i in range(2))
     holder = connections.create_connection("default")
     done = threading.Event()

@@ -88,10 +88,13 @@ def test_a_renewal_during_the_expiry_waits_for_it_and_the_batch_expires_in_one_u
             settings = connection.settings_dict
             with psycopg.connect(host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432, user=settings["USER"],
                                  dbname=settings["NAME"], autocommit=True) as other:
-                other.execute("SET lock_timeout = '200ms'")
                 try:
-                    other.execute(f"UPDATE {Member._meta.db_table} SET lease_expires_at = now() + interval '30 seconds' "
-                                  "WHERE id = %s AND lease_token = 't0'", [members[0].pk])
+                    # SET LOCAL, in a transaction: a session's SET would stay on the server connection, which
+                    # a transaction pooler (the PgBouncer pass) hands to the next test's statements
+                    with other.transaction():
+                        other.execute("SET LOCAL lock_timeout = '200ms'")
+                        other.execute(f"UPDATE {Member._meta.db_table} SET lease_expires_at = now() + interval '30 seconds' "
+                                      "WHERE id = %s AND lease_token = 't0'", [members[0].pk])
                     tried.append("renewed")
                 except psycopg.errors.LockNotAvailable:
                     tried.append("waited")
