@@ -65,6 +65,15 @@ def load() -> str:
 
 # --- processes ----------------------------------------------------------------------------------
 
+def host_cpu() -> tuple[float, float]:
+    """The whole host's CPU seconds since boot, busy and in all (/proc/stat's first line: idle and
+    iowait are the only idle ones), summed over its cores."""
+    with open("/proc/stat") as fh:
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in fh.readline().split()[1:9])
+    busy = user + nice + system + irq + softirq + steal
+    return busy / TICK, (busy + idle + iowait) / TICK
+
+
 def rss_mb(pgid: int) -> float:
     return rss_of(pgid, scan())
 
@@ -182,6 +191,7 @@ class Sampler(threading.Thread):
         self.last: dict[int, float] = {}
         self.lock = threading.Lock()  # rebase() runs on the bench's thread
         self.timeline: list[tuple[float, dict[str, float]]] = []  # (wall time, cpu()) at each sample after rebase()
+        self.host: list[tuple[float, float, float]] = []  # (wall time, *host_cpu()) at each sample after rebase()
         self.sample_cpu(self.backends(), initial=True)
 
     def backends(self) -> list[int]:
@@ -234,6 +244,7 @@ class Sampler(threading.Thread):
             before = self.cpu()
             self.first.update(self.last)
             self.timeline = [(time.time(), {})]
+            self.host = [(time.time(), *host_cpu())]
         return before
 
     def cpu_until(self, moment: float) -> tuple[float, dict[str, float]]:
@@ -241,6 +252,16 @@ class Sampler(threading.Thread):
         from the rebase to it."""
         with self.lock:
             return next(((at, used) for at, used in self.timeline if at >= moment), (time.time(), self.cpu()))
+
+    def host_busy_until(self, moment: float) -> float | None:
+        """The share of the host's CPU (all its cores) that was busy from the rebase to the first sample at
+        or after moment (wall time), whoever used it; None before a rebase."""
+        with self.lock:
+            if not self.host:
+                return None
+            _, busy0, total0 = self.host[0]
+            _, busy, total = next((h for h in self.host if h[0] >= moment), self.host[-1])
+        return (busy - busy0) / (total - total0) if total > total0 else None
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds per role since the sampler started (or was rebased)."""
@@ -259,6 +280,7 @@ class Sampler(threading.Thread):
             with self.lock:
                 if self.timeline:
                     self.timeline.append((time.time(), self.cpu()))
+                    self.host.append((time.time(), *host_cpu()))
             time.sleep(0.5)
         connection.close()
 
@@ -327,8 +349,12 @@ def resume_timeline(ids: list[int], t0: float, latency: float) -> dict:
         calls.setdefault(member_id, []).append(at.timestamp())
     first = [min([t for t in calls.get(m, []) if t >= start.timestamp()], default=end.timestamp() if end else t0)
              - start.timestamp() - latency for m, start, end in resumes]
+    between = []  # a resumed run's later steps: one reply to the next, less the latency
+    for m, start, end in resumes:
+        mine = sorted(t for t in calls.get(m, []) if t >= start.timestamp())
+        between += [b - a - latency for a, b in zip(mine, mine[1:])]
     return {"resume_reaped": quantiles(cut), "resume_started": quantiles([s.timestamp() - t0 for _, s, _ in resumes]),
-            "resume_first_reply_over_latency": quantiles(first),
+            "resume_first_reply_over_latency": quantiles(first), "resume_step_over_latency": quantiles(between),
             "resume_ended": quantiles([e.timestamp() - t0 for _, _, e in resumes if e]), "resumes": len(resumes),
             "resume_calls": dict(sorted(counted.items())),
             "others_ended": quantiles([e.timestamp() - t0 for m, e in Run.objects.filter(member_id__in=ids, outcome="done")
@@ -469,6 +495,7 @@ def fleet_run(args, kill: str = "") -> dict:
         figures = outcome(members, t0, args.latency)
         figures.update(cpu_seconds=sampler.cpu(), cpu_seconds_mailing=mailing, mock=mock.lateness(),
                        **calls_sent(mock.arrivals(), t0, args.latency))
+        host_figures(figures, sampler, t0, ideal, mock.served())
         last_first = figures.pop("first_call_last", None)
         if last_first is not None:  # the start burst: what each part used until the last first call went out
             at, burst = sampler.cpu_until(t0 + last_first)
@@ -496,6 +523,19 @@ def fleet_run(args, kill: str = "") -> dict:
                    worker_rss_mb=round(sampler.rss_max, 1), pg_connections_max=int(sampler.pg_max) if sampler.hosted else None,
                    killed_workers=killed, killed_at=None if killed_at is None else round(killed_at, 2), t0=t0, load=os.getloadavg()[0])
     return figures
+
+
+def host_figures(figures: dict, sampler: "Sampler", t0: float, ideal: float, calls: int) -> None:
+    """How busy the host was from t0 to the last run's end, and what the CPU every part used then sets as
+    a floor: on this host's cores, no schedule of that much CPU work ends sooner than its total over the
+    cores (a floor for this machine's speed, not a figure of the design: a host twice as fast halves it)."""
+    end = t0 + figures["elapsed"]
+    busy = sampler.host_busy_until(end)
+    _, used = sampler.cpu_until(end)
+    total = sum(used.values())
+    figures.update(host_cpu_busy_pct=None if busy is None else round(100 * busy, 1), cpu_seconds_to_end=round(total, 2),
+                   cpu_ms_per_call=round(1000 * total / calls, 2) if calls else None,
+                   cpu_floor_ratio=round(total / (os.cpu_count() or 1) / ideal, 3))
 
 
 def calls_sent(arrivals: list[tuple[float, int]], t0: float, latency: float) -> dict:
@@ -716,7 +756,8 @@ def main() -> None:
                   f"reply to reply {f['step_over_latency']}; last reply to the run's end {f['last_reply_to_end']}")
             if f.get("resumes"):
                 print(f"   resumes (s from t0, p50/p90/max): {f['resumes']} runs; cut runs ended {f['resume_reaped']}, resumes started "
-                      f"{f['resume_started']}, first reply past latency {f['resume_first_reply_over_latency']}, ended {f['resume_ended']};"
+                      f"{f['resume_started']}, first reply past latency {f['resume_first_reply_over_latency']}, reply to reply past "
+                      f"latency {f.get('resume_step_over_latency')}, ended {f['resume_ended']};"
                       f" model calls per resumed run {f.get('resume_calls')}; the runs not cut ended {f.get('others_ended')}")
             print(f"   mock vendor: {f['mock']}; CPU seconds from t0: " + ", ".join(f"{k} {v}" for k, v in f["cpu_seconds"].items())
                   + "; mailing before t0: " + ", ".join(f"{k} {v}" for k, v in f.get("cpu_seconds_mailing", {}).items() if v))
@@ -724,6 +765,10 @@ def main() -> None:
                 burst = dict(f["cpu_seconds_burst"])
                 print(f"   the start burst, t0 to {burst.pop('until')}s (the last first call's sample): CPU seconds "
                       + ", ".join(f"{k} {v}" for k, v in burst.items()) + f", all {round(sum(burst.values()), 2)}")
+            if f.get("cpu_floor_ratio") is not None:
+                print(f"   the host's CPU was {f['host_cpu_busy_pct']} % busy from t0 to the last run's end; every part together used "
+                      f"{f['cpu_seconds_to_end']} CPU seconds then ({f['cpu_ms_per_call']} ms per model call): on {os.cpu_count()} "
+                      f"cores no schedule of that work ends before {f['cpu_floor_ratio']} x the ideal")
             if f.get("gateway"):
                 print("   model gateway: " + ", ".join(f"{k} {v}" for k, v in f["gateway"].items()))
             show("concurrent_members", f["concurrent_members"], f">= {args.members}")
