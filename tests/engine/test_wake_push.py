@@ -80,17 +80,22 @@ def test_resumes_and_a_lone_wake_go_as_before(queue, monkeypatch):
     assert [t["args"] for t in front] == [(21, "resume"), (22, "message")]
 
 
-def test_a_push_that_fails_sends_each_wake_alone_and_names_those_refused(queue, tmp_path, monkeypatch):
+def refuse_pushes_and(queue, monkeypatch, refused: int) -> None:
+    """The broker refuses every push, and a lone wake of member `refused`; the other lone wakes go."""
     def refuse(tasks):
         raise ConnectionError("the broker is away")
     monkeypatch.setattr(queue, "enqueue_many", refuse)
     real_one = queue.enqueue
 
     def one(task):
-        if SignedPackage.loads(task)["args"][0] == 32:
+        if SignedPackage.loads(task)["args"][0] == refused:
             raise ConnectionError("refused")
         return real_one(task)
     monkeypatch.setattr(queue, "enqueue", one)
+
+
+def test_a_push_that_fails_sends_each_wake_alone_and_names_those_refused(queue, tmp_path, monkeypatch):
+    refuse_pushes_and(queue, monkeypatch, 32)
     owed = []
     monkeypatch.setattr(wakes, "owe_ring", owed.append)
     with wakes.one_push() as push:
@@ -129,3 +134,19 @@ def test_a_long_push_goes_out_in_parts_as_it_fills(queue, monkeypatch):
             wakes.enqueue_wake(member_id, "timer")
     assert pushes == [2, 2], "53 and 54 filled the second; 55, left alone at the end, went on its own"
     assert [t["args"][0] for t in queued(queue)] == list(range(51, 56))
+
+
+def test_a_push_inside_another_sends_its_own_wakes_and_names_its_own_failures(queue, monkeypatch):
+    """ring() inside a caller's push still learns which of its wakes were refused (to drop their flags),
+    and the outer block's wakes still wait for its end."""
+    refuse_pushes_and(queue, monkeypatch, 62)
+    monkeypatch.setattr(wakes, "owe_ring", lambda member_id: None)
+    with wakes.one_push() as outer:
+        wakes.enqueue_wake(60, "message")
+        with wakes.one_push() as inner:
+            for member_id in (61, 62):
+                wakes.enqueue_wake(member_id, "message")
+        assert inner.failed == [62]
+        assert [t["args"][0] for t in queued(queue)] == [61], "the inner block's went at its end"
+    assert outer.failed == []
+    assert [t["args"][0] for t in queued(queue)] == [61, 60]
