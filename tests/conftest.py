@@ -6,10 +6,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.own_names import claim_session_names, sweep
 from veronica.engine import supervisor
 from veronica.models import Role, Space
 
 REPO = Path(__file__).resolve().parent.parent
+
+claim_session_names()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Leave the Redis we were given as we found it: this session's queues, channels and keys go."""
+    from django.conf import settings
+
+    if getattr(settings, "REDIS_URL", None):
+        sweep(settings.REDIS_URL)
 DEMO_MANIFEST = REPO / "examples" / "demo-team"
 
 

@@ -9,12 +9,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
 from django.db import connection
+
+from tests.own_names import own_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,7 +41,7 @@ def isolate_queue() -> str:
     """A queue name of our own, so concurrent test runs on one Redis never take each other's wakes."""
     from django_q.conf import Conf
 
-    name = f"vt-{uuid.uuid4().hex[:8]}"
+    name = own_name("q")
     Conf.PREFIX = Conf.CLUSTER_NAME = name
     return name
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 
 import pytest
 from django.conf import settings
 
 from veronica.plumbing import redisbell
 from tests.harness import free_port
+from tests.own_names import own_name
 
 pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="hosted mode's doorbell (Redis)")
 
@@ -27,7 +27,7 @@ async def heard(rings: list, count: int, timeout: float = 5.0) -> list:
 def own_channels(settings):
     """Pub/sub channels are server-wide (no database number): a prefix of this test's own, so it hears
     no other deployment or test run on the same Redis, and they hear nothing of it."""
-    settings.CHANNEL_PREFIX = f"vt-{uuid.uuid4().hex[:8]}"
+    settings.CHANNEL_PREFIX = own_name("bell")
     yield settings.CHANNEL_PREFIX
 
 

@@ -19,12 +19,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
 from django.db import connection
 
 from tests.harness import wait_until_running
+from tests.own_names import own_name
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -44,17 +44,22 @@ def server_env(**extra: str) -> dict[str, str]:
     env["VERONICA_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
     # a queue of our own: daphne enqueues wakes on it and our qcluster (if any) takes them, never
     # another test run's cluster on the same Redis
-    env.setdefault("VERONICA_Q_NAME", f"console-{uuid.uuid4().hex[:8]}")
+    env["VERONICA_Q_NAME"] = own_name("console")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("LOG_LEVEL", "WARNING")
     env.update(extra)
     return env
 
 
+# The servers' logs, read by the tests after a server stopped (so kept past stop()), in one folder
+# of this session's that goes when the session's process ends.
+_LOGS = tempfile.TemporaryDirectory(prefix="veronica-console-logs-")
+
+
 class ServerProcess:
     def __init__(self, cmd: list[str], env: dict[str, str], name: str) -> None:
         self.name = name
-        self.log = tempfile.NamedTemporaryFile(prefix=f"console-{name}-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(prefix=f"console-{name}-", suffix=".log", dir=_LOGS.name, delete=False)
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.url = ""
 

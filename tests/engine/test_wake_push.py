@@ -2,7 +2,6 @@
 Redis, one transaction of rows on the ORM broker, each task the one a wake of its own would be."""
 from __future__ import annotations
 
-import uuid
 
 import pytest
 from django.db import connection
@@ -11,6 +10,7 @@ from django_q.conf import Conf
 from django_q.signing import SignedPackage
 
 from tests.conftest import make_space
+from tests.own_names import own_name
 from veronica.engine import supervisor, wakes
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def queue(monkeypatch):
     """This test's own queue (a cluster name of its own), emptied at the end: the broker's real push."""
-    monkeypatch.setattr(Conf, "CLUSTER_NAME", f"vt-push-{uuid.uuid4().hex[:8]}")
+    monkeypatch.setattr(Conf, "CLUSTER_NAME", own_name("push"))
     monkeypatch.setattr(Conf, "SYNC", False)
     monkeypatch.setattr(wakes, "_brokers", {})
     broker = wakes.wake_broker()
