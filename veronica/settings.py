@@ -343,6 +343,9 @@ MODEL_STREAM = env_bool("VERONICA_MODEL_STREAM", True)
 # A qcluster's workers make their model calls through one gateway process per host, which outlives them:
 # a worker's death does not cost its runs' calls in flight (veronica.agent.providers.gateway).
 MODEL_GATEWAY = env_bool("VERONICA_MODEL_GATEWAY", True)
+# Each qcluster worker held to a CPU of its own, round-robin over the CPUs the cluster may use: a worker's
+# many run threads then pass the GIL on one core (veronica.engine.cpupin). 0: the scheduler places them.
+Q_PIN_WORKERS = env_bool("VERONICA_Q_PIN_WORKERS", True)
 MODEL_PRICES = env_prices("VERONICA_MODEL_PRICES")
 # Provider limits shared by every worker on every host (veronica.agent.providers.limits): concurrency,
 # requests and tokens per minute, per endpoint and per model. Refused here, naming the table and field.

@@ -224,6 +224,17 @@ class GuardedSentinel(Sentinel):
     def spawn_pusher(self):
         return self.spawn_process(push_then_give_back, self.task_queue, self.event_out, self.broker)
 
+    def spawn_process(self, target, *args):
+        """q2's spawn; a worker is then held to a CPU of its own (veronica.engine.cpupin)."""
+        from django.conf import settings
+
+        from veronica.engine import cpupin
+
+        process = super().spawn_process(target, *args)
+        if process in self.pool and settings.Q_PIN_WORKERS:
+            cpupin.pin_worker(process.pid, [other.pid for other in self.pool if other is not process and other.is_alive()])
+        return process
+
     def child_died(self, signum=None, frame=None) -> None:
         """SIGCHLD: a worker that died is replaced now, not at the guard loop's next look (up to q2's
         guard_cycle, 0.5 s, later): its replacement reaps the dead one's runs and resumes them, so every
