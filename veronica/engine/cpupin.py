@@ -9,8 +9,8 @@ bench/fleet.py (hosted, 500 members, 2 workers on 2 cores): host CPU per model c
 completion over the ideal 1.33-1.43 pinned against 1.48-1.91 unpinned, interleaved.
 
 The workers go round-robin over the CPUs the sentinel may use (its own affinity: a container's
-cpuset is kept), each to the CPU the fewest live workers hold; a replacement takes its dead
-predecessor's. Only the workers: the sentinel, pusher, monitor, the model gateway, the database and
+cpuset is kept), each to the CPU the fewest live workers hold, those of the host's other qclusters
+included; a replacement takes its dead predecessor's. Only the workers: the sentinel, pusher, monitor, the model gateway, the database and
 the web server stay free to run wherever there is room.
 """
 from __future__ import annotations
@@ -64,11 +64,34 @@ def pin(pid: int, cpu: int) -> bool:
     return True
 
 
+def host_workers() -> list[int]:
+    """Every process of this user on this host that a qcluster forked (their command line is the
+    qcluster's): other clusters' workers count too, so two clusters of one worker each, on one host,
+    take two CPUs, not the same one."""
+    uid, found = os.getuid(), []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if b"qcluster" in fh.read():
+                    found.append(int(name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
 def pin_worker(pid: int, sibling_pids: list[int]) -> int | None:
-    """Pin a freshly forked worker beside its live siblings; the CPU, or None when there is one CPU
-    (nothing to choose) or the pin failed."""
+    """Pin a freshly forked worker beside its live siblings and the host's other clusters' workers; the
+    CPU, or None when there is one CPU (nothing to choose) or the pin failed."""
     cpus = allowed_cpus()
     if len(cpus) < 2:
         return None
-    cpu = least_held(cpus, [p for p in sibling_pids if p and p != pid])
+    cpu = least_held(cpus, [p for p in {*sibling_pids, *host_workers()} if p and p != pid])
     return cpu if pin(pid, cpu) else None
