@@ -11,6 +11,7 @@ from veronica.engine import supervisor
 from veronica.models import Role, Space
 
 REPO = Path(__file__).resolve().parent.parent
+DEMO_MANIFEST = REPO / "examples" / "demo-team"
 
 claim_session_names()
 
@@ -21,7 +22,6 @@ def pytest_sessionfinish(session, exitstatus):
 
     if getattr(settings, "REDIS_URL", None):
         sweep(settings.REDIS_URL)
-DEMO_MANIFEST = REPO / "examples" / "demo-team"
 
 
 def make_space(tmp_path: Path, slug: str = "alpha", workers: tuple[str, ...] = ("w1", "w2"), **settings) -> Space:

@@ -5,13 +5,13 @@ the GIL runs Python. Left to the scheduler, the GIL passes between threads on di
 hand-off wakes a thread on another CPU, and the threads' state moves with it. Held to one CPU, a
 worker's threads hand the GIL over on that core; what a worker could run beside it on a second core
 is only the short spans its threads spend outside the GIL (a socket read, a database round trip).
-bench/fleet.py (hosted, 500 members, 2 workers on 2 cores): host CPU per model call ~10 % lower,
-completion over the ideal 1.33-1.43 pinned against 1.48-1.91 unpinned, interleaved.
+bench/fleet.py (hosted, 500 members, 2 workers on 2 cores, runs interleaved): host CPU per model
+call ~10 % lower; completion over the ideal, median of six runs, 1.40 pinned against 1.59 unpinned.
 
 The workers go round-robin over the CPUs the sentinel may use (its own affinity: a container's
 cpuset is kept), each to the CPU the fewest live workers hold, those of the host's other qclusters
-included; a replacement takes its dead predecessor's. Only the workers: the sentinel, pusher, monitor, the model gateway, the database and
-the web server stay free to run wherever there is room.
+included; a replacement takes its dead predecessor's. Only the workers are held: the sentinel,
+pusher, monitor, the model gateway, the database and the web server run wherever there is room.
 """
 from __future__ import annotations
 
