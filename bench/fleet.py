@@ -364,7 +364,8 @@ def resume_timeline(ids: list[int], t0: float, latency: float) -> dict:
 def step_timeline(runs: list, ids: list[int], latency: float) -> dict:
     """Where a run's time goes besides its model calls, from each call's `model.called` event (written
     in the fence that persists the reply): the run's start to its first reply, one reply to the next
-    (each less the scripted latency: the cost of a step between two calls), the last reply to the end."""
+    (each less the scripted latency: the cost of a step between two calls), the last reply to the end
+    (of the runs that finished: a run a kill cut off ended at its reap, seconds after its last reply)."""
     from veronica.models import Event
 
     calls: dict[int, list[float]] = {}
@@ -372,7 +373,7 @@ def step_timeline(runs: list, ids: list[int], latency: float) -> dict:
             "member_id", "created_at"):
         calls.setdefault(member_id, []).append(at.timestamp())
     first, between, tail = [], [], []
-    for member_id, start, end, _ in runs:
+    for member_id, start, end, result in runs:
         if end is None:
             continue
         mine = [t for t in calls.get(member_id, []) if start.timestamp() <= t <= end.timestamp()]
@@ -380,7 +381,8 @@ def step_timeline(runs: list, ids: list[int], latency: float) -> dict:
             continue
         first.append(mine[0] - start.timestamp() - latency)
         between += [b - a - latency for a, b in zip(mine, mine[1:])]
-        tail.append(end.timestamp() - mine[-1])
+        if result != "lease_expired":
+            tail.append(end.timestamp() - mine[-1])
     return {"first_reply_over_latency": quantiles(first), "step_over_latency": quantiles(between),
             "last_reply_to_end": quantiles(tail)}
 
