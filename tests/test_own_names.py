@@ -23,7 +23,7 @@ def test_the_session_queue_and_prefixes_are_its_own():
 
 
 @hosted
-def test_the_channel_layer_doorbell_and_limiter_use_the_session_prefix():
+def test_the_channel_layer_and_the_doorbell_use_the_session_prefix():
     assert settings.CHANNEL_PREFIX == SESSION_TAG
     assert settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] == SESSION_TAG
     assert redisbell.prefix().startswith(f"{SESSION_TAG}:") and redisbell.client_name("test").startswith(SESSION_TAG)

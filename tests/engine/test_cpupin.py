@@ -118,6 +118,12 @@ def pinned(pids: list[int]) -> dict[int, int]:
     return {pid: cpu for pid in pids if (cpu := cpupin.pinned_cpu(pid)) is not None}
 
 
+def foreign_pinned(root: int) -> dict[int, int]:
+    """The pinned workers on this host of clusters other than the one under `root`."""
+    ours = set(descendants(root))
+    return pinned([pid for pid in cpupin.host_workers() if pid not in ours])
+
+
 @needs_two
 @pytest.mark.cluster
 @pytest.mark.django_db(transaction=True)
@@ -130,7 +136,7 @@ def test_each_worker_holds_a_cpu_of_its_own_and_a_replacement_takes_the_dead_one
         assert set(held_by) == set(workers), f"each worker held to one CPU: {held_by}"
         # Another cluster's pinned workers on this host (a test pass running beside this one) count in
         # the choice; alone, the two take one CPU each and the replacement its predecessor's.
-        alone = not pinned([pid for pid in cpupin.host_workers() if pid not in descendants(proc.pid)])
+        alone = not foreign_pinned(proc.pid)
         if alone:
             assert sorted(held_by.values()) == CPUS[:2], f"one CPU each: {held_by}"
         others = [pid for pid in descendants(proc.pid) if pid not in workers]
@@ -142,7 +148,7 @@ def test_each_worker_holds_a_cpu_of_its_own_and_a_replacement_takes_the_dead_one
         wait_for(lambda: len(workers_of(log)) == 3, 30, interval=0.2, message="the replacement ready")
         replacement = workers_of(log)[-1]
         assert cpupin.pinned_cpu(replacement) is not None
-        if alone and not pinned([pid for pid in cpupin.host_workers() if pid not in descendants(proc.pid)]):
+        if alone and not foreign_pinned(proc.pid):
             assert cpupin.pinned_cpu(replacement) == held_by[victim], "the CPU its predecessor held"
         assert cpupin.pinned_cpu(workers[1]) == held_by[workers[1]]
 

@@ -37,10 +37,10 @@ def pinned_cpu(pid: int) -> int | None:
     return next(iter(cpus)) if len(cpus) == 1 else None
 
 
-def least_held(cpus: list[int], sibling_pids: list[int]) -> int:
-    """Of the CPUs, the one the fewest siblings are pinned to (the lowest on a tie)."""
+def least_held(cpus: list[int], pids: list[int]) -> int:
+    """Of the CPUs, the one the fewest of these processes are pinned to (the lowest on a tie)."""
     held = {cpu: 0 for cpu in cpus}
-    for pid in sibling_pids:
+    for pid in pids:
         cpu = pinned_cpu(pid)
         if cpu in held:
             held[cpu] += 1
