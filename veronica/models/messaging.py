@@ -41,7 +41,7 @@ class Message(models.Model):
                    models.Index(fields=["space", "-id"], name="msg_space_newest_idx"),
                    # the tick's sweep and backlog watchdog start from old unread mail, not from members
                    models.Index(fields=["created_at"], condition=models.Q(read_at__isnull=True), name="msg_unread_age_idx"),
-                   # a member's chat with the operator (veronica.swarm.chat.thread), newest first: without them a
+                   # a member's chat with the operator (veronica.swarm.chat.thread_directions), newest first: without them a
                    # member with no such mail scanned every message of its space for the page's last 50
                    models.Index(fields=["recipient", "-id"], condition=models.Q(sender_name="operator"), name="msg_from_operator_idx"),
                    models.Index(fields=["sender", "-id"], condition=models.Q(recipient_name="operator"), name="msg_to_operator_idx")]

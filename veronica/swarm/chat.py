@@ -8,8 +8,6 @@ before signal). A run that already mailed the operator itself (send_message) rec
 """
 from __future__ import annotations
 
-from django.db.models import Q
-
 from veronica.swarm import audit, bus, events
 from veronica.plumbing.errors import VeronicaError
 from veronica.plumbing.markdown import render_markdown
@@ -40,10 +38,11 @@ def record_reply(member: Member, brief: Turn | None, text: str, *, asked: list[M
     return reply
 
 
-def thread(member: Member):
-    """Every message between the operator and this member, either way."""
-    return Message.objects.filter(space_id=member.space_id).filter(
-        Q(sender_name=bus.OPERATOR, recipient=member) | Q(sender=member, recipient_name=bus.OPERATOR))
+def thread_directions(member: Member):
+    """Every message between the operator and this member: the operator's to it, and its to the
+    operator (msg_from_operator_idx and msg_to_operator_idx, veronica.models.messaging)."""
+    mine = Message.objects.filter(space_id=member.space_id)
+    return (mine.filter(sender_name=bus.OPERATOR, recipient=member), mine.filter(sender=member, recipient_name=bus.OPERATOR))
 
 
 def message_row(m: Message) -> dict:
@@ -55,15 +54,21 @@ def message_row(m: Message) -> dict:
 
 
 def conversation(member: Member, *, before: int | None = None, limit: int = 50) -> dict:
-    """Oldest first within the page (a chat reads downwards); pages go back with next_before."""
-    qs = thread(member)
-    if before is not None:
-        qs = qs.filter(pk__lt=before)
-    rows = list(qs.order_by("-id")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    out = [message_row(m) for m in reversed(rows)]
-    return {"member": member.name, "messages": out, "next_before": rows[-1].pk if more and rows else None}
+    """Oldest first within the page (a chat reads downwards); pages go back with next_before.
+    Each direction is read on its own, newest first through its partial index, and the two are merged:
+    as one query with an OR, SQLite walked the space's every message backwards instead (its planner
+    takes the space's index to skip the sort; 101 ms for the member page beside 500,000 messages,
+    bench/fleet_scale.py)."""
+    rows: dict[int, Message] = {}
+    for direction in thread_directions(member):
+        if before is not None:
+            direction = direction.filter(pk__lt=before)
+        rows.update((m.pk, m) for m in direction.order_by("-id")[: limit + 1])
+    newest = sorted(rows.values(), key=lambda m: m.pk, reverse=True)[: limit + 1]
+    more = len(newest) > limit
+    newest = newest[:limit]
+    out = [message_row(m) for m in reversed(newest)]
+    return {"member": member.name, "messages": out, "next_before": newest[-1].pk if more and newest else None}
 
 
 @audit.verb("message.send")
