@@ -290,3 +290,76 @@ def test_a_lone_wake_and_the_wakes_of_workers_without_run_pools_go_one_task_each
     _queued(redis_list, qbroker.WAKE_FUNC, 2, "message")
     _queued(redis_list, qbroker.WAKE_FUNC, 3, "message")
     assert [_task(redis_list.dequeue()[0][1])["args"] for _ in range(2)] == [(2, "message"), (3, "message")]
+
+
+# --- the embedded queue (DoorbellORM): the same hand, over the queue table's rows ------------------------------
+
+@pytest.fixture
+def orm_queue(db, monkeypatch):
+    """A DoorbellORM on a queue name of its own, in this test's database (either mode's: it is a table)."""
+    monkeypatch.setattr(Conf, "ORM", "default")
+    monkeypatch.setattr(qbroker.DoorbellORM, "_wait", lambda self, timeout: None)
+    return qbroker.DoorbellORM(list_key=f"test-fetch-{uuid.uuid4().hex}")
+
+
+def _rows(broker) -> list:
+    from django_q.models import OrmQ
+
+    return list(OrmQ.objects.filter(key=broker.list_key).order_by("id").values_list("id", flat=True))
+
+
+def _due(broker) -> list:
+    from django.utils import timezone
+    from django_q.models import OrmQ
+
+    return list(OrmQ.objects.filter(key=broker.list_key, lock__lte=timezone.now()).order_by("id").values_list("id", flat=True))
+
+
+def test_the_embedded_pusher_hands_a_burst_over_a_bundle_at_a_time_and_its_ack_takes_every_wake_s_row(
+        host, orm_queue, settings):
+    """It handed q2 the whole fetch (32 wakes) at once: each went through q2's one-place queue to a worker
+    that, full by then, held it a second before handing it back; with a worker per host 29 members woke
+    16 s late (bench/fleet.py, embedded, a host killed meanwhile)."""
+    settings.RUNS_PER_WORKER = 8
+    for n in range(qbroker.BUNDLE_MOST + 3):
+        _queued(orm_queue, qbroker.WAKE_FUNC, n, "message")
+    rows = _rows(orm_queue)
+    first = orm_queue.dequeue()
+    assert len(first) == 1 and _due(orm_queue) == [], "one statement locked the burst; q2 got one task of it"
+    ack, package = first[0]
+    assert _task(package)["args"] == ([(n, "message") for n in range(qbroker.BUNDLE_MOST)],)
+    assert ack == tuple(rows[:qbroker.BUNDLE_MOST])
+    orm_queue.acknowledge(ack)
+    assert _rows(orm_queue) == rows[qbroker.BUNDLE_MOST:], "the bundle's ack deleted every row it carried"
+    ack, package = orm_queue.dequeue()[0]
+    assert ack == tuple(rows[qbroker.BUNDLE_MOST:]) and len(_task(package)["args"][0]) == 3
+    orm_queue.fail(ack)
+    assert _rows(orm_queue) == [] and orm_queue.dequeue() is None
+
+
+def test_an_embedded_host_that_fills_up_or_stops_makes_the_wakes_in_its_hand_due_again(host, orm_queue, settings,
+                                                                                       monkeypatch):
+    from veronica.engine import qguard
+
+    settings.RUNS_PER_WORKER = 1  # one task per wake, so the hand keeps some
+    monkeypatch.setattr(Conf, "WORKERS", 1)
+    for n in range(4):
+        _queued(orm_queue, qbroker.WAKE_FUNC, n, "message")
+    rows = _rows(orm_queue)
+    assert orm_queue.dequeue()[0][0] == rows[0] and _due(orm_queue) == []
+    warm.note_full(True)  # this process stands for the host's one worker: its last run slot was taken
+    assert orm_queue.dequeue() is None
+    assert _due(orm_queue) == rows[1:], "the wakes in hand are due again, for a host with room, in their place"
+    warm.note_full(False)
+    assert orm_queue.dequeue()[0][0] == rows[1]
+
+    import multiprocessing
+
+    stop = multiprocessing.Event()
+
+    class OneSlot:
+        def put(self, task):  # a worker takes the next wake; then the cluster stops
+            stop.set()
+
+    qguard.push_then_give_back(OneSlot(), stop, orm_queue)
+    assert _due(orm_queue) == rows[3:], "the stopping pusher's hand is due again"

@@ -54,8 +54,9 @@ def test_a_feeds_ring_does_not_wake_a_pusher(bell):
 
 def test_a_burst_of_wakes_is_taken_in_one_write_and_each_task_once(bell):
     """A burst of wakes leaves the queue table in batches of TAKE_AT_ONCE, one UPDATE each (SQLite's one
-    write lock is what the runs' steps queue for), oldest first; a task taken is locked, so neither this
-    pusher nor another cluster's takes it again until its lock runs out (q2's retry)."""
+    write lock is what the runs' steps queue for), oldest first, and goes to q2's loop a task a dequeue
+    from the pusher's hand; a task taken is locked, so neither this pusher nor another cluster's takes it
+    again until its lock runs out (q2's retry) or the hand gives it back."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -66,11 +67,11 @@ def test_a_burst_of_wakes_is_taken_in_one_write_and_each_task_once(bell):
     for n in range(TAKE_AT_ONCE + 8):
         broker.enqueue(f"wake-{n}")
     with CaptureQueriesContext(connection) as statements:
-        first = broker.dequeue()
+        first = [task for _ in range(TAKE_AT_ONCE) for task in broker.dequeue()]
     writes = [q["sql"] for q in statements.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
     assert len(writes) == 1, writes
     assert [payload for _, payload in first] == [f"wake-{n}" for n in range(TAKE_AT_ONCE)]
-    second = other.dequeue()
+    second = [task for _ in range(8) for task in other.dequeue()]
     assert [payload for _, payload in second] == [f"wake-{n}" for n in range(TAKE_AT_ONCE, TAKE_AT_ONCE + 8)]
     assert not {pk for pk, _ in first} & {pk for pk, _ in second}
     assert broker.queue_size() == 0 and broker.lock_size() == TAKE_AT_ONCE + 8

@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 
 
 # Wakes a pusher takes from the broker at once (the embedded one locks them in one statement, the
-# hosted one pops them in one round trip): a burst of mail goes to the workers in a few fetches.
-# (q2's pusher then hands them over one at a time as the workers take them, as before.)
+# hosted one pops them in one round trip): a burst of mail goes to the workers in a few fetches. Both
+# keep what a fetch took in the pusher's hand and give q2's loop one task a dequeue (held, bundle_wakes).
 TAKE_AT_ONCE = 32
 
 
@@ -59,15 +59,45 @@ class DoorbellORM(ORM):
             transaction.on_commit(doorbell.ring_queue, using=Conf.ORM)
 
     def dequeue(self):
+        """As GatedRedis's: what one fetch took stays in the pusher's hand, and q2's loop gets one task
+        (a bundle of the wakes at the hand's head) per dequeue, each past the gates. When the whole fetch
+        went to q2 at once, the pusher put its tasks in q2's one-place queue one after another, and a
+        worker whose run slots had all been taken meanwhile held each wake for SLOT_WAIT_SECONDS before
+        handing it back: with a worker per host, 29 members woke 16 s late (bench/fleet.py, embedded, a
+        host killed with such wakes in its queue)."""
         if not warm.wait_until_ready():  # no worker of this host is warm yet: leave the wakes to one that is
             return None
         if workers_full():
+            self._give_back()
             return None
-        taken = self._take(max(Conf.BULK, TAKE_AT_ONCE))
-        if taken:
-            return taken
+        hand = held(self)
+        if not hand:
+            hand.extend(self._take(max(Conf.BULK, TAKE_AT_ONCE)))
+        if hand:
+            return [bundle_wakes(hand)]
         self._wait(Conf.POLL)
         return None
+
+    def _give_back(self) -> None:
+        """The wakes in hand are due again at once, for a worker with room (their rows were locked for
+        q2's retry, a quarter of an hour); their ids keep their place at the queue's head."""
+        hand = held(self)
+        if not hand:
+            return
+        ids = [pk for pk, _ in hand]
+        hand.clear()
+        try:
+            self.get_connection().filter(pk__in=ids).update(lock=timezone.now())
+        except Exception:  # the unread sweep rings them again, as wakes lost with a host
+            log.warning("could not give %d fetched wake(s) back to the queue; the unread sweep rings them again",
+                        len(ids), exc_info=True)
+
+    def acknowledge(self, task_id):
+        """A bundle's task is acknowledged for every wake it carried (bundle_wakes: its ack is their rows' ids)."""
+        self.get_connection().filter(pk__in=task_id if isinstance(task_id, (tuple, list)) else [task_id]).delete()
+
+    def fail(self, task_id):
+        self.acknowledge(task_id)
 
     def _take(self, limit: int) -> list[tuple[int, str]]:
         """Lock up to `limit` due tasks in ONE statement (q2's broker: a select, then an UPDATE per
@@ -136,16 +166,10 @@ class GatedRedis(Redis):
         if workers_full():
             self._give_back()
             return None
-        hand = self._held()
+        hand = held(self)
         if not hand:
             hand.extend(self._take() or ())
         return [bundle_wakes(hand)] if hand else None
-
-    def _held(self) -> deque:
-        hand = self.__dict__.get("_hand")
-        if hand is None:
-            hand = self.__dict__["_hand"] = deque()
-        return hand
 
     def _take(self):
         """The list's first wake (waiting for one up to a second, as q2's dequeue does), and with it up to
@@ -165,7 +189,7 @@ class GatedRedis(Redis):
 
     def _give_back(self) -> None:
         """The wakes in hand go back to the head of the list, in their order."""
-        hand = self._held()
+        hand = held(self)
         if not hand:
             return
         tasks = [task for _, task in hand]
@@ -187,10 +211,19 @@ WAKE_FUNC = "veronica.engine.runner.wake"
 BUNDLE_FUNC = "veronica.engine.runner.wake_all"
 
 
+def held(broker) -> deque:
+    """A pusher's hand: the (ack id, package) pairs its last fetch took that q2's loop has not had yet."""
+    hand = broker.__dict__.get("_hand")
+    if hand is None:
+        hand = broker.__dict__["_hand"] = deque()
+    return hand
+
+
 def bundle_wakes(hand: deque):
     """The hand's first task; with the wakes right behind it, one task carrying up to BUNDLE_MOST wakes,
     when it is a wake and this host's workers have run pools (settings.RUNS_PER_WORKER). Any other task
-    goes alone, in its place."""
+    goes alone, in its place. A bundle's ack id is its wakes' (a tuple of the queue table's row ids,
+    DoorbellORM.acknowledge), or None as each of Redis's is (a popped wake needs no ack)."""
     first = hand.popleft()
     if settings.RUNS_PER_WORKER <= 1:
         return first
@@ -202,11 +235,10 @@ def bundle_wakes(hand: deque):
         wakes.append(task)
     if len(wakes) < 2:
         return first
-    for _ in wakes[1:]:
-        hand.popleft()
+    acks = [first[0]] + [hand.popleft()[0] for _ in wakes[1:]]
     bundle = {**wakes[0], "func": BUNDLE_FUNC, "args": ([tuple(task["args"]) for task in wakes],),
               "name": f"wakes-{len(wakes)}-{wakes[0]['name']}"}
-    return first[0], SignedPackage.dumps(bundle)
+    return (None if first[0] is None else tuple(acks)), SignedPackage.dumps(bundle)
 
 
 def _wake_of(package):
