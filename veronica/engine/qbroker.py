@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections import deque
+from typing import Callable
 
 import redis
 from django.conf import settings
@@ -81,16 +82,7 @@ class DoorbellORM(ORM):
     def _give_back(self) -> None:
         """The wakes in hand are due again at once, for a worker with room (their rows were locked for
         q2's retry, a quarter of an hour); their ids keep their place at the queue's head."""
-        hand = held(self)
-        if not hand:
-            return
-        ids = [pk for pk, _ in hand]
-        hand.clear()
-        try:
-            self.get_connection().filter(pk__in=ids).update(lock=timezone.now())
-        except Exception:  # the unread sweep rings them again, as wakes lost with a host
-            log.warning("could not give %d fetched wake(s) back to the queue; the unread sweep rings them again",
-                        len(ids), exc_info=True)
+        give_back(self, lambda taken: self.get_connection().filter(pk__in=[pk for pk, _ in taken]).update(lock=timezone.now()))
 
     def acknowledge(self, task_id):
         """A bundle's task is acknowledged for every wake it carried (bundle_wakes: its ack is their rows' ids)."""
@@ -189,16 +181,7 @@ class GatedRedis(Redis):
 
     def _give_back(self) -> None:
         """The wakes in hand go back to the head of the list, in their order."""
-        hand = held(self)
-        if not hand:
-            return
-        tasks = [task for _, task in hand]
-        hand.clear()
-        try:
-            self.connection.lpush(self.list_key, *reversed(tasks))
-        except Exception:  # Redis is away too: as wakes lost with a host, the sweep rings them again
-            log.warning("could not give %d fetched wake(s) back to the broker; the unread sweep rings them again",
-                        len(tasks), exc_info=True)
+        give_back(self, lambda taken: self.connection.lpush(self.list_key, *reversed([task for _, task in taken])))
 
 
 # Wakes at the hand's head that go to a worker as one task (runner.wake_all). In a burst each q2 task is
@@ -217,6 +200,21 @@ def held(broker) -> deque:
     if hand is None:
         hand = broker.__dict__["_hand"] = deque()
     return hand
+
+
+def give_back(broker, put_back: Callable[[list], object]) -> None:
+    """Empty a pusher's hand through put_back (its (ack id, package) pairs, in order). A broker that is
+    away too loses them, as wakes lost with a host: their flags go stale and the unread sweep rings again."""
+    hand = held(broker)
+    if not hand:
+        return
+    taken = list(hand)
+    hand.clear()
+    try:
+        put_back(taken)
+    except Exception:
+        log.warning("could not give %d fetched wake(s) back to the broker; the unread sweep rings them again",
+                    len(taken), exc_info=True)
 
 
 def bundle_wakes(hand: deque):
